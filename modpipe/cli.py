@@ -1,0 +1,66 @@
+"""`modpipe` command line. Each area registers its own subcommands; this file only assembles them."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from modpipe import __version__, log
+from modpipe.settings import SETTINGS_SPEC, Settings, SettingsError
+
+# Modules exposing `register(subparsers)`; each owns its commands' arguments and handlers.
+COMMAND_MODULES = [
+    "modpipe.textmodel.cli",     # model build | model eval
+    "modpipe.serving.cli",       # triton | classify | bench model
+    "streams.cli",               # broker | topics | worker | up | smoke
+]
+
+
+def _config(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    for name, spec in SETTINGS_SPEC.items():
+        value = getattr(settings, name)
+        if "PASSWORD" in spec.env and value:
+            value = "***"
+        print(f"{spec.env}={value}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="modpipe",
+        description="Real-time spam moderation: Kafka posts -> features -> Triton text model -> decisions. "
+                    "Every setting is an environment variable; `modpipe config` prints them.")
+    parser.add_argument("--version", action="version", version=f"modpipe {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    cfg = sub.add_parser("config", help="print the effective settings (environment variables)")
+    cfg.set_defaults(func=_config)
+    for module in COMMAND_MODULES:
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name and module.startswith(exc.name):
+                continue  # area not built yet
+            raise
+        mod.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = Settings.from_env()
+    except SettingsError as exc:
+        print(f"modpipe: configuration error: {exc}", file=sys.stderr)
+        return 2
+    log.configure(settings.log_level, settings.log_format)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Embedded services for local runs and tests: the Kafka-protocol broker and the Triton server."""

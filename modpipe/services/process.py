@@ -1,0 +1,121 @@
+"""A child process we own: started in its own process group, health-checked, stopped with no orphans."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from modpipe import log
+
+_log = log.get(__name__)
+
+
+class ServiceError(RuntimeError):
+    """A service failed to start or to become ready."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+class ManagedProcess:
+    """Runs `argv` in a new session so that stopping it also stops everything it spawned."""
+
+    def __init__(self, name: str, argv: Sequence[str], log_path: Path, env: dict[str, str] | None = None,
+                 cwd: Path | None = None):
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = log_path
+        self.env = env
+        self.cwd = cwd
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> ManagedProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        logf = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed in stop()
+        self._logf = logf
+        self.proc = subprocess.Popen(self.argv, stdout=logf, stderr=subprocess.STDOUT, env=self.env,
+                                     cwd=self.cwd, start_new_session=True)
+        _log.info("started", extra={"service": self.name, "pid": self.proc.pid, "log": str(self.log_path)})
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_ready(self, check: Callable[[], bool], timeout: float, interval: float = 0.1) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise ServiceError(f"{self.name} exited with code {self.proc.returncode}; "
+                                   f"last log lines:\n{self.tail()}")
+            try:
+                if check():
+                    return
+            except Exception:  # noqa: BLE001 - any failure of the probe means "not yet"
+                pass
+            time.sleep(interval)
+        self.stop()
+        raise ServiceError(f"{self.name} not ready after {timeout:.0f}s; last log lines:\n{self.tail()}")
+
+    def tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM the whole group, SIGKILL whatever is left after `timeout`."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                _log.warning("did not stop in time, killing", extra={"service": self.name})
+        # Children may outlive the leader; the group id is the leader's pid.
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        getattr(self, "_logf", None) and self._logf.close()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would: used by tests that prove recovery."""
+        self.signal(signal.SIGKILL)
+        if self.proc:
+            self.proc.wait()
+
+    def __enter__(self) -> ManagedProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,178 @@
+"""The one settings object. Every knob is an environment variable with a documented default.
+
+`SETTINGS_SPEC` is the single source of truth: `Settings.from_env()` reads it, `modpipe config`
+prints it, and a test checks that the README's configuration table lists every entry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    env: str
+    default: str
+    help: str
+    kind: type = str
+
+
+def _xdg(var: str, fallback: str) -> str:
+    return os.path.join(os.environ.get(var) or os.path.expanduser(fallback), "modpipe")
+
+
+SETTINGS_SPEC: dict[str, Spec] = {
+    # -- paths
+    "state_dir": Spec("MODPIPE_STATE_DIR", _xdg("XDG_STATE_HOME", "~/.local/state"),
+                      "Runtime state: embedded broker data, Triton model repository, faust tables, logs."),
+    "cache_dir": Spec("MODPIPE_CACHE_DIR", _xdg("XDG_CACHE_HOME", "~/.cache"),
+                      "Build cache: downloaded corpora and model builds keyed by a hash of code, config and data."),
+    "model_dir": Spec("MODPIPE_MODEL_DIR", "",
+                      "Served text-model build (model.onnx, tokenizer, card). Empty: the newest build in the cache."),
+    "model_profile": Spec("MODPIPE_MODEL_PROFILE", "full",
+                          "Build profile: `full` (accuracy targets) or `demo` (minutes, for `make demo`)."),
+    # -- Kafka
+    "bootstrap_servers": Spec("KAFKA_BOOTSTRAP_SERVERS", "",
+                              "Kafka bootstrap servers. Empty: start the embedded broker (noida-db)."),
+    "security_protocol": Spec("KAFKA_SECURITY_PROTOCOL", "PLAINTEXT",
+                              "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL."),
+    "sasl_mechanism": Spec("KAFKA_SASL_MECHANISM", "", "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 when SASL is used."),
+    "sasl_username": Spec("KAFKA_SASL_USERNAME", "", "SASL user name."),
+    "sasl_password": Spec("KAFKA_SASL_PASSWORD", "", "SASL password."),
+    "ssl_cafile": Spec("KAFKA_SSL_CAFILE", "", "CA bundle for TLS to the brokers."),
+    "broker_port": Spec("MODPIPE_BROKER_PORT", "9092", "Port of the embedded broker.", int),
+    "topic_prefix": Spec("MODPIPE_TOPIC_PREFIX", "", "Prefix for every topic name (e.g. `prod.`)."),
+    "partitions": Spec("MODPIPE_PARTITIONS", "4", "Partitions of each topic created by `modpipe topics`.", int),
+    "replication": Spec("MODPIPE_REPLICATION", "1", "Replication factor of created topics.", int),
+    "app_id": Spec("MODPIPE_APP_ID", "modpipe", "faust application id = consumer group id."),
+    # -- Triton
+    "triton_url": Spec("TRITON_URL", "",
+                       "Triton gRPC endpoint host:port. Empty: start the embedded Triton (nvidia-pytriton's binary)."),
+    "triton_http_port": Spec("TRITON_HTTP_PORT", "8000", "HTTP port of the embedded Triton.", int),
+    "triton_grpc_port": Spec("TRITON_GRPC_PORT", "8001", "gRPC port of the embedded Triton.", int),
+    "triton_metrics_port": Spec("TRITON_METRICS_PORT", "8002", "Metrics port of the embedded Triton.", int),
+    "triton_model": Spec("MODPIPE_TRITON_MODEL", "spam_text", "Name of the text model in Triton."),
+    "triton_timeout_s": Spec("MODPIPE_TRITON_TIMEOUT_S", "10", "Timeout of one Triton request.", float),
+    # -- batching and verdicts
+    "max_batch": Spec("MODPIPE_MAX_BATCH", "64", "Most posts per Triton request.", int),
+    "max_wait_ms": Spec("MODPIPE_MAX_WAIT_MS", "20", "Longest wait to fill a batch before sending it.", float),
+    "max_inflight": Spec("MODPIPE_MAX_INFLIGHT", "2", "Batches in flight to Triton per worker.", int),
+    "max_seq_len": Spec("MODPIPE_MAX_SEQ_LEN", "128", "Tokens kept per text (longer texts are truncated).", int),
+    "max_text_chars": Spec("MODPIPE_MAX_TEXT_CHARS", "10000", "Longest accepted post text.", int),
+    "review_threshold": Spec("MODPIPE_REVIEW_THRESHOLD", "0.5", "spam_probability at or above which a post is reviewed.",
+                             float),
+    "block_threshold": Spec("MODPIPE_BLOCK_THRESHOLD", "0.9", "spam_probability at or above which a post is blocked.",
+                            float),
+    # -- worker runtime
+    "workers": Spec("MODPIPE_WORKERS", "1", "Workers started by `modpipe up`.", int),
+    "metrics_host": Spec("MODPIPE_METRICS_HOST", "127.0.0.1", "Address of each worker's Prometheus endpoint."),
+    "metrics_port": Spec("MODPIPE_METRICS_PORT", "9464",
+                         "Prometheus port of a worker; `modpipe up` gives worker i port + i.", int),
+    "web_port": Spec("MODPIPE_WEB_PORT", "6066", "faust web port (bound to 127.0.0.1); `up` gives worker i port + i.",
+                     int),
+    "table_store": Spec("MODPIPE_TABLE_STORE", "rocksdb", "faust table store: `rocksdb` or `memory`."),
+    "log_level": Spec("MODPIPE_LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR."),
+    "log_format": Spec("MODPIPE_LOG_FORMAT", "json", "`json` (one object per line) or `text`."),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    state_dir: Path
+    cache_dir: Path
+    model_dir: str
+    model_profile: str
+    bootstrap_servers: str
+    security_protocol: str
+    sasl_mechanism: str
+    sasl_username: str
+    sasl_password: str
+    ssl_cafile: str
+    broker_port: int
+    topic_prefix: str
+    partitions: int
+    replication: int
+    app_id: str
+    triton_url: str
+    triton_http_port: int
+    triton_grpc_port: int
+    triton_metrics_port: int
+    triton_model: str
+    triton_timeout_s: float
+    max_batch: int
+    max_wait_ms: float
+    max_inflight: int
+    max_seq_len: int
+    max_text_chars: int
+    review_threshold: float
+    block_threshold: float
+    workers: int
+    metrics_host: str
+    metrics_port: int
+    web_port: int
+    table_store: str
+    log_level: str
+    log_format: str
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides) -> Settings:
+        env = os.environ if env is None else env
+        values = {}
+        for name, spec in SETTINGS_SPEC.items():
+            raw = env.get(spec.env, spec.default)
+            try:
+                value = spec.kind(raw)
+            except ValueError as exc:
+                raise SettingsError(f"{spec.env}={raw!r} is not a valid {spec.kind.__name__}") from exc
+            values[name] = value
+        values.update(overrides)
+        values["state_dir"] = Path(values["state_dir"]).expanduser()
+        values["cache_dir"] = Path(values["cache_dir"]).expanduser()
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        if not 0 <= self.review_threshold <= self.block_threshold <= 1:
+            raise SettingsError("need 0 <= MODPIPE_REVIEW_THRESHOLD <= MODPIPE_BLOCK_THRESHOLD <= 1")
+        if self.max_batch < 1 or self.max_inflight < 1 or self.partitions < 1:
+            raise SettingsError("MODPIPE_MAX_BATCH, MODPIPE_MAX_INFLIGHT and MODPIPE_PARTITIONS must be >= 1")
+        if self.table_store not in ("rocksdb", "memory"):
+            raise SettingsError("MODPIPE_TABLE_STORE must be `rocksdb` or `memory`")
+        if self.model_profile not in ("full", "demo"):
+            raise SettingsError("MODPIPE_MODEL_PROFILE must be `full` or `demo`")
+
+    def topic(self, name: str) -> str:
+        """Physical topic name for a logical one (`posts` -> `<prefix>posts`)."""
+        return f"{self.topic_prefix}{name}"
+
+    def kafka_client_config(self) -> dict[str, str]:
+        """librdkafka settings shared by every confluent-kafka client we create."""
+        conf = {"bootstrap.servers": self.bootstrap_servers, "security.protocol": self.security_protocol}
+        if self.sasl_mechanism:
+            conf.update({"sasl.mechanism": self.sasl_mechanism, "sasl.username": self.sasl_username,
+                         "sasl.password": self.sasl_password})
+        if self.ssl_cafile:
+            conf["ssl.ca.location"] = self.ssl_cafile
+        return conf
+
+    def to_env(self) -> dict[str, str]:
+        """Environment that reproduces these settings in a child process."""
+        return {spec.env: str(getattr(self, name)) for name, spec in SETTINGS_SPEC.items()}
+
+
+class SettingsError(ValueError):
+    """A setting has a value we cannot use."""
+
+
+def settings_markdown_table() -> str:
+    rows = ["| Variable | Default | Meaning |", "|---|---|---|"]
+    for spec in SETTINGS_SPEC.values():
+        default = spec.default if spec.default else "(empty)"
+        if spec.env in ("MODPIPE_STATE_DIR", "MODPIPE_CACHE_DIR"):
+            default = "~/.local/state/modpipe" if spec.env == "MODPIPE_STATE_DIR" else "~/.cache/modpipe"
+        rows.append(f"| `{spec.env}` | `{default}` | {spec.help} |")
+    return "\n".join(rows)

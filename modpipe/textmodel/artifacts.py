@@ -1,0 +1,82 @@
+"""The contract of a text-model build: what files a build directory holds and how to find the served one.
+
+A build directory (``$MODPIPE_CACHE_DIR/models/<key>/``) holds:
+
+- ``model.onnx``          the served model (a copy of the fp32 or int8 export, per ``served.json``)
+- ``model.fp32.onnx``     fp32 export; inputs ``input_ids``, ``attention_mask`` (int64 [batch, seq]),
+                          output ``logits`` (float32 [batch, 2]; index 1 = spam)
+- ``model.int8.onnx``     dynamically quantized variant, evaluated beside fp32
+- ``tokenizer.json``      the fast (WordPiece, uncased) tokenizer
+- ``served.json``         {"version", "precision", "max_seq_len", "labels", "profile", "built_at"}
+- ``metrics.json``        evaluation of the served model and the TF-IDF + linear SVM baseline, per data set
+- ``split.json``          how the data was split (seed, sizes, hashes of each split's texts)
+- ``heldout.jsonl``       the test-split texts {"text", "label", "dataset"}; drawn on by smoke tests and the demo
+- ``MODEL_CARD.md``       sources, licenses, metrics, intended use, known limits
+
+``$MODPIPE_CACHE_DIR/models/current`` is a symlink to the newest complete full build,
+``$MODPIPE_CACHE_DIR/models/current-demo`` to the newest demo build.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from modpipe.settings import Settings
+
+LABELS = ("ham", "spam")
+SPAM_INDEX = 1
+INPUT_NAMES = ("input_ids", "attention_mask")
+OUTPUT_NAME = "logits"
+REQUIRED_FILES = ("model.onnx", "tokenizer.json", "served.json")
+
+
+class ModelNotBuilt(FileNotFoundError):
+    """No usable model build was found."""
+
+
+@dataclass(frozen=True)
+class ModelBuild:
+    path: Path
+
+    @property
+    def onnx(self) -> Path:
+        return self.path / "model.onnx"
+
+    @property
+    def tokenizer(self) -> Path:
+        return self.path / "tokenizer.json"
+
+    @property
+    def served(self) -> dict:
+        return json.loads((self.path / "served.json").read_text())
+
+    @property
+    def version(self) -> str:
+        return self.served["version"]
+
+    @property
+    def max_seq_len(self) -> int:
+        return int(self.served.get("max_seq_len", 128))
+
+    def heldout(self) -> list[dict]:
+        path = self.path / "heldout.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def models_root(settings: Settings) -> Path:
+    return settings.cache_dir / "models"
+
+
+def resolve_model(settings: Settings) -> ModelBuild:
+    """The build to serve: MODPIPE_MODEL_DIR if set, else the newest full build, else the newest demo build."""
+    candidates = [Path(settings.model_dir).expanduser()] if settings.model_dir else [
+        models_root(settings) / "current", models_root(settings) / "current-demo"]
+    for path in candidates:
+        if all((path / f).exists() for f in REQUIRED_FILES):
+            return ModelBuild(path.resolve())
+    where = ", ".join(str(p) for p in candidates)
+    raise ModelNotBuilt(f"no text-model build found at {where}; run `modpipe model build` (or `make model`)")

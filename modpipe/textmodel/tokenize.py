@@ -1,0 +1,36 @@
+"""Client-side tokenization: the fast tokenizer, each batch padded only to its longest text."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+
+class BatchTokenizer:
+    """Turns a batch of texts into (input_ids, attention_mask) int64 arrays.
+
+    Padding goes to the longest text of the batch, not to `max_len`: short posts then cost short
+    sequences in the model. `pad_to_max=True` pads to `max_len` (the naive approach, for benchmarks).
+    """
+
+    def __init__(self, tokenizer_json: Path | str, max_len: int = 128):
+        self.max_len = max_len
+        self._tok = Tokenizer.from_file(str(tokenizer_json))
+        self._tok.enable_truncation(max_length=max_len)
+        self._tok.no_padding()
+        self.pad_id = self._tok.token_to_id("[PAD]") or 0
+
+    def __call__(self, texts: Sequence[str], pad_to_max: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        encodings = self._tok.encode_batch(list(texts))
+        width = self.max_len if pad_to_max else max((len(e.ids) for e in encodings), default=1)
+        width = max(width, 1)
+        ids = np.full((len(encodings), width), self.pad_id, dtype=np.int64)
+        mask = np.zeros((len(encodings), width), dtype=np.int64)
+        for row, enc in enumerate(encodings):
+            n = len(enc.ids)
+            ids[row, :n] = enc.ids
+            mask[row, :n] = 1
+        return ids, mask
