@@ -1,0 +1,91 @@
+"""spam_text on CPU: the build's ONNX model run by ONNX Runtime inside Triton's python backend.
+
+Triton hands `execute` every request the dynamic batcher grouped together, each with its own
+sequence length (clients pad per batch). We pad them all to the longest, drop columns that are
+padding in every row, run ONNX Runtime ONCE for the whole group and split the logits back.
+
+The weights are not in git: the launcher (modpipe.serving.repository) links the build's
+`model.onnx` into this version directory, next to this file.
+"""
+
+import json
+import os
+
+import numpy as np
+import onnxruntime as ort
+import triton_python_backend_utils as pb_utils
+
+
+def _param(config, key, default):
+    value = config.get("parameters", {}).get(key, {}).get("string_value", "")
+    return value if value not in ("", None) else default
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        here = os.path.join(args["model_repository"], args["model_version"])
+        path = os.path.join(here, _param(config, "onnx_file", "model.onnx"))
+        if not os.path.exists(path):
+            raise pb_utils.TritonModelException(f"no ONNX model at {path}: run `modpipe model build`")
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = int(_param(config, "intra_op_threads", "2"))
+        opts.inter_op_num_threads = int(_param(config, "inter_op_threads", "1"))
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.session = ort.InferenceSession(path, sess_options=opts, providers=["CPUExecutionProvider"])
+        self.pad_id = int(_param(config, "pad_id", "0"))
+        self.max_seq_len = int(_param(config, "max_seq_len", "0"))  # 0: no cap
+        self.trim_padding = _param(config, "trim_padding", "true").lower() == "true"
+        self.logits_dtype = pb_utils.triton_string_to_numpy(
+            pb_utils.get_output_config_by_name(config, "logits")["data_type"])
+
+    def execute(self, requests):
+        ids_list, mask_list, errors = [], [], {}
+        for i, request in enumerate(requests):
+            ids = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy()
+            mask = pb_utils.get_input_tensor_by_name(request, "attention_mask").as_numpy()
+            if ids.shape != mask.shape or ids.ndim != 2:
+                errors[i] = f"input_ids {ids.shape} and attention_mask {mask.shape} must be the same [batch, seq]"
+                ids = mask = np.zeros((0, 1), dtype=np.int64)
+            ids_list.append(ids)
+            mask_list.append(mask)
+
+        rows = [a.shape[0] for a in ids_list]
+        width = max((a.shape[1] for a in ids_list if a.shape[0]), default=1)
+        if self.max_seq_len:
+            width = min(width, self.max_seq_len)
+        total = sum(rows)
+        ids = np.full((total, width), self.pad_id, dtype=np.int64)
+        mask = np.zeros((total, width), dtype=np.int64)
+        start = 0
+        for a_ids, a_mask, n in zip(ids_list, mask_list, rows, strict=True):
+            w = min(a_ids.shape[1], width)
+            ids[start:start + n, :w] = a_ids[:, :w]
+            mask[start:start + n, :w] = a_mask[:, :w]
+            start += n
+
+        if total:
+            if self.trim_padding:
+                # Columns that are padding in every row change nothing (they are masked): a client that
+                # pads to 128 then costs what per-batch padding costs.
+                used = np.flatnonzero(mask.any(axis=0))
+                keep = int(used[-1]) + 1 if used.size else 1
+                ids, mask = ids[:, :keep], mask[:, :keep]
+            logits = self.session.run(["logits"], {"input_ids": ids, "attention_mask": mask})[0]
+        else:
+            logits = np.zeros((0, 2), dtype=np.float32)
+        logits = logits.astype(self.logits_dtype, copy=False)
+
+        responses, start = [], 0
+        for i, n in enumerate(rows):
+            if i in errors:
+                responses.append(pb_utils.InferenceResponse(output_tensors=[],
+                                                            error=pb_utils.TritonError(errors[i])))
+            else:
+                out = pb_utils.Tensor("logits", np.ascontiguousarray(logits[start:start + n]))
+                responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
+            start += n
+        return responses
+
+    def finalize(self):
+        self.session = None
