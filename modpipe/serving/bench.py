@@ -1,0 +1,184 @@
+"""`modpipe bench model`: throughput and latency of the text model through Triton vs in-process ONNX Runtime.
+
+One run measures, on the same held-out texts (the build's heldout.jsonl, a fixed sample):
+
+- Triton (gRPC, client-side tokenization, `inflight` requests in flight) at each batch size, with
+  per-batch padding (to the longest text of the batch) and with fixed padding to max_seq_len;
+- the in-process ONNX Runtime ceiling (same model file, same thread count, no server) at the same
+  batch sizes and both paddings.
+
+Tokenization happens before the clock starts, in both cases, so the ratios isolate serving cost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from modpipe.serving.client import TextModelClient
+from modpipe.textmodel.artifacts import ModelBuild
+from modpipe.textmodel.tokenize import BatchTokenizer
+
+DEFAULT_BATCH_SIZES = (1, 8, 32, 64)
+PADDINGS = ("batch", "fixed")
+
+
+def bench_texts(build: ModelBuild, n: int, seed: int = 0) -> list[str]:
+    """`n` held-out texts in a fixed random order (repeated if the split is smaller)."""
+    texts = [row["text"] for row in build.heldout() if row.get("text")]
+    if not texts:
+        raise ValueError(f"{build.path}/heldout.jsonl has no texts to benchmark with")
+    order = np.random.default_rng(seed).permutation(len(texts))
+    return [texts[order[i % len(texts)]] for i in range(n)]
+
+
+def _chunks(tok: BatchTokenizer, texts: Sequence[str], batch: int, padding: str):
+    return [tok(texts[i:i + batch], pad_to_max=padding == "fixed") for i in range(0, len(texts), batch)]
+
+
+def _summary(kind: str, batch: int, padding: str, n_texts: int, wall: float, latencies: list[float],
+             chunks) -> dict:
+    lat = np.array(latencies) * 1000.0
+    return {"target": kind, "batch": batch, "padding": padding, "texts": n_texts, "requests": len(latencies),
+            "texts_per_s": round(n_texts / wall, 2), "wall_s": round(wall, 3),
+            "p50_ms": round(float(np.percentile(lat, 50)), 2), "p99_ms": round(float(np.percentile(lat, 99)), 2),
+            "mean_width": round(float(np.mean([c[0].shape[1] for c in chunks])), 1)}
+
+
+async def _triton_pass(client: TextModelClient, chunks, inflight: int, tick: Callable[[int], None]):
+    sem = asyncio.Semaphore(inflight)
+    latencies: list[float] = []
+
+    async def one(ids, mask):
+        async with sem:
+            t0 = time.perf_counter()
+            await client.spam_probabilities(ids, mask)
+            latencies.append(time.perf_counter() - t0)
+            tick(ids.shape[0])
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(ids, mask) for ids, mask in chunks))
+    return time.perf_counter() - t0, latencies
+
+
+async def _stats(client: TextModelClient) -> tuple[int, int]:
+    st = await client.client.get_inference_statistics(client.model_name, as_json=True)
+    ms = st["model_stats"][0]
+    return int(ms.get("inference_count", 0)), int(ms.get("execution_count", 0))
+
+
+async def bench_triton(url: str, model_name: str, tok: BatchTokenizer, texts: Sequence[str],
+                       batch_sizes: Sequence[int], inflight: int, tick: Callable[[int], None],
+                       timeout_s: float = 60.0) -> tuple[list[dict], dict]:
+    rows = []
+    async with TextModelClient(url, model_name=model_name, timeout_s=timeout_s) as client:
+        version = await client.model_versions()
+        await client.spam_probabilities(*tok(texts[:8]))  # connection + first-call warm-up
+        for padding in PADDINGS:
+            for batch in batch_sizes:
+                chunks = _chunks(tok, texts, batch, padding)
+                inf0, exe0 = await _stats(client)
+                wall, lat = await _triton_pass(client, chunks, inflight, tick)
+                inf1, exe1 = await _stats(client)
+                row = _summary("triton", batch, padding, len(texts), wall, lat, chunks)
+                row["inflight"] = inflight
+                # > batch means the dynamic batcher merged requests in the server
+                row["server_avg_batch"] = round((inf1 - inf0) / max(exe1 - exe0, 1), 1)
+                rows.append(row)
+    return rows, version
+
+
+def bench_ort(build: ModelBuild, tok: BatchTokenizer, texts: Sequence[str], batch_sizes: Sequence[int],
+              tick: Callable[[int], None], threads: int = 2) -> list[dict]:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(build.onnx), sess_options=opts, providers=["CPUExecutionProvider"])
+    ids, mask = tok(texts[:8])
+    session.run(["logits"], {"input_ids": ids, "attention_mask": mask})
+    rows = []
+    for padding in PADDINGS:
+        for batch in batch_sizes:
+            chunks = _chunks(tok, texts, batch, padding)
+            latencies = []
+            t_start = time.perf_counter()
+            for ids, mask in chunks:
+                t0 = time.perf_counter()
+                session.run(["logits"], {"input_ids": ids, "attention_mask": mask})
+                latencies.append(time.perf_counter() - t0)
+                tick(ids.shape[0])
+            rows.append(_summary("ort", batch, padding, len(texts), time.perf_counter() - t_start, latencies, chunks))
+    return rows
+
+
+def ratios(triton_rows: list[dict], ort_rows: list[dict]) -> dict:
+    def tps(rows, batch, padding):
+        return next((r["texts_per_s"] for r in rows if r["batch"] == batch and r["padding"] == padding), None)
+
+    def div(a, b):
+        return round(a / b, 3) if a and b else None
+
+    out: dict = {"per_batch": {}}
+    for batch in sorted({r["batch"] for r in triton_rows}):
+        out["per_batch"][str(batch)] = {
+            "triton_batch_vs_fixed_padding": div(tps(triton_rows, batch, "batch"), tps(triton_rows, batch, "fixed")),
+            "ort_batch_vs_fixed_padding": div(tps(ort_rows, batch, "batch"), tps(ort_rows, batch, "fixed")),
+            "triton_vs_ort": div(tps(triton_rows, batch, "batch"), tps(ort_rows, batch, "batch")),
+        }
+    best_triton = max((r["texts_per_s"] for r in triton_rows), default=None)
+    best_ort = max((r["texts_per_s"] for r in ort_rows), default=None)
+    out["best_triton_texts_per_s"] = best_triton
+    out["best_ort_texts_per_s"] = best_ort
+    out["best_triton_vs_best_ort"] = div(best_triton, best_ort)
+    return out
+
+
+def run(url: str, build: ModelBuild, model_name: str, n_texts: int = 256,
+        batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, inflight: int = 2, include_ort: bool = True,
+        ort_threads: int = 2, progress: bool = True) -> dict:
+    from tqdm import tqdm
+
+    texts = bench_texts(build, n_texts)
+    tok = BatchTokenizer(build.tokenizer, max_len=build.max_seq_len)
+    t0 = time.perf_counter()
+    tok(texts)
+    tokenize_s = time.perf_counter() - t0
+    lengths = [min(len(e.ids), build.max_seq_len) for e in tok._tok.encode_batch(texts)]
+    passes = len(batch_sizes) * len(PADDINGS) * (2 if include_ort else 1)
+    with tqdm(total=n_texts * passes, unit="text", disable=not progress, desc="bench model") as bar:
+        triton_rows, version = asyncio.run(bench_triton(url, model_name, tok, texts, batch_sizes, inflight,
+                                                        bar.update))
+        ort_rows = bench_ort(build, tok, texts, batch_sizes, bar.update, ort_threads) if include_ort else []
+    return {
+        "model": version, "build_path": str(build.path), "url": url, "texts": n_texts,
+        "batch_sizes": list(batch_sizes), "inflight": inflight, "ort_threads": ort_threads,
+        "max_seq_len": build.max_seq_len,
+        "tokens_per_text": {"mean": round(float(np.mean(lengths)), 1), "p50": float(np.median(lengths)),
+                            "max": int(max(lengths))},
+        "tokenize_texts_per_s": round(n_texts / tokenize_s, 1) if tokenize_s else None,
+        "triton": triton_rows, "ort": ort_rows, "ratios": ratios(triton_rows, ort_rows),
+    }
+
+
+def format_table(report: dict) -> str:
+    lines = [f"model {report['model']['model']} build {report['model']['build_version']}  texts {report['texts']}  "
+             f"tokens/text mean {report['tokens_per_text']['mean']}  triton in-flight {report['inflight']}",
+             f"{'target':<7} {'padding':<7} {'batch':>5} {'texts/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
+             f"{'width':>6} {'srv batch':>9}"]
+    for row in report["triton"] + report["ort"]:
+        lines.append(f"{row['target']:<7} {row['padding']:<7} {row['batch']:>5} {row['texts_per_s']:>9.1f} "
+                     f"{row['p50_ms']:>8.1f} {row['p99_ms']:>8.1f} {row['mean_width']:>6.1f} "
+                     f"{row.get('server_avg_batch', ''):>9}")
+    lines.append("ratios (texts/s):")
+    for batch, r in report["ratios"]["per_batch"].items():
+        lines.append(f"  batch {batch:>3}: triton per-batch/fixed padding {r['triton_batch_vs_fixed_padding']}, "
+                     f"ORT per-batch/fixed {r['ort_batch_vs_fixed_padding']}, triton/ORT {r['triton_vs_ort']}")
+    r = report["ratios"]
+    lines.append(f"  best triton {r['best_triton_texts_per_s']} texts/s vs best ORT {r['best_ort_texts_per_s']}: "
+                 f"{r['best_triton_vs_best_ort']}")
+    return "\n".join(lines)

@@ -1,0 +1,186 @@
+"""Commands: `modpipe triton [export|trt-script]`, `modpipe classify`, `modpipe bench model`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from modpipe import log
+from modpipe.settings import Settings
+
+_log = log.get(__name__)
+
+
+def _settings_with_ports(args: argparse.Namespace) -> Settings:
+    overrides = {k: v for k, v in (("triton_http_port", getattr(args, "http_port", None)),
+                                   ("triton_grpc_port", getattr(args, "grpc_port", None)),
+                                   ("triton_metrics_port", getattr(args, "metrics_port", None))) if v}
+    return Settings.from_env(**overrides)
+
+
+# -- modpipe triton
+def _triton(args: argparse.Namespace) -> int:
+    from modpipe.serving.server import TritonServer
+
+    settings = _settings_with_ports(args)
+    if settings.triton_url:
+        print(f"TRITON_URL={settings.triton_url} is set: modpipe uses that server; nothing to start",
+              file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    server = TritonServer(settings, variant="cpu")
+    try:
+        server.start(timeout=args.timeout)
+        info = server.info()
+        print(f"triton ready in {info['startup_s']} s: model {info['model']} build {info['build_version']}\n"
+              f"  grpc     {info['grpc']}   (TRITON_URL={info['grpc']})\n"
+              f"  http     {info['http']}\n"
+              f"  metrics  {info['metrics']}\n"
+              f"  log      {info['log']}\n"
+              f"  models   {info['repository']}\n"
+              "Ctrl-C stops it.", flush=True)
+        while not stop.wait(1.0):
+            if server.process is None or not server.process.alive():
+                print(f"triton exited; see {server.log_path}", file=sys.stderr)
+                return 1
+    finally:
+        server.stop()
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from modpipe.serving import repository, tensorrt
+    from modpipe.textmodel.artifacts import resolve_model
+
+    settings = Settings.from_env()
+    build = resolve_model(settings)
+    out = repository.assemble(Path(args.out), build, variant=args.variant, model_name=settings.triton_model,
+                              link=False, plan=Path(args.plan) if args.plan else None)
+    if args.variant == "gpu":
+        script = out.parent / f"{out.name}-build_engine.sh"
+        script.write_text(tensorrt.build_script())
+        script.chmod(0o755)
+        print(f"repository {out} (build {build.version}); build the engine on the serving GPU: {script} {out}")
+    else:
+        print(f"repository {out} (build {build.version})")
+    return 0
+
+
+def _trt_script(args: argparse.Namespace) -> int:
+    from modpipe.serving import tensorrt
+
+    sys.stdout.write(tensorrt.build_script(max_batch=args.max_batch, max_seq=args.max_seq,
+                                           opt_batch=args.opt_batch, opt_seq=args.opt_seq, fp16=not args.fp32))
+    return 0
+
+
+# -- modpipe classify
+def _classify(args: argparse.Namespace) -> int:
+    from modpipe.serving.client import SyncTextModelClient
+    from modpipe.serving.server import triton_endpoint
+    from modpipe.textmodel.artifacts import LABELS, SPAM_INDEX
+    from modpipe.textmodel.tokenize import BatchTokenizer
+
+    settings = Settings.from_env()
+    texts = list(args.texts)
+    if texts == ["-"]:
+        texts = [line.rstrip("\n") for line in sys.stdin]
+    tok = None
+    if not args.ensemble:
+        from modpipe.textmodel.artifacts import resolve_model
+        tok = BatchTokenizer(resolve_model(settings).tokenizer, max_len=settings.max_seq_len)
+    with triton_endpoint(settings) as url, \
+            SyncTextModelClient(url, settings.triton_model, settings.triton_timeout_s) as client:
+        probs = []
+        for start in range(0, len(texts), settings.max_batch):
+            part = texts[start:start + settings.max_batch]
+            probs.extend(client.spam_probabilities_text(part) if tok is None
+                         else client.spam_probabilities(*tok(part)))
+    for text, p in zip(texts, probs, strict=True):
+        label = LABELS[SPAM_INDEX] if p >= 0.5 else LABELS[1 - SPAM_INDEX]
+        if args.json:
+            print(json.dumps({"text": text, "spam_probability": round(float(p), 6), "label": label},
+                             ensure_ascii=False))
+        else:
+            short = text if len(text) <= 70 else text[:67] + "..."
+            print(f"{label:<4} {p:8.4f}  {short}")
+    return 0
+
+
+# -- modpipe bench model
+def _bench_model(args: argparse.Namespace) -> int:
+    from modpipe.serving import bench
+    from modpipe.serving.server import triton_endpoint
+    from modpipe.textmodel.artifacts import resolve_model
+
+    settings = Settings.from_env()
+    build = resolve_model(settings)
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
+    with triton_endpoint(settings) as url:
+        report = bench.run(url, build, settings.triton_model, n_texts=args.texts, batch_sizes=batch_sizes,
+                           inflight=args.inflight or settings.max_inflight, include_ort=not args.no_ort,
+                           ort_threads=args.ort_threads, progress=not args.no_progress)
+    print(json.dumps(report) if args.json else bench.format_table(report))
+    return 0
+
+
+def _bench_subparsers(subparsers) -> argparse._SubParsersAction:
+    """`bench` may be shared with other areas (`bench pipeline`): reuse it when already registered."""
+    existing = subparsers.choices.get("bench")
+    if existing is None:
+        existing = subparsers.add_parser("bench", help="benchmarks")
+        existing.set_defaults(func=lambda a: (existing.print_help(), 2)[1])
+    sub = getattr(existing, "_modpipe_subparsers", None)
+    if sub is None:
+        sub = existing.add_subparsers(dest="bench_target", metavar="TARGET")
+        existing._modpipe_subparsers = sub
+    return sub
+
+
+def register(subparsers) -> None:
+    tr = subparsers.add_parser("triton", help="run the embedded Triton server (until Ctrl-C)",
+                               description="Start tritonserver (nvidia-pytriton's binary) on 127.0.0.1 with the "
+                                           "spam_text model build, print its endpoints, run until Ctrl-C.")
+    tr.add_argument("--http-port", type=int, help="default TRITON_HTTP_PORT")
+    tr.add_argument("--grpc-port", type=int, help="default TRITON_GRPC_PORT")
+    tr.add_argument("--metrics-port", type=int, help="default TRITON_METRICS_PORT")
+    tr.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for readiness")
+    tr.set_defaults(func=_triton)
+    trsub = tr.add_subparsers(dest="triton_command", metavar="ACTION")
+    ex = trsub.add_parser("export", help="write a deployable model repository (weights copied in)")
+    ex.add_argument("--out", required=True, help="directory to create (replaced if it exists)")
+    ex.add_argument("--variant", choices=("cpu", "gpu"), default="cpu")
+    ex.add_argument("--plan", help="gpu: an already built model.plan to copy in")
+    ex.set_defaults(func=_export)
+    ts = trsub.add_parser("trt-script", help="print the script that builds the TensorRT engine (GPU variant)")
+    ts.add_argument("--max-batch", type=int, default=128)
+    ts.add_argument("--max-seq", type=int, default=128)
+    ts.add_argument("--opt-batch", type=int, default=64)
+    ts.add_argument("--opt-seq", type=int, default=64)
+    ts.add_argument("--fp32", action="store_true", help="no --fp16")
+    ts.set_defaults(func=_trt_script)
+
+    cl = subparsers.add_parser("classify", help="spam probability of texts through Triton",
+                               description="Classify texts with the served model (Triton started for the call "
+                                           "when TRITON_URL is empty and none runs on the configured ports).")
+    cl.add_argument("texts", nargs="+", metavar="TEXT", help="texts; `-` reads one per line from stdin")
+    cl.add_argument("--json", action="store_true", help='one JSON line per text: {"text","spam_probability","label"}')
+    cl.add_argument("--ensemble", action="store_true", help="tokenize on the server (spam_text_ensemble)")
+    cl.set_defaults(func=_classify)
+
+    bsub = _bench_subparsers(subparsers)
+    bm = bsub.add_parser("model", help="texts/s and latency through Triton vs in-process ONNX Runtime")
+    bm.add_argument("--json", action="store_true")
+    bm.add_argument("--texts", type=int, default=256, help="held-out texts per measured configuration")
+    bm.add_argument("--batch-sizes", default="1,8,32,64")
+    bm.add_argument("--inflight", type=int, default=0, help="Triton requests in flight (default MODPIPE_MAX_INFLIGHT)")
+    bm.add_argument("--ort-threads", type=int, default=2, help="ONNX Runtime intra-op threads of the ceiling")
+    bm.add_argument("--no-ort", action="store_true", help="skip the in-process ONNX Runtime ceiling")
+    bm.add_argument("--no-progress", action="store_true")
+    bm.set_defaults(func=_bench_model)
