@@ -1,0 +1,215 @@
+"""The text model served by a REAL tritonserver (started by modpipe.serving) and the real model build."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from modpipe.services.process import ServiceError, free_port
+from modpipe.serving.client import SyncTextModelClient, TextModelClient
+from modpipe.serving.server import TritonServer, triton_endpoint
+from modpipe.settings import Settings
+from modpipe.textmodel.tokenize import BatchTokenizer
+
+pytestmark = pytest.mark.integration
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EDGE_TEXTS = ["", "x" * 100_000, "免费赢取iPhone！立即点击链接领取奖品", "مرحبا، هل نلتقي غدا؟", "😀🎉🔥 win 💰💰💰",
+              "   \n\t ", "a"]
+
+
+@pytest.fixture(scope="module")
+def tok(model_build):
+    return BatchTokenizer(model_build.tokenizer, max_len=model_build.max_seq_len)
+
+
+@pytest.fixture(scope="module")
+def client(triton_url):
+    with SyncTextModelClient(triton_url) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def labelled(model_build):
+    rows = model_build.heldout()
+    spam = [r["text"] for r in rows if r["label"] == "spam"][:20]
+    ham = [r["text"] for r in rows if r["label"] == "ham"][:20]
+    assert len(spam) == 20 and len(ham) == 20, "heldout.jsonl needs >= 20 spam and 20 ham texts"
+    return spam, ham
+
+
+def modpipe(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "modpipe", *args], env=env, cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_heldout_spam_and_ham_are_classified_right(client, tok, labelled):
+    spam, ham = labelled
+    probs = client.spam_probabilities(*tok(spam + ham))
+    right = int((probs[:20] >= 0.5).sum() + (probs[20:] < 0.5).sum())
+    assert right >= 36, f"{right}/40 right; spam {np.round(probs[:20], 3)}, ham {np.round(probs[20:], 3)}"
+
+
+def test_batch_equals_single(client, tok, labelled):
+    texts = labelled[0][:8] + labelled[1][:8] + EDGE_TEXTS
+    batch = client.spam_probabilities(*tok(texts))
+    single = np.array([client.spam_probabilities(*tok([t]))[0] for t in texts])
+    np.testing.assert_allclose(batch, single, atol=1e-5)
+
+
+def test_triton_matches_in_process_onnxruntime(client, tok, labelled, model_build):
+    ids, mask = tok(labelled[0][:10] + labelled[1][:10])
+    expected = ort.InferenceSession(str(model_build.onnx)).run(["logits"], {"input_ids": ids,
+                                                                              "attention_mask": mask})[0]
+    np.testing.assert_allclose(client.logits(ids, mask), expected, atol=1e-4)
+
+
+def test_fixed_padding_gives_the_same_probabilities(client, tok, labelled):
+    texts = labelled[0][:5] + labelled[1][:5]
+    np.testing.assert_allclose(client.spam_probabilities(*tok(texts, pad_to_max=True)),
+                               client.spam_probabilities(*tok(texts)), atol=1e-5)
+
+
+def test_edge_texts_are_handled(client, tok):
+    for probs in (client.spam_probabilities(*tok(EDGE_TEXTS)), client.spam_probabilities_text(EDGE_TEXTS)):
+        assert probs.shape == (len(EDGE_TEXTS),)
+        assert np.all(np.isfinite(probs)) and np.all((probs >= 0) & (probs <= 1))
+
+
+def test_empty_batch_and_big_batch(client, tok, labelled):
+    empty = np.zeros((0, 4), dtype=np.int64)
+    assert client.spam_probabilities(empty, empty).shape == (0,)
+    assert client.spam_probabilities_text([]).shape == (0,)
+    texts = (labelled[0] + labelled[1]) * 5  # 200 rows: above max_batch_size, sent as two requests
+    probs = client.spam_probabilities(*tok(texts))
+    np.testing.assert_allclose(probs[:40], probs[40:80], atol=1e-5)
+
+
+def test_ensemble_matches_client_side_tokenization(client, tok, labelled):
+    texts = labelled[0][:10] + labelled[1][:10] + EDGE_TEXTS
+    np.testing.assert_allclose(client.spam_probabilities_text(texts), client.spam_probabilities(*tok(texts)),
+                               atol=1e-5)
+
+
+def test_model_versions_name_the_build(client, model_build):
+    assert client.model_versions() == {"model": "spam_text", "triton_version": "1",
+                                       "build_version": model_build.version}
+
+
+def test_concurrent_requests_of_different_lengths_are_merged(triton_url, tok, labelled, model_build):
+    """The dynamic batcher merges requests of different sequence lengths (allow_ragged_batch) and model.py
+    pads them together: results must equal each request alone, in fewer executions than requests."""
+    texts = labelled[0] + labelled[1]
+    batches = [tok(texts[4 * k:4 * k + n]) for k, n in enumerate([1, 2, 3, 4, 1, 2, 3, 4, 2, 3])]
+    expected = [ort.InferenceSession(str(model_build.onnx)).run(["logits"], {"input_ids": i,
+                                                                            "attention_mask": m})[0]
+                for i, m in batches]
+
+    async def run():
+        async with TextModelClient(triton_url) as c:
+            before = (await c.client.get_inference_statistics("spam_text", as_json=True))["model_stats"][0]
+            got = []
+            for _ in range(3):
+                got = await asyncio.gather(*(c.logits(i, m) for i, m in batches))
+            after = (await c.client.get_inference_statistics("spam_text", as_json=True))["model_stats"][0]
+            return got, int(after["execution_count"]) - int(before.get("execution_count", 0))
+
+    got, executions = asyncio.run(run())
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_allclose(g, e, atol=1e-4)
+    assert executions < 3 * len(batches), "requests of different lengths were never batched together"
+
+
+def test_classify_cli_json(triton_env):
+    texts = ["WINNER!! Claim your free prize now, call 09061701461", "ok see you at lunch", "", "你好 😀"]
+    out = modpipe("classify", "--json", *texts, env=triton_env)
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [d["text"] for d in lines] == texts
+    for d in lines:
+        assert set(d) == {"text", "spam_probability", "label"}
+        assert 0 <= d["spam_probability"] <= 1
+        assert d["label"] == ("spam" if d["spam_probability"] >= 0.5 else "ham")
+    ens = modpipe("classify", "--json", "--ensemble", *texts, env=triton_env)
+    assert ens.returncode == 0, ens.stderr
+    for a, b in zip(lines, map(json.loads, ens.stdout.splitlines()), strict=True):
+        assert abs(a["spam_probability"] - b["spam_probability"]) < 1e-5
+
+
+def _pids_mentioning(needle: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if needle in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    pids.append(int(entry.name))
+            except OSError:
+                pass
+    return pids
+
+
+def test_classify_starts_and_stops_its_own_server(settings_env, model_build, tmp_path):
+    env = dict(settings_env, MODPIPE_STATE_DIR=str(tmp_path / "state"), MODPIPE_MODEL_DIR=str(model_build.path),
+               TRITON_URL="", TRITON_HTTP_PORT=str(free_port()), TRITON_GRPC_PORT=str(free_port()),
+               TRITON_METRICS_PORT=str(free_port()))
+    out = modpipe("classify", "--json", "hello there", env=env)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["text"] == "hello there"
+    assert "tritonserver" in out.stderr  # it logged where the server log went
+    assert not _pids_mentioning(str(tmp_path / "state")), "tritonserver or a stub outlived `modpipe classify`"
+
+
+def test_bench_model_json_small(triton_env):
+    out = modpipe("bench", "model", "--json", "--texts", "16", "--batch-sizes", "1,8", "--no-progress",
+                  env=triton_env)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["texts"] == 16 and report["batch_sizes"] == [1, 8]
+    assert len(report["triton"]) == 4 and len(report["ort"]) == 4
+    for row in report["triton"] + report["ort"]:
+        assert row["texts_per_s"] > 0 and 0 < row["p50_ms"] <= row["p99_ms"]
+        assert row["padding"] in ("batch", "fixed")
+        assert row["mean_width"] == 128 if row["padding"] == "fixed" else row["mean_width"] <= 128
+    assert report["ratios"]["per_batch"]["8"]["triton_vs_ort"] > 0
+    assert report["model"]["model"] == "spam_text"
+
+
+def test_server_stops_with_no_orphan(model_build, tmp_path, triton_server):
+    settings = Settings.from_env(state_dir=tmp_path / "state", triton_url="")
+    server = TritonServer(settings, model_build, http_port=free_port(), grpc_port=free_port(),
+                          metrics_port=free_port()).start()
+    pgid = os.getpgid(server.pid)
+    group = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _pgid(p) == pgid]
+    assert len(group) >= 2, "expected tritonserver plus its python backend stubs in one process group"
+    assert server.ready()
+    server.stop()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pgid, 0)
+    assert not [p for p in group if Path(f"/proc/{p}").exists()]
+    assert not _pids_mentioning(str(tmp_path / "state"))
+    # a second server on a port in use fails fast and clearly
+    busy = TritonServer(settings, model_build, http_port=triton_server.http_port, grpc_port=free_port(),
+                        metrics_port=free_port())
+    with pytest.raises(ServiceError, match="already in use"):
+        busy.start()
+
+
+def _pgid(proc: Path) -> int | None:
+    try:
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[2])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def test_endpoint_uses_triton_url_without_starting(tmp_path):
+    settings = Settings.from_env(state_dir=tmp_path / "state", triton_url="example.invalid:8001")
+    with triton_endpoint(settings) as url:
+        assert url == "example.invalid:8001"
+    assert not (tmp_path / "state").exists()

@@ -1,0 +1,154 @@
+"""The Triton model repository templates: every config parses with Triton's own ModelConfig protobuf,
+CPU and GPU spam_text share one contract, assembly wires a build in, the TensorRT command is right."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from modpipe.serving import repository, tensorrt
+from modpipe.textmodel.artifacts import INPUT_NAMES, OUTPUT_NAME, ModelBuild
+
+ROOT = Path(__file__).resolve().parents[2] / "triton_models"
+CONFIGS = sorted(ROOT.rglob("config.pbtxt"))
+T = mc.DataType
+
+
+def parse(path: Path) -> mc.ModelConfig:
+    return text_format.Parse(path.read_text(), mc.ModelConfig())
+
+
+def io(config: mc.ModelConfig) -> tuple:
+    return (config.name, config.max_batch_size,
+            tuple((i.name, i.data_type, tuple(i.dims)) for i in config.input),
+            tuple((o.name, o.data_type, tuple(o.dims)) for o in config.output))
+
+
+def test_templates_found_from_the_package():
+    assert repository.source_dir() == ROOT
+    assert len(CONFIGS) == 5
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_config_parses_and_names_its_directory(path):
+    config = parse(path)
+    assert config.name == path.parent.name
+    assert config.max_batch_size == 128
+    assert config.backend == "python" or config.platform in ("tensorrt_plan", "ensemble")
+    if config.backend == "python":
+        assert (path.parent / "1" / "model.py").exists()
+    assert (path.parent / "MODEL_CARD.md").exists()
+
+
+@pytest.mark.parametrize("variant", ["cpu", "gpu"])
+def test_spam_text_contract(variant):
+    config = parse(ROOT / variant / "spam_text" / "config.pbtxt")
+    assert config.name == "spam_text"
+    assert [i.name for i in config.input] == list(INPUT_NAMES)
+    assert all(i.data_type == T.TYPE_INT64 and list(i.dims) == [-1] for i in config.input)
+    assert [(o.name, o.data_type, list(o.dims)) for o in config.output] == [(OUTPUT_NAME, T.TYPE_FP32, [2])]
+    db = config.dynamic_batching
+    assert db.preferred_batch_size and max(db.preferred_batch_size) < config.max_batch_size  # no lone-request wait
+    assert 0 < db.max_queue_delay_microseconds <= 5000
+    assert config.model_warmup
+    kind = mc.ModelInstanceGroup.KIND_CPU if variant == "cpu" else mc.ModelInstanceGroup.KIND_GPU
+    assert [g.kind for g in config.instance_group] == [kind]
+
+
+def test_cpu_and_gpu_spam_text_share_name_and_io():
+    cpu = parse(ROOT / "cpu" / "spam_text" / "config.pbtxt")
+    gpu = parse(ROOT / "gpu" / "spam_text" / "config.pbtxt")
+    strip = [(n, b, tuple((a, t, d) for a, t, d in ins), outs) for n, b, ins, outs in [io(cpu), io(gpu)]]
+    assert strip[0] == strip[1]
+    assert cpu.backend == "python" and gpu.platform == "tensorrt_plan"
+    # CPU merges requests of different lengths (model.py pads them); TensorRT cannot take ragged input.
+    assert all(i.allow_ragged_batch for i in cpu.input)
+    assert not any(i.allow_ragged_batch for i in gpu.input)
+    assert cpu.parameters["intra_op_threads"].string_value == "2"
+
+
+def test_tokenizer_and_ensemble():
+    tok = parse(ROOT / "common" / "spam_tokenizer" / "config.pbtxt")
+    assert [(i.name, i.data_type, list(i.dims)) for i in tok.input] == [("text", T.TYPE_STRING, [1])]
+    assert [(o.name, o.data_type, list(o.dims)) for o in tok.output] == \
+        [("input_ids", T.TYPE_INT64, [-1]), ("attention_mask", T.TYPE_INT64, [-1])]
+    ens = parse(ROOT / "common" / "spam_text_ensemble" / "config.pbtxt")
+    assert ens.platform == "ensemble"
+    assert [s.model_name for s in ens.ensemble_scheduling.step] == \
+        ["spam_tokenizer", "spam_text", "spam_postprocess"]
+    assert {o.name for o in ens.output} == {"logits", "spam_probability"}
+    # every tensor a step consumes is produced by an earlier step or is an ensemble input
+    available = {i.name for i in ens.input}
+    for step in ens.ensemble_scheduling.step:
+        assert set(step.input_map.values()) <= available, step.model_name
+        available |= set(step.output_map.values())
+    assert {o.name for o in ens.output} <= available
+
+
+@pytest.fixture
+def fake_build(tmp_path) -> ModelBuild:
+    """A build directory with the contract's files (contents irrelevant to assembly)."""
+    build = tmp_path / "build"
+    build.mkdir()
+    (build / "model.onnx").write_bytes(b"onnx")
+    (build / "tokenizer.json").write_text("{}")
+    (build / "served.json").write_text(json.dumps({"version": "v-test", "precision": "int8", "max_seq_len": 96}))
+    return ModelBuild(build)
+
+
+def test_assemble_cpu_links_weights_and_writes_identity(tmp_path, fake_build):
+    repo = repository.assemble(tmp_path / "repo", fake_build, variant="cpu")
+    assert sorted(p.name for p in repo.iterdir()) == \
+        ["spam_postprocess", "spam_text", "spam_text_ensemble", "spam_tokenizer"]
+    assert (repo / "spam_text" / "1" / "model.onnx").resolve() == fake_build.onnx.resolve()
+    assert (repo / "spam_tokenizer" / "1" / "tokenizer.json").read_text() == "{}"
+    assert (repo / "spam_text_ensemble" / "1").is_dir()
+    assert not list(repo.rglob("MODEL_CARD.md")) and not list(repo.rglob("__pycache__"))
+    params = parse(repo / "spam_text" / "config.pbtxt").parameters
+    assert params["build_version"].string_value == "v-test"
+    assert params["max_seq_len"].string_value == "96"
+    assert parse(repo / "spam_tokenizer" / "config.pbtxt").parameters["max_seq_len"].string_value == "96"
+
+
+def test_assemble_renames_text_model_and_ensemble_follows(tmp_path, fake_build):
+    repo = repository.assemble(tmp_path / "repo", fake_build, model_name="spam_text_v2")
+    assert parse(repo / "spam_text_v2" / "config.pbtxt").name == "spam_text_v2"
+    steps = parse(repo / "spam_text_ensemble" / "config.pbtxt").ensemble_scheduling.step
+    assert "spam_text_v2" in [s.model_name for s in steps]
+
+
+def test_assemble_gpu_copies_onnx_for_trtexec(tmp_path, fake_build):
+    plan = tmp_path / "model.plan"
+    plan.write_bytes(b"plan")
+    repo = repository.assemble(tmp_path / "repo", fake_build, variant="gpu", link=False, plan=plan)
+    version = repo / "spam_text" / "1"
+    assert not (version / "model.onnx").is_symlink() and (version / "model.onnx").read_bytes() == b"onnx"
+    assert (version / "model.plan").read_bytes() == b"plan"
+    assert parse(repo / "spam_text" / "config.pbtxt").platform == "tensorrt_plan"
+    assert (repo / "spam_tokenizer" / "1" / "model.py").exists()
+
+
+def test_trtexec_command():
+    argv = tensorrt.trtexec_command("in.onnx", "out.plan")
+    assert argv[:3] == ["trtexec", "--onnx=in.onnx", "--saveEngine=out.plan"]
+    assert "--minShapes=input_ids:1x1,attention_mask:1x1" in argv
+    assert "--optShapes=input_ids:64x64,attention_mask:64x64" in argv
+    assert "--maxShapes=input_ids:128x128,attention_mask:128x128" in argv
+    assert "--fp16" in argv
+    assert "--fp16" not in tensorrt.trtexec_command("a", "b", fp16=False)
+    with pytest.raises(ValueError):
+        tensorrt.trtexec_command("a", "b", opt_batch=256)
+
+
+def test_trt_build_script_is_valid_bash_and_matches_the_config():
+    script = tensorrt.build_script()
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+    gpu = parse(ROOT / "gpu" / "spam_text" / "config.pbtxt")
+    assert f"input_ids:{gpu.max_batch_size}x128" in script
+    assert "spam_text/1/model.plan" in script and "--fp16" in script
+    assert tensorrt.TRITON_RELEASE in script
