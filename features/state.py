@@ -1,0 +1,582 @@
+"""Per-key table states: exact counts, idempotent under re-delivery, bounded memory, JSON round-trip.
+
+faust gives at-least-once processing: after a crash, events since the last committed offset are
+processed again against tables restored from their changelog, which already hold those events. So every
+count here is keyed by the *event id* and applying an event twice equals applying it once.
+
+Exactness vs memory (documented per structure; defaults in `Limits`):
+
+* `DedupCounter` keeps the ids of the `dedup_ids` most recent events (ordered by (event time, id)) and a
+  high-water mark = the largest evicted (time, id). An event at or below the mark is taken as already
+  counted. Re-deliveries are therefore never double counted (exact); a genuinely new event is missed
+  only if it arrives behind `dedup_ids` newer events of the same key - far beyond faust's replay window.
+* `DistinctSet` stores members exactly up to `distinct` members, then saturates (count stays = cap).
+* `SlidingWindow` keeps post times within 24 h + `window_grace_ms` of the newest one: windowed counts
+  are exact for posts at most that grace late; at most `window_entries` are kept (count saturates).
+* `BoundedCounts` (per-user link/text counts) keeps `per_user_keys` entries, least recently used evicted.
+* `SpamMarks` keeps the latest label/decision of the `spam_marks` most recently marked posts; older
+  posts are folded into a base count, so re-labelling a post after that many newer marks is not seen.
+
+States are mutable objects; tables store `to_dict()` and rebuild with `from_dict()` per event.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from typing import Any
+
+from features.events import BANS, DOMAIN, IP, POST, URL, USER, post_ban_keys
+
+HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    dedup_ids: int = 512
+    distinct: int = 10_000
+    window_entries: int = 5_000
+    window_grace_ms: int = HOUR_MS
+    per_user_keys: int = 512
+    spam_marks: int = 1_024
+    pending: int = 32
+
+
+DEFAULT_LIMITS = Limits()
+
+
+@dataclasses.dataclass
+class Update:
+    """What applying one event did: `changed` is False for a re-delivery; `features` the table's share of a
+    post's features (posts only); `followups` events to apply to other tables: (table, key, kind, ctx)."""
+    changed: bool
+    features: dict[str, Any] = dataclasses.field(default_factory=dict)
+    followups: list[tuple[str, str, str, dict]] = dataclasses.field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- primitives
+
+
+class DedupCounter:
+    """Count of distinct event ids; see the module docstring for the exactness argument."""
+
+    def __init__(self, cap: int = DEFAULT_LIMITS.dedup_ids):
+        self.cap = cap
+        self.count = 0
+        self.recent: list[tuple[int, str]] = []  # sorted (ts, id) of counted events above the mark
+        self._ids: set[str] = set()
+        self.hwm: tuple[int, str] | None = None
+        self.late = 0  # events dropped because they were at/below the mark (re-deliveries or very late)
+
+    def seen(self, event_id: str, ts: int) -> bool:
+        return event_id in self._ids or (self.hwm is not None and (ts, event_id) <= self.hwm)
+
+    def add(self, event_id: str, ts: int) -> bool:
+        """Count the event unless already counted; True when counted."""
+        if event_id in self._ids:
+            return False
+        if self.hwm is not None and (ts, event_id) <= self.hwm:
+            self.late += 1
+            return False
+        self.count += 1
+        bisect.insort(self.recent, (ts, event_id))
+        self._ids.add(event_id)
+        while len(self.recent) > self.cap:
+            # Only the minimum is ever evicted: every counted event above the mark stays in `recent`.
+            victim = self.recent.pop(0)
+            self._ids.discard(victim[1])
+            self.hwm = victim if self.hwm is None else max(self.hwm, victim)
+        return True
+
+    def to_dict(self) -> dict:
+        return {"n": self.count, "recent": [list(e) for e in self.recent],
+                "hwm": list(self.hwm) if self.hwm else None, "late": self.late}
+
+    @classmethod
+    def from_dict(cls, d: dict | None, cap: int = DEFAULT_LIMITS.dedup_ids) -> DedupCounter:
+        c = cls(cap)
+        if d:
+            c.count = d["n"]
+            c.recent = sorted((int(ts), str(i)) for ts, i in d["recent"])
+            c._ids = {i for _, i in c.recent}
+            c.hwm = (int(d["hwm"][0]), str(d["hwm"][1])) if d.get("hwm") else None
+            c.late = d.get("late", 0)
+        return c
+
+
+class DistinctSet:
+    """Exact distinct members up to `cap`; then saturated (new members are not stored or counted)."""
+
+    def __init__(self, cap: int = DEFAULT_LIMITS.distinct):
+        self.cap = cap
+        self.members: set[str] = set()
+        self.saturated = False
+
+    @property
+    def count(self) -> int:
+        return len(self.members)
+
+    def add(self, member: str) -> bool:
+        if member in self.members:
+            return False
+        if len(self.members) >= self.cap:
+            self.saturated = True
+            return False
+        self.members.add(member)
+        return True
+
+    def to_dict(self) -> dict:
+        return {"m": sorted(self.members), "sat": self.saturated}
+
+    @classmethod
+    def from_dict(cls, d: dict | None, cap: int = DEFAULT_LIMITS.distinct) -> DistinctSet:
+        s = cls(cap)
+        if d:
+            s.members = set(d["m"])
+            s.saturated = d.get("sat", False)
+        return s
+
+
+class SlidingWindow:
+    """Event times of one key's posts, for counts over windows ending at a post's created_at."""
+
+    def __init__(self, horizon_ms: int = DAY_MS, grace_ms: int = DEFAULT_LIMITS.window_grace_ms,
+                 cap: int = DEFAULT_LIMITS.window_entries):
+        self.horizon_ms, self.grace_ms, self.cap = horizon_ms, grace_ms, cap
+        self.entries: list[tuple[int, str]] = []  # sorted (ts, id)
+        self.max_ts: int | None = None
+
+    def add(self, event_id: str, ts: int) -> None:
+        bisect.insort(self.entries, (ts, event_id))
+        self.max_ts = ts if self.max_ts is None else max(self.max_ts, ts)
+        cutoff = self.max_ts - self.horizon_ms - self.grace_ms
+        drop = bisect.bisect_right(self.entries, cutoff, key=lambda e: e[0])
+        drop = max(drop, len(self.entries) - self.cap)
+        if drop > 0:
+            del self.entries[:drop]
+
+    def count(self, t: int, width_ms: int) -> int:
+        """Events with t - width < ts <= t (the post at t itself included once added)."""
+        hi = bisect.bisect_right(self.entries, t, key=lambda e: e[0])
+        lo = bisect.bisect_right(self.entries, t - width_ms, key=lambda e: e[0])
+        return hi - lo
+
+    def to_dict(self) -> dict:
+        return {"e": [list(e) for e in self.entries], "max": self.max_ts}
+
+    @classmethod
+    def from_dict(cls, d: dict | None, limits: Limits = DEFAULT_LIMITS) -> SlidingWindow:
+        w = cls(grace_ms=limits.window_grace_ms, cap=limits.window_entries)
+        if d:
+            w.entries = sorted((int(ts), str(i)) for ts, i in d["e"])
+            w.max_ts = d.get("max")
+        return w
+
+
+class BoundedCounts:
+    """key -> count, at most `cap` keys, the least recently incremented evicted (ties: smallest key)."""
+
+    def __init__(self, cap: int = DEFAULT_LIMITS.per_user_keys):
+        self.cap = cap
+        self.items: dict[str, list[int]] = {}  # key -> [count, last ts]
+
+    def incr(self, key: str, ts: int) -> int:
+        item = self.items.setdefault(key, [0, ts])
+        item[0] += 1
+        item[1] = max(item[1], ts)
+        if len(self.items) > self.cap:
+            victim = min(self.items, key=lambda k: (self.items[k][1], k))
+            del self.items[victim]
+        return self.items.get(key, [0])[0]
+
+    def get(self, key: str) -> int:
+        return self.items.get(key, [0])[0]
+
+    def to_dict(self) -> dict:
+        return {k: list(v) for k, v in sorted(self.items.items())}
+
+    @classmethod
+    def from_dict(cls, d: dict | None, cap: int = DEFAULT_LIMITS.per_user_keys) -> BoundedCounts:
+        b = cls(cap)
+        b.items = {k: [int(v[0]), int(v[1])] for k, v in (d or {}).items()}
+        return b
+
+
+class SpamMarks:
+    """Which posts of a key are spam. A moderator label beats the pipeline's decision; within a source
+    the newest (ts) wins, ties to spam. Order-independent and idempotent (a max per post and source)."""
+
+    def __init__(self, cap: int = DEFAULT_LIMITS.spam_marks):
+        self.cap = cap
+        self.marks: dict[str, dict[str, list | None]] = {}  # post_id -> {"l": [ts, spam], "d": [ts, spam]}
+        self.base = 0  # spam posts among the evicted
+        self.count = 0  # base + spam posts among marks
+        self.hwm: tuple[int, str] | None = None
+
+    @staticmethod
+    def _is_spam(mark: dict) -> bool:
+        slot = mark.get("l") or mark.get("d")
+        return bool(slot and slot[1])
+
+    @staticmethod
+    def _ts(mark: dict) -> int:
+        return max(s[0] for s in mark.values() if s)
+
+    def is_spam(self, post_id: str) -> bool | None:
+        mark = self.marks.get(post_id)
+        return None if mark is None else self._is_spam(mark)
+
+    def apply(self, post_id: str, source: str, ts: int, spam: bool) -> bool:
+        mark = self.marks.get(post_id)
+        if mark is None:
+            if self.hwm is not None and (ts, post_id) <= self.hwm:
+                return False  # this post was evicted with a newer mark: a replay, or too late to matter
+            if source == "d" and not spam:
+                return False  # a ham decision with nothing to override changes no count: store nothing
+            mark = {"l": None, "d": None}
+        new = [ts, bool(spam)]
+        old = mark[source]
+        if old is not None and tuple(new) <= tuple(old):
+            return False
+        before = post_id in self.marks and self._is_spam(mark)
+        mark[source] = new
+        self.marks[post_id] = mark
+        self.count += int(self._is_spam(mark)) - int(before)
+        while len(self.marks) > self.cap:
+            victim = min(self.marks, key=lambda p: (self._ts(self.marks[p]), p))
+            vmark = self.marks.pop(victim)
+            self.base += int(self._is_spam(vmark))
+            key = (self._ts(vmark), victim)
+            self.hwm = key if self.hwm is None else max(self.hwm, key)
+        return True
+
+    def to_dict(self) -> dict:
+        return {"marks": dict(sorted(self.marks.items())), "base": self.base, "n": self.count,
+                "hwm": list(self.hwm) if self.hwm else None}
+
+    @classmethod
+    def from_dict(cls, d: dict | None, cap: int = DEFAULT_LIMITS.spam_marks) -> SpamMarks:
+        s = cls(cap)
+        if d:
+            s.marks = {p: {k: (list(v) if v else None) for k, v in m.items()} for p, m in d["marks"].items()}
+            s.base, s.count = d["base"], d["n"]
+            s.hwm = (int(d["hwm"][0]), str(d["hwm"][1])) if d.get("hwm") else None
+        return s
+
+
+# --------------------------------------------------------------------------- table states
+
+
+class _State:
+    table: str = ""
+
+    def __init__(self, limits: Limits = DEFAULT_LIMITS):
+        self.limits = limits
+
+    def apply(self, kind: str, ctx: dict) -> Update:
+        """Apply one prepared event (see features.events); kinds a table does not track are no-ops."""
+        method = getattr(self, f"apply_{kind}", None)
+        return method(ctx) if method else Update(False)
+
+
+class UserState(_State):
+    """Keyed by user_id: the poster's history."""
+    table = USER
+
+    def __init__(self, limits: Limits = DEFAULT_LIMITS):
+        super().__init__(limits)
+        self.posts = DedupCounter(limits.dedup_ids)
+        self.window = SlidingWindow(grace_ms=limits.window_grace_ms, cap=limits.window_entries)
+        self.links = BoundedCounts(limits.per_user_keys)
+        self.texts = BoundedCounts(limits.per_user_keys)
+        self.spam = SpamMarks(limits.spam_marks)
+        self.reports = DedupCounter(limits.dedup_ids)
+
+    def apply_post(self, ctx: dict) -> Update:
+        pid, ts = ctx["post_id"], ctx["ts"]
+        changed = self.posts.add(pid, ts)
+        if changed:  # one gate for every per-user post count: they are exactly-once together
+            self.window.add(pid, ts)
+            if ctx["url_key"]:
+                self.links.incr(ctx["url_key"], ts)
+            self.texts.incr(ctx["text_fp"], ts)
+        return Update(changed, {
+            "user_posts": self.posts.count,
+            "user_posts_1h": self.window.count(ts, HOUR_MS),
+            "user_posts_24h": self.window.count(ts, DAY_MS),
+            "user_link_count": self.links.get(ctx["url_key"]) if ctx["url_key"] else None,
+            "user_post_count": self.texts.get(ctx["text_fp"]),
+            "user_spam_posts": self.spam.count,
+            "user_report_count": self.reports.count,
+            "user_spam_report": self.reports.count > 0,
+        })
+
+    def apply_report(self, ctx: dict) -> Update:
+        return Update(self.reports.add(ctx["report_id"], ctx["ts"]))
+
+    def apply_label(self, ctx: dict) -> Update:
+        if ctx["spam"] is None:
+            return Update(False)
+        return Update(self.spam.apply(ctx["post_id"], "l", ctx["ts"], ctx["spam"]))
+
+    def apply_decision(self, ctx: dict) -> Update:
+        return Update(self.spam.apply(ctx["post_id"], "d", ctx["ts"], ctx["spam"]))
+
+    def to_dict(self) -> dict:
+        return {"posts": self.posts.to_dict(), "window": self.window.to_dict(), "links": self.links.to_dict(),
+                "texts": self.texts.to_dict(), "spam": self.spam.to_dict(), "reports": self.reports.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict | None, limits: Limits = DEFAULT_LIMITS) -> UserState:
+        s = cls(limits)
+        if d:
+            s.posts = DedupCounter.from_dict(d["posts"], limits.dedup_ids)
+            s.window = SlidingWindow.from_dict(d["window"], limits)
+            s.links = BoundedCounts.from_dict(d["links"], limits.per_user_keys)
+            s.texts = BoundedCounts.from_dict(d["texts"], limits.per_user_keys)
+            s.spam = SpamMarks.from_dict(d["spam"], limits.spam_marks)
+            s.reports = DedupCounter.from_dict(d["reports"], limits.dedup_ids)
+        return s
+
+
+class UrlState(_State):
+    """Keyed by the URL count key (features.url.UrlInfo.key)."""
+    table = URL
+
+    def __init__(self, limits: Limits = DEFAULT_LIMITS):
+        super().__init__(limits)
+        self.posts = DedupCounter(limits.dedup_ids)
+        self.posters = DistinctSet(limits.distinct)
+        self.shares = DedupCounter(limits.dedup_ids)
+        self.comments = DedupCounter(limits.dedup_ids)
+
+    def apply_post(self, ctx: dict) -> Update:
+        changed = self.posts.add(ctx["post_id"], ctx["ts"])
+        if changed and ctx["user_id"]:
+            self.posters.add(ctx["user_id"])
+        return Update(changed, {
+            "url_post_count": self.posts.count,
+            "url_distinct_posters": self.posters.count,
+            "post_share_count": self.shares.count,
+            "post_comment_count": self.comments.count,
+        })
+
+    def apply_engagement(self, ctx: dict) -> Update:
+        counter = {"share": self.shares, "comment": self.comments}.get(ctx["kind"])
+        return Update(counter.add(ctx["engagement_id"], ctx["ts"]) if counter else False)
+
+    def to_dict(self) -> dict:
+        return {"posts": self.posts.to_dict(), "posters": self.posters.to_dict(),
+                "shares": self.shares.to_dict(), "comments": self.comments.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict | None, limits: Limits = DEFAULT_LIMITS) -> UrlState:
+        s = cls(limits)
+        if d:
+            s.posts = DedupCounter.from_dict(d["posts"], limits.dedup_ids)
+            s.posters = DistinctSet.from_dict(d["posters"], limits.distinct)
+            s.shares = DedupCounter.from_dict(d["shares"], limits.dedup_ids)
+            s.comments = DedupCounter.from_dict(d["comments"], limits.dedup_ids)
+        return s
+
+
+class DomainState(_State):
+    """Keyed by registrable domain."""
+    table = DOMAIN
+
+    def __init__(self, limits: Limits = DEFAULT_LIMITS):
+        super().__init__(limits)
+        self.posts = DedupCounter(limits.dedup_ids)
+        self.reports = DedupCounter(limits.dedup_ids)
+
+    def apply_post(self, ctx: dict) -> Update:
+        changed = self.posts.add(ctx["post_id"], ctx["ts"])
+        return Update(changed, {"domain_post_count": self.posts.count, "domain_report_count": self.reports.count})
+
+    def apply_report(self, ctx: dict) -> Update:
+        return Update(self.reports.add(ctx["report_id"], ctx["ts"]))
+
+    def to_dict(self) -> dict:
+        return {"posts": self.posts.to_dict(), "reports": self.reports.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict | None, limits: Limits = DEFAULT_LIMITS) -> DomainState:
+        s = cls(limits)
+        if d:
+            s.posts = DedupCounter.from_dict(d["posts"], limits.dedup_ids)
+            s.reports = DedupCounter.from_dict(d["reports"], limits.dedup_ids)
+        return s
+
+
+class IpState(_State):
+    """Keyed by poster IP (features.events.normalize_ip)."""
+    table = IP
+
+    def __init__(self, limits: Limits = DEFAULT_LIMITS):
+        super().__init__(limits)
+        self.posts = DedupCounter(limits.dedup_ids)
+        self.users = DistinctSet(limits.distinct)
+        self.spam = SpamMarks(limits.spam_marks)
+
+    def apply_post(self, ctx: dict) -> Update:
+        changed = self.posts.add(ctx["post_id"], ctx["ts"])
+        if changed and ctx["user_id"]:
+            self.users.add(ctx["user_id"])
+        return Update(changed, {"ip_posts": self.posts.count, "ip_distinct_users": self.users.count,
+                                "ip_spam_posts": self.spam.count})
+
+    def apply_label(self, ctx: dict) -> Update:
+        if ctx["spam"] is None:
+            return Update(False)
+        return Update(self.spam.apply(ctx["post_id"], "l", ctx["ts"], ctx["spam"]))
+
+    def apply_decision(self, ctx: dict) -> Update:
+        return Update(self.spam.apply(ctx["post_id"], "d", ctx["ts"], ctx["spam"]))
+
+    def to_dict(self) -> dict:
+        return {"posts": self.posts.to_dict(), "users": self.users.to_dict(), "spam": self.spam.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict | None, limits: Limits = DEFAULT_LIMITS) -> IpState:
+        s = cls(limits)
+        if d:
+            s.posts = DedupCounter.from_dict(d["posts"], limits.dedup_ids)
+            s.users = DistinctSet.from_dict(d["users"], limits.distinct)
+            s.spam = SpamMarks.from_dict(d["spam"], limits.spam_marks)
+        return s
+
+
+class PostState(_State):
+    """Keyed by post_id: feedback on the post itself, and the routing of events that lack a key.
+
+    Labels carry no IP and reports may carry no URL, so the ip/domain tables learn about them from
+    here (`followups`). Such events arriving before their post wait in `pending` (bounded); every
+    follow-up is safe to emit again because the receiving tables deduplicate."""
+    table = POST
+
+    def __init__(self, limits: Limits = DEFAULT_LIMITS):
+        super().__init__(limits)
+        self.info: dict | None = None  # {"user_id", "ip", "domain", "ts"} once the post was seen
+        self.reports = DedupCounter(limits.dedup_ids)
+        self.shares = DedupCounter(limits.dedup_ids)
+        self.comments = DedupCounter(limits.dedup_ids)
+        self.label: list | None = None  # [ts, spam]
+        self.decision: list | None = None
+        self.pending: list[list] = []  # [kind, ctx]
+
+    def _route(self, kind: str, ctx: dict) -> list[tuple[str, str, str, dict]]:
+        if self.info is None:
+            entry = [kind, ctx]
+            if entry not in self.pending and len(self.pending) < self.limits.pending:
+                self.pending.append(entry)
+            return []
+        if kind == "label" and self.info["ip"]:
+            return [(IP, self.info["ip"], "label", ctx)]
+        if kind == "report" and self.info["domain"]:
+            return [(DOMAIN, self.info["domain"], "report", {**ctx, "domain": self.info["domain"]})]
+        return []
+
+    def apply_post(self, ctx: dict) -> Update:
+        changed = self.info is None
+        if changed:
+            self.info = {k: ctx[k] for k in ("user_id", "ip", "domain", "ts")}
+        followups = [f for kind, pctx in self.pending for f in self._route(kind, pctx)]
+        self.pending = []
+        return Update(changed, {"post_report_count": self.reports.count}, followups)
+
+    def apply_report(self, ctx: dict) -> Update:
+        changed = self.reports.add(ctx["report_id"], ctx["ts"])
+        return Update(changed, followups=[] if ctx["domain"] else self._route("report", ctx))
+
+    def apply_engagement(self, ctx: dict) -> Update:
+        counter = {"share": self.shares, "comment": self.comments}.get(ctx["kind"])
+        return Update(counter.add(ctx["engagement_id"], ctx["ts"]) if counter else False)
+
+    def apply_label(self, ctx: dict) -> Update:
+        if ctx["spam"] is None:
+            return Update(False)
+        new = [ctx["ts"], ctx["spam"]]
+        changed = self.label is None or tuple(new) > tuple(self.label)
+        if changed:
+            self.label = new
+        return Update(changed, followups=self._route("label", ctx))
+
+    def apply_decision(self, ctx: dict) -> Update:
+        new = [ctx["ts"], ctx["spam"]]
+        changed = self.decision is None or tuple(new) > tuple(self.decision)
+        if changed:
+            self.decision = new
+        return Update(changed)
+
+    def to_dict(self) -> dict:
+        return {"info": self.info, "reports": self.reports.to_dict(), "shares": self.shares.to_dict(),
+                "comments": self.comments.to_dict(), "label": self.label, "decision": self.decision,
+                "pending": self.pending}
+
+    @classmethod
+    def from_dict(cls, d: dict | None, limits: Limits = DEFAULT_LIMITS) -> PostState:
+        s = cls(limits)
+        if d:
+            s.info = d["info"]
+            s.reports = DedupCounter.from_dict(d["reports"], limits.dedup_ids)
+            s.shares = DedupCounter.from_dict(d["shares"], limits.dedup_ids)
+            s.comments = DedupCounter.from_dict(d["comments"], limits.dedup_ids)
+            s.label, s.decision = d["label"], d["decision"]
+            s.pending = [list(p) for p in d["pending"]]
+        return s
+
+
+class BanState(_State):
+    """Keyed by features.events.ban_key. The newest (ts, ban_id) action wins: replays are no-ops."""
+    table = BANS
+
+    def __init__(self, limits: Limits = DEFAULT_LIMITS):
+        super().__init__(limits)
+        self.last: list | None = None  # [ts, ban_id, banned]
+
+    @property
+    def banned(self) -> bool:
+        return bool(self.last and self.last[2])
+
+    def apply_ban(self, ctx: dict) -> Update:
+        if ctx["banned"] is None:
+            return Update(False)
+        new = [ctx["ts"], ctx["ban_id"], ctx["banned"]]
+        changed = self.last is None or tuple(new) > tuple(self.last)
+        if changed:
+            self.last = new
+        return Update(changed)
+
+    def to_dict(self) -> dict:
+        return {"last": self.last}
+
+    @classmethod
+    def from_dict(cls, d: dict | None, limits: Limits = DEFAULT_LIMITS) -> BanState:
+        s = cls(limits)
+        if d:
+            s.last = d["last"]
+        return s
+
+
+STATE_CLASSES: dict[str, type] = {USER: UserState, URL: UrlState, DOMAIN: DomainState, IP: IpState,
+                                  POST: PostState, BANS: BanState}
+
+
+def new_state(table: str, limits: Limits = DEFAULT_LIMITS):
+    return STATE_CLASSES[table](limits)
+
+
+def load_state(table: str, d: dict | None, limits: Limits = DEFAULT_LIMITS):
+    """Rebuild a table value read from faust (None = key not present yet)."""
+    return STATE_CLASSES[table].from_dict(d, limits)
+
+
+def ban_features(ctx: dict, is_banned) -> dict[str, bool | None]:
+    """`domain_banned`/`ip_banned` for a prepared post; `is_banned(key) -> bool` reads the bans table.
+    None when the post has no link / no IP."""
+    keys = post_ban_keys(ctx)
+    return {
+        "domain_banned": any(is_banned(k) for k in keys["domain"]) if keys["domain"] else None,
+        "ip_banned": any(is_banned(k) for k in keys["ip"]) if keys["ip"] else None,
+    }
