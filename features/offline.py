@@ -1,0 +1,97 @@
+"""Reference computation of every post's features over an ordered event list, without faust tables.
+
+The per-event logic is the streaming logic: `features.events` prepares and routes, `features.state`
+applies, `features.vector.assemble` builds the map. Only storage differs (dicts here). `apply_event`
+is storage-agnostic and can also drive a single-process pipeline.
+
+Events are (kind, raw_event) pairs, kind in features.events.EVENT_KINDS. A `decision` raw event is
+{post_id, user_id, ip, spam, created_at?}; or pass `decide(post, features) -> bool | None` to feed a
+decision back right after each post, as the pipeline does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+from features.events import BANS, PREPARE, normalize_ip, parse_ts, prepare_decision, routes
+from features.state import DEFAULT_LIMITS, Limits, ban_features, load_state, new_state
+from features.vector import assemble
+
+
+class Store(Protocol):
+    def get(self, table: str, key: str): ...  # a state object (new when the key is absent)
+    def put(self, table: str, key: str, state) -> None: ...
+
+
+def apply_event(kind: str, ctx: dict, store: Store) -> dict[str, Any]:
+    """Apply one prepared event to every table it touches, then the follow-ups it produces.
+
+    Returns the merged `Update.features` (non-empty for posts: the table counts of `assemble`)."""
+    queue = [(table, key, kind, ctx) for table, key in routes(kind, ctx)]
+    counts: dict[str, Any] = {}
+    while queue:
+        table, key, k, c = queue.pop(0)
+        state = store.get(table, key)
+        update = state.apply(k, c)
+        store.put(table, key, state)
+        counts.update(update.features)
+        queue.extend(update.followups)  # after the direct routes: a post's own features never see them
+    if kind == "post":
+        counts.update(ban_features(ctx, lambda key: store.get(BANS, key).banned))
+    return counts
+
+
+class DictStore:
+    """Tables as dicts of state objects; `roundtrip=True` stores JSON text instead, exercising
+    to_dict/from_dict on every event exactly as a faust table with a changelog would."""
+
+    def __init__(self, limits: Limits = DEFAULT_LIMITS, roundtrip: bool = False):
+        self.limits, self.roundtrip = limits, roundtrip
+        self.tables: dict[str, dict[str, Any]] = {}
+
+    def get(self, table: str, key: str):
+        value = self.tables.get(table, {}).get(key)
+        if value is None:
+            return new_state(table, self.limits)
+        return load_state(table, json.loads(value), self.limits) if self.roundtrip else value
+
+    def put(self, table: str, key: str, state) -> None:
+        self.tables.setdefault(table, {})[key] = json.dumps(state.to_dict()) if self.roundtrip else state
+
+    def dump(self) -> dict[str, dict[str, dict]]:
+        """Every table as plain dicts (comparable across stores)."""
+        return {t: {k: (json.loads(v) if self.roundtrip else v.to_dict()) for k, v in rows.items()}
+                for t, rows in self.tables.items()}
+
+
+@dataclasses.dataclass
+class OfflineResult:
+    features: dict[str, dict[str, Any]]  # post_id -> features map, as of the post's first processing
+    store: DictStore
+
+
+def prepare_decision_event(raw: dict) -> dict:
+    ctx = {"post_id": str(raw["post_id"]), "user_id": raw.get("user_id") and str(raw["user_id"]),
+           "ip": normalize_ip(raw.get("ip")), "ts": parse_ts(raw.get("created_at")) or 0}
+    return prepare_decision(ctx, bool(raw.get("spam")), raw.get("created_at"))
+
+
+def compute(events: Iterable[tuple[str, dict]], *, limits: Limits = DEFAULT_LIMITS, roundtrip: bool = False,
+            decide: Callable[[dict, dict], bool | None] | None = None) -> OfflineResult:
+    store = DictStore(limits, roundtrip)
+    results: dict[str, dict[str, Any]] = {}
+    for kind, raw in events:
+        ctx = prepare_decision_event(raw) if kind == "decision" else PREPARE[kind](raw)
+        counts = apply_event(kind, ctx, store)
+        if kind != "post":
+            continue
+        features = assemble(raw, counts)
+        results.setdefault(ctx["post_id"], features)
+        if decide is not None:
+            verdict = decide(raw, features)
+            if verdict is not None:
+                apply_event("decision", prepare_decision(ctx, verdict), store)
+    return OfflineResult(results, store)
