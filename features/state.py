@@ -67,7 +67,6 @@ class DedupCounter:
         self.recent: list[tuple[int, str]] = []  # sorted (ts, id) of counted events above the mark
         self._ids: set[str] = set()
         self.hwm: tuple[int, str] | None = None
-        self.late = 0  # events dropped because they were at/below the mark (re-deliveries or very late)
 
     def seen(self, event_id: str, ts: int) -> bool:
         return event_id in self._ids or (self.hwm is not None and (ts, event_id) <= self.hwm)
@@ -76,8 +75,9 @@ class DedupCounter:
         """Count the event unless already counted; True when counted."""
         if event_id in self._ids:
             return False
+        # At/below the mark: a re-delivery (or later than `cap` newer events). No counter of these is
+        # kept, so that applying an event twice leaves the stored state identical.
         if self.hwm is not None and (ts, event_id) <= self.hwm:
-            self.late += 1
             return False
         self.count += 1
         bisect.insort(self.recent, (ts, event_id))
@@ -91,7 +91,7 @@ class DedupCounter:
 
     def to_dict(self) -> dict:
         return {"n": self.count, "recent": [list(e) for e in self.recent],
-                "hwm": list(self.hwm) if self.hwm else None, "late": self.late}
+                "hwm": list(self.hwm) if self.hwm else None}
 
     @classmethod
     def from_dict(cls, d: dict | None, cap: int = DEFAULT_LIMITS.dedup_ids) -> DedupCounter:
@@ -101,7 +101,6 @@ class DedupCounter:
             c.recent = sorted((int(ts), str(i)) for ts, i in d["recent"])
             c._ids = {i for _, i in c.recent}
             c.hwm = (int(d["hwm"][0]), str(d["hwm"][1])) if d.get("hwm") else None
-            c.late = d.get("late", 0)
         return c
 
 

@@ -1,0 +1,89 @@
+"""Text fingerprint (features.text) and journey features (features.journey)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from features.journey import JOURNEY_FEATURES, journey_features
+from features.text import normalise_text, text_fingerprint
+
+
+def test_same_text_variants_share_a_fingerprint():
+    base = text_fingerprint("Win a FREE iPhone now! Call 555-1234 https://bit.ly/abc")
+    for variant in ["win a free iphone now!  call 555-9876 http://evil.example/x",
+                    "WIN A FREE IPHONE NOW! CALL 1-2 www.other.com",
+                    "Win a free\u200b iPhone now!\nCall 000-0000 paypa1.com/login",
+                    "Ｗｉｎ a free iPhone now! Call 555-1234 https://t.co/x"]:
+        assert text_fingerprint(variant) == base, normalise_text(variant)
+
+
+def test_different_texts_differ():
+    assert text_fingerprint("hello world") != text_fingerprint("hello there")
+    assert text_fingerprint(None) == text_fingerprint("") == text_fingerprint("   ")
+    assert len(text_fingerprint("x")) == 32
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.text(max_size=200))
+def test_fingerprint_total_and_normalisation_idempotent(text):
+    fp = text_fingerprint(text)
+    assert isinstance(fp, str) and len(fp) == 32
+    assert normalise_text(normalise_text(text)) == normalise_text(text)
+
+
+def step(name, ms):
+    return {"step": name, "ms": ms}
+
+
+def test_journey_absent_is_all_none():
+    assert journey_features(None) == dict.fromkeys(JOURNEY_FEATURES)
+    assert journey_features("garbage") == dict.fromkeys(JOURNEY_FEATURES)
+
+
+def test_human_journey():
+    f = journey_features([step("open", 800), step("focus", 300), step("type", 9000), step("submit", 40)],
+                         text_length=60)
+    assert f["journey_steps"] == 4 and f["journey_total_ms"] == 10140
+    assert f["journey_min_step_ms"] == 40 and f["journey_max_step_ms"] == 9000
+    assert f["journey_typing_ms"] == 9000 and f["journey_typing_cps"] == round(60 / 9, 3)
+    assert f["journey_has_submit"] and not f["journey_paste"]
+    assert f["journey_submit_without_typing"] is False
+
+
+def test_submit_without_typing():
+    assert journey_features([step("open", 50), step("submit", 3)])["journey_submit_without_typing"]
+    # typing only after the submit does not count
+    assert journey_features([step("submit", 3), step("type", 900)])["journey_submit_without_typing"]
+    # no journey steps at all: the post was still submitted, nothing typed
+    f = journey_features([])
+    assert f["journey_submit_without_typing"] and f["journey_steps"] == 0 and f["journey_min_step_ms"] is None
+    # no submit step recorded: the end of the journey is the submit
+    assert not journey_features([step("type", 5000)], text_length=20)["journey_submit_without_typing"]
+
+
+def test_typing_too_fast_and_paste():
+    fast = [step("type:body", 100), step("submit", 10)]
+    assert journey_features(fast, text_length=200)["journey_submit_without_typing"]  # 2000 chars/s
+    assert journey_features(fast)["journey_submit_without_typing"]  # unknown length, < MIN_TYPING_MS
+    assert not journey_features([step("type", 100), step("paste", 50), step("submit", 5)],
+                                text_length=200)["journey_submit_without_typing"]
+    zero = journey_features([step("type", 0), step("submit", 1)], text_length=5)
+    assert zero["journey_submit_without_typing"] and zero["journey_typing_cps"] is None
+
+
+def test_bad_steps_are_counted_not_fatal():
+    f = journey_features([step("open", -5), "junk", {"step": "type"}, step("type", True), step("submit", 7)])
+    assert f["journey_invalid_steps"] == 4 and f["journey_total_ms"] == 7 and f["journey_steps"] == 5
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.lists(st.one_of(st.fixed_dictionaries({"step": st.sampled_from(["type", "paste", "submit", "open",
+                                                                         "x"]),
+                                                 "ms": st.one_of(st.integers(-10, 10**6), st.floats())}),
+                          st.none(), st.text(max_size=3)), max_size=20),
+       st.one_of(st.none(), st.integers(0, 10_000)))
+def test_journey_total(journey, text_length):
+    f = journey_features(journey, text_length)
+    assert set(f) == set(JOURNEY_FEATURES)
+    assert f["journey_steps"] == len(journey) and isinstance(f["journey_submit_without_typing"], bool)
