@@ -204,7 +204,9 @@ class BoundedCounts:
 
 class SpamMarks:
     """Which posts of a key are spam. A moderator label beats the pipeline's decision; within a source
-    the newest (ts) wins, ties to spam. Order-independent and idempotent (a max per post and source)."""
+    the newest (ts) wins, ties to spam. Order-independent and idempotent (a max per post and source),
+    with one caveat: a ham decision is only kept to override a spam decision already present, so two
+    decisions on one post arriving newest-first resolve to the older one (the pipeline decides once)."""
 
     def __init__(self, cap: int = DEFAULT_LIMITS.spam_marks):
         self.cap = cap
@@ -228,11 +230,13 @@ class SpamMarks:
 
     def apply(self, post_id: str, source: str, ts: int, spam: bool) -> bool:
         mark = self.marks.get(post_id)
+        if mark is None and self.hwm is not None and (ts, post_id) <= self.hwm:
+            return False  # this post was evicted with a newer mark: a replay, or too late to matter
+        if source == "d" and not spam and (mark is None or mark["d"] is None):
+            # A ham decision overrides nothing but an earlier spam decision: storing it would only cost
+            # memory (most posts are ham) and make the stored state depend on arrival order.
+            return False
         if mark is None:
-            if self.hwm is not None and (ts, post_id) <= self.hwm:
-                return False  # this post was evicted with a newer mark: a replay, or too late to matter
-            if source == "d" and not spam:
-                return False  # a ham decision with nothing to override changes no count: store nothing
             mark = {"l": None, "d": None}
         new = [ts, bool(spam)]
         old = mark[source]

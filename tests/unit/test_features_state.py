@@ -1,0 +1,209 @@
+"""Table-state primitives (features.state): idempotence, exactness within limits, JSON round trip."""
+
+from __future__ import annotations
+
+import json
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from features.events import prepare_ban, prepare_label, prepare_post, prepare_report
+from features.state import (
+    DAY_MS,
+    HOUR_MS,
+    BanState,
+    BoundedCounts,
+    DedupCounter,
+    DistinctSet,
+    Limits,
+    SlidingWindow,
+    SpamMarks,
+    UserState,
+    load_state,
+)
+
+FAST = settings(max_examples=150, deadline=None, database=None)
+
+events_st = st.lists(st.tuples(st.integers(0, 30), st.integers(0, 50)), max_size=80)  # (id, ts)
+
+
+def roundtrip(obj, cls, *args):
+    return cls.from_dict(json.loads(json.dumps(obj.to_dict())), *args)
+
+
+@FAST
+@given(events_st, st.integers(1, 8))
+def test_dedup_never_double_counts(events, cap):
+    # Event ids carry a stable timestamp, as real events do.
+    events = [(f"e{i}", i * 7 % 50) for i, _ in events]
+    c = DedupCounter(cap)
+    for eid, ts in events:
+        c.add(eid, ts)
+    assert c.count <= len(set(events))
+    before = c.to_dict()
+    for eid, ts in events:  # replay everything: nothing changes, whatever was evicted
+        assert not c.add(eid, ts)
+    assert c.to_dict() == before
+
+
+@FAST
+@given(st.lists(st.integers(0, 40), max_size=80), st.integers(1, 8))
+def test_dedup_exact_for_in_order_events(ids, cap):
+    c = DedupCounter(cap)
+    ordered = sorted(set(ids))
+    for i in ordered:  # new events in (ts, id) order, each followed by a replay of a random earlier one
+        c.add(f"{i:03d}", i)
+        j = random.Random(i).choice(ordered[: ordered.index(i) + 1])
+        c.add(f"{j:03d}", j)
+        c = roundtrip(c, DedupCounter, cap)
+    assert c.count == len(ordered)
+    assert len(c.recent) <= cap
+
+
+def test_dedup_twice_equals_once():
+    a, b = DedupCounter(3), DedupCounter(3)
+    for i in range(10):
+        a.add(f"x{i}", i)
+        b.add(f"x{i}", i)
+        b.add(f"x{i}", i)
+    assert a.to_dict() == b.to_dict() and a.count == 10 and b.hwm == (6, "x6")
+
+
+def test_distinct_set_caps():
+    s = DistinctSet(cap=3)
+    for m in "abcab":
+        s.add(m)
+    assert (s.count, s.saturated) == (3, False)
+    assert not s.add("d") and s.saturated and s.count == 3
+    assert roundtrip(s, DistinctSet, 3).to_dict() == s.to_dict()
+
+
+@FAST
+@given(st.lists(st.integers(0, 72 * 60), max_size=60), st.integers(0, 72 * 60))
+def test_window_matches_brute_force(minutes, probe):
+    w = SlidingWindow()
+    times = sorted(m * 60_000 for m in minutes)
+    for i, t in enumerate(times):
+        w.add(f"p{i}", t)
+        w = SlidingWindow.from_dict(json.loads(json.dumps(w.to_dict())))
+        for width in (HOUR_MS, DAY_MS):  # the count at each post, as the pipeline asks it
+            assert w.count(t, width) == sum(1 for s in times[: i + 1] if t - width < s <= t)
+    if times:
+        t = max(times[-1] - HOUR_MS, probe * 60_000)  # a late post within the grace is still exact
+        assert w.count(t, DAY_MS) == sum(1 for s in times if t - DAY_MS < s <= t)
+
+
+def test_window_is_bounded():
+    w = SlidingWindow(cap=10)
+    for i in range(100):
+        w.add(f"p{i}", i * 1000)
+    assert len(w.entries) == 10 and w.count(99_000, HOUR_MS) == 10
+    w2 = SlidingWindow()
+    for i in range(100):
+        w2.add(f"p{i}", i * HOUR_MS)
+    assert len(w2.entries) == 25  # 24 h + 1 h grace behind the newest
+
+
+def test_bounded_counts_evicts_least_recent():
+    b = BoundedCounts(cap=2)
+    assert b.incr("a", 1) == 1 and b.incr("a", 2) == 2 and b.incr("b", 3) == 1
+    b.incr("c", 4)  # evicts "a" (last seen at 2)
+    assert (b.get("a"), b.get("b"), b.get("c")) == (0, 1, 1)
+    assert roundtrip(b, BoundedCounts, 2).to_dict() == b.to_dict()
+
+
+mark_st = st.tuples(st.sampled_from(["p1", "p2", "p3", "p4"]), st.sampled_from(["l", "d"]), st.integers(0, 5),
+                    st.booleans())
+
+
+def _expected_spam(marks):
+    status = {}
+    for pid in {m[0] for m in marks}:
+        labels = [(ts, spam) for p, src, ts, spam in marks if p == pid and src == "l"]
+        decisions = [(ts, spam) for p, src, ts, spam in marks if p == pid and src == "d"]
+        status[pid] = max(labels)[1] if labels else max(decisions)[1]
+    return sum(status.values())
+
+
+@FAST
+@given(st.lists(mark_st, max_size=30), st.randoms(use_true_random=False))
+def test_spam_marks_order_independent_and_idempotent(marks, rnd):
+    # One decision per post (the pipeline decides once); labels may flip any number of times.
+    seen, unique = set(), []
+    for m in marks:
+        if m[1] == "d" and m[0] in seen:
+            continue
+        seen.add(m[0]) if m[1] == "d" else None
+        unique.append(m)
+    a = SpamMarks()
+    for m in unique:
+        a.apply(*m)
+    shuffled = unique * 2
+    rnd.shuffle(shuffled)
+    b = SpamMarks()
+    for m in shuffled:
+        b.apply(*m)
+        b = roundtrip(b, SpamMarks)
+    assert a.count == b.count == _expected_spam(unique)
+    assert a.to_dict() == b.to_dict()
+
+
+def test_spam_marks_bounded_and_replay_safe():
+    s = SpamMarks(cap=2)
+    events = [(f"p{i}", "l", i, True) for i in range(5)]
+    for e in events:
+        s.apply(*e)
+    assert s.count == 5 and len(s.marks) == 2 and s.base == 3
+    for e in events:  # replays of evicted posts are recognised by the mark
+        assert not s.apply(*e)
+    assert s.count == 5
+    s.apply("p4", "l", 9, False)  # a moderator flips a kept post to ham
+    assert s.count == 4
+
+
+def post(pid, user="u1", ts="2024-05-01T10:00:00Z", url="http://a.com/x", text="hi", ip="1.2.3.4"):
+    return prepare_post({"post_id": pid, "user_id": user, "created_at": ts, "url": url, "text": text, "ip": ip})
+
+
+def test_user_state_counts_and_idempotence():
+    s = UserState()
+    f1 = s.apply("post", post("p1")).features
+    assert f1["user_posts"] == 1 and f1["user_link_count"] == 1 and f1["user_post_count"] == 1
+    assert s.apply("post", post("p1")).changed is False
+    f2 = s.apply("post", post("p2", ts="2024-05-01T10:30:00Z", url=None, text="HI")).features
+    assert (f2["user_posts"], f2["user_posts_1h"], f2["user_link_count"], f2["user_post_count"]) == (2, 2, None, 2)
+    f3 = s.apply("post", post("p3", ts="2024-05-01T11:15:00Z")).features
+    assert (f3["user_posts_1h"], f3["user_posts_24h"], f3["user_link_count"]) == (2, 3, 2)
+    rep = prepare_report({"report_id": "r1", "post_id": "p1", "reported_user_id": "u1",
+                          "created_at": "2024-05-01T12:00:00Z"})
+    assert s.apply("report", rep).changed and not s.apply("report", rep).changed
+    lab = prepare_label({"post_id": "p1", "user_id": "u1", "label": "spam", "created_at": "2024-05-01T12:00:00Z"})
+    assert s.apply("label", lab).changed and not s.apply("label", lab).changed
+    f4 = s.apply("post", post("p4", ts="2024-05-01T12:30:00Z")).features
+    assert f4["user_spam_posts"] == 1 and f4["user_report_count"] == 1 and f4["user_spam_report"] is True
+    again = load_state("user", json.loads(json.dumps(s.to_dict())))
+    assert again.to_dict() == s.to_dict()
+    assert s.apply("ban", {}).changed is False  # kinds a table does not track are no-ops
+
+
+def test_ban_state_newest_wins_any_order():
+    events = [prepare_ban({"ban_id": f"b{i}", "kind": "domain", "value": "Evil.com", "action": a,
+                           "created_at": f"2024-05-01T10:0{i}:00Z"}) for i, a in enumerate(["ban", "unban", "ban"])]
+    assert events[0]["key"] == "domain:evil.com"
+    for order in (events, events[::-1], events[1:] + events[:1]):
+        s = BanState()
+        for e in order + order:
+            s.apply("ban", e)
+        assert s.banned and s.last[1] == "b2"
+
+
+def test_limits_are_respected_by_table_states():
+    limits = Limits(dedup_ids=4, per_user_keys=3)
+    s = UserState(limits)
+    for i in range(20):
+        s.apply("post", post(f"p{i:02d}", ts=f"2024-05-01T10:{i:02d}:00Z", url=f"http://a.com/{i}", text=f"t{i}x"))
+        s = load_state("user", json.loads(json.dumps(s.to_dict())), limits)
+    d = s.to_dict()
+    assert s.posts.count == 20 and len(d["posts"]["recent"]) == 4 and len(d["links"]) == 3
+    assert len(d["texts"]) == 1  # all texts share a fingerprint (digits folded)
