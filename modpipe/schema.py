@@ -1,0 +1,261 @@
+"""Every message modpipe reads or writes, in one place: decoding with validation, and encoding.
+
+Messages are JSON (orjson) objects carrying `schema_version`. Decoders never trust input: any
+problem raises `InvalidMessage(reason, detail)`, where `reason` is a short stable code used as the
+dead-letter reason and the `reason` label of `modpipe_dead_letters_total`. JSON Schema files for
+each message live in `modpipe/schemas/` and a test keeps them in agreement with these decoders.
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import math
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+import orjson
+
+SCHEMA_VERSION = 1
+SUPPORTED_VERSIONS = frozenset({1})
+VERDICTS = ("allow", "review", "block")
+MAX_ID_CHARS = 256
+MAX_URL_CHARS = 4096
+MAX_JOURNEY_STEPS = 1000
+DEAD_LETTER_RAW_CAP = 64 * 1024  # bytes of the original record kept in a dead letter
+
+
+class InvalidMessage(ValueError):
+    """Input that cannot be processed. `reason` is a stable code; `detail` says what exactly is wrong."""
+
+    REASONS = ("invalid_utf8", "bad_json", "not_an_object", "missing_field", "wrong_type", "invalid_value",
+               "text_too_long", "unknown_schema_version")
+
+    def __init__(self, reason: str, detail: str):
+        assert reason in self.REASONS, reason
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+def dumps(obj: Any) -> bytes:
+    return orjson.dumps(obj)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def rfc3339(ms: int | float) -> str:
+    """Epoch milliseconds -> RFC 3339 UTC with millisecond precision."""
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+# ---------------------------------------------------------------------------------------------- decoding helpers
+
+def _load_object(raw: bytes | str) -> dict:
+    if isinstance(raw, bytes | bytearray | memoryview):
+        raw = bytes(raw)
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidMessage("invalid_utf8", f"not valid UTF-8 at byte {exc.start}") from None
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidMessage("bad_json", str(exc)) from None
+    if not isinstance(obj, dict):
+        raise InvalidMessage("not_an_object", f"expected a JSON object, got {type(obj).__name__}")
+    version = obj.get("schema_version")
+    if version is None:
+        raise InvalidMessage("missing_field", "schema_version")
+    if version not in SUPPORTED_VERSIONS or isinstance(version, bool):
+        raise InvalidMessage("unknown_schema_version", f"schema_version {version!r} is not one of "
+                             f"{sorted(SUPPORTED_VERSIONS)}")
+    return obj
+
+
+def _field(obj: dict, name: str, kind: type | tuple, *, where: str = "", optional: bool = False) -> Any:
+    path = f"{where}{name}"
+    if name not in obj or obj[name] is None:
+        if optional:
+            return None
+        raise InvalidMessage("missing_field", path)
+    value = obj[name]
+    # bool is an int in Python; a boolean is never a valid count or id.
+    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+        raise InvalidMessage("wrong_type", f"{path} must be {_kind_name(kind)}, got boolean")
+    if not isinstance(value, kind):
+        raise InvalidMessage("wrong_type", f"{path} must be {_kind_name(kind)}, got {type(value).__name__}")
+    return value
+
+
+def _kind_name(kind) -> str:
+    names = {str: "a string", int: "an integer", float: "a number", bool: "a boolean", dict: "an object",
+             list: "an array"}
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def _ident(obj: dict, name: str, where: str = "") -> str:
+    value = _field(obj, name, str, where=where)
+    if not value or len(value) > MAX_ID_CHARS:
+        raise InvalidMessage("invalid_value", f"{where}{name} must be 1..{MAX_ID_CHARS} characters")
+    return value
+
+
+def _timestamp(obj: dict, name: str, where: str = "", optional: bool = False) -> str | None:
+    value = _field(obj, name, str, where=where, optional=optional)
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("z", "Z"))
+    except ValueError:
+        raise InvalidMessage("invalid_value", f"{where}{name} is not an RFC 3339 timestamp: {value[:40]!r}") from None
+    if parsed.tzinfo is None:
+        raise InvalidMessage("invalid_value", f"{where}{name} has no time zone: {value[:40]!r}")
+    return rfc3339(parsed.timestamp() * 1000)
+
+
+def _count(obj: dict, name: str, where: str = "") -> int:
+    value = _field(obj, name, int, where=where)
+    if value < 0:
+        raise InvalidMessage("invalid_value", f"{where}{name} must be >= 0")
+    return value
+
+
+def _number(obj: dict, name: str, where: str = "") -> float | None:
+    value = _field(obj, name, (int, float), where=where, optional=True)
+    if value is not None and not math.isfinite(value):
+        raise InvalidMessage("invalid_value", f"{where}{name} must be finite")
+    return None if value is None else float(value)
+
+
+def _url(obj: dict, name: str = "url") -> str | None:
+    value = _field(obj, name, str, optional=True)
+    if value is not None:
+        value = value.strip()
+        if len(value) > MAX_URL_CHARS:
+            raise InvalidMessage("invalid_value", f"{name} longer than {MAX_URL_CHARS} characters")
+    return value or None
+
+
+def _choice(obj: dict, name: str, choices: tuple[str, ...]) -> str:
+    value = _field(obj, name, str)
+    if value not in choices:
+        raise InvalidMessage("invalid_value", f"{name} must be one of {list(choices)}, got {value[:40]!r}")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------- messages
+
+def decode_post(raw: bytes | str, max_text_chars: int = 10_000) -> dict:
+    """A post as the platform publishes it to `posts`, validated and normalised."""
+    obj = _load_object(raw)
+    text = _field(obj, "text", str)
+    if len(text) > max_text_chars:
+        raise InvalidMessage("text_too_long", f"text has {len(text)} characters, the limit is {max_text_chars}")
+    ip = _field(obj, "ip", str)
+    try:
+        ip = str(ipaddress.ip_address(ip.strip()))
+    except ValueError:
+        raise InvalidMessage("invalid_value", f"ip is not an IP address: {ip[:40]!r}") from None
+    user = _field(obj, "user", dict)
+    journey = _field(obj, "journey", list)
+    if len(journey) > MAX_JOURNEY_STEPS:
+        raise InvalidMessage("invalid_value", f"journey has more than {MAX_JOURNEY_STEPS} steps")
+    steps = []
+    for i, step in enumerate(journey):
+        where = f"journey[{i}]."
+        if not isinstance(step, dict):
+            raise InvalidMessage("wrong_type", f"journey[{i}] must be an object")
+        steps.append({"step": _field(step, "step", str, where=where), "ms": _count(step, "ms", where)})
+    reputation = _field(obj, "url_reputation", dict, optional=True)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "post_id": _ident(obj, "post_id"),
+        "user_id": _ident(obj, "user_id"),
+        "created_at": _timestamp(obj, "created_at"),
+        "text": text,
+        "url": _url(obj),
+        "ip": ip,
+        "user": {
+            "created_at": _timestamp(user, "created_at", "user."),
+            "email_domain": _field(user, "email_domain", str, where="user.").strip().lower(),
+            "friends": _count(user, "friends", "user."),
+            "followers": _count(user, "followers", "user."),
+            "verified": _field(user, "verified", bool, where="user."),
+        },
+        "journey": steps,
+        "url_reputation": None if reputation is None else {
+            "age_days": _number(reputation, "age_days", "url_reputation."),
+            "wot_score": _number(reputation, "wot_score", "url_reputation."),
+            "google_risk": _number(reputation, "google_risk", "url_reputation."),
+        },
+    }
+
+
+def decode_report(raw: bytes | str) -> dict:
+    """A user's complaint about a post, published to `reports`."""
+    obj = _load_object(raw)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "report_id": _ident(obj, "report_id"),
+        "post_id": _ident(obj, "post_id"),
+        "reporter_id": _ident(obj, "reporter_id"),
+        "reported_user_id": _ident(obj, "reported_user_id"),
+        "url": _url(obj),
+        "reason": _field(obj, "reason", str),
+        "created_at": _timestamp(obj, "created_at"),
+    }
+
+
+def decision(*, post: dict, verdict: str, spam_probability: float, text_probability: float | None,
+             reasons: list[dict], features: dict, short_circuit: str | None, model_versions: dict,
+             received_at_ms: int, decided_at_ms: int, revision: int = 1) -> dict:
+    """The verdict on one post, published to `decisions` keyed by post_id."""
+    if verdict not in VERDICTS:
+        raise ValueError(f"verdict must be one of {VERDICTS}")
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "post_id": post["post_id"],
+        "user_id": post["user_id"],
+        "verdict": verdict,
+        "spam_probability": round(float(spam_probability), 6),
+        "text_probability": None if text_probability is None else round(float(text_probability), 6),
+        "reasons": reasons,
+        "features": features,
+        "short_circuit": short_circuit,
+        "model_versions": model_versions,
+        "revision": revision,
+        "received_at": rfc3339(received_at_ms),
+        "decided_at": rfc3339(decided_at_ms),
+        "latency_ms": max(0, decided_at_ms - received_at_ms),
+    }
+
+
+def decode_decision(raw: bytes | str) -> dict:
+    """Decisions are ours; decoding them (for smoke checks and the UI) only checks the envelope."""
+    obj = _load_object(raw)
+    _ident(obj, "post_id")
+    _choice(obj, "verdict", VERDICTS)
+    return obj
+
+
+def dead_letter(*, topic: str, partition: int, offset: int, key: bytes | None, raw: bytes | None,
+                error: InvalidMessage | Exception, at_ms: int | None = None) -> dict:
+    """What could not be processed, with where it came from and why; the raw bytes are kept (capped)."""
+    raw = raw or b""
+    reason = error.reason if isinstance(error, InvalidMessage) else "processing_error"
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "source": {"topic": topic, "partition": partition, "offset": offset},
+        "key": None if key is None else base64.b64encode(key[:1024]).decode(),
+        "raw": base64.b64encode(raw[:DEAD_LETTER_RAW_CAP]).decode(),
+        "raw_truncated": len(raw) > DEAD_LETTER_RAW_CAP,
+        "raw_size": len(raw),
+        "reason": reason,
+        "error": str(error)[:2000],
+        "at": rfc3339(at_ms if at_ms is not None else now_ms()),
+    }

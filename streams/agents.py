@@ -1,0 +1,147 @@
+"""The faust agents: thin wiring between topics and the plain logic in `modpipe.schema`, `scoring`, `verdict`.
+
+ingest:   posts -> decode + validate + normalise -> posts.valid (keyed by user_id) | posts.dlq
+batching: posts.valid -> up to MODPIPE_MAX_BATCH posts or MODPIPE_MAX_WAIT_MS -> one Triton request
+          -> one decision per post -> decisions
+
+At-least-once: an input offset is acked (and so committed) only after everything it produced is
+delivered. The batching agent keeps up to MODPIPE_MAX_INFLIGHT batches at Triton at once without
+agent concurrency (faust-streaming #606): it holds an extra reference on each message until its
+decision is delivered, and faust commits only the contiguous acked prefix of each partition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+
+from modpipe import log, schema
+from modpipe.settings import Settings
+from streams import metrics
+from streams.app import Pipeline
+from streams.scoring import TextScorer
+from streams.verdict import Decider
+
+_log = log.get(__name__)
+
+INGEST_BATCH = 500        # records decoded per round; their forwards are awaited together
+INGEST_WAIT_S = 0.005
+
+
+def _source(event) -> dict:
+    msg = event.message
+    return {"topic": msg.topic, "partition": msg.partition, "offset": msg.offset}
+
+
+def _timestamp_ms(event) -> int:
+    ts = event.message.timestamp
+    return int(ts * 1000) if ts and ts > 0 else schema.now_ms()
+
+
+async def send_dead_letter(pipe: Pipeline, event, error: Exception):
+    """Publish a dead letter for `event`; returns the delivery future."""
+    msg = event.message
+    reason = getattr(error, "reason", "processing_error")
+    metrics.DEAD_LETTERS.labels(reason).inc()
+    _log.warning("dead letter", extra={"reason": reason, "error": str(error)[:300], **_source(event)})
+    record = schema.dead_letter(topic=msg.topic, partition=msg.partition, offset=msg.offset, key=msg.key,
+                                raw=event.value if isinstance(event.value, bytes) else msg.value, error=error)
+    return await pipe.dead_letters.send(key=msg.key, value=schema.dumps(record))
+
+
+def features_for(envelope: dict, text_probability: float | None) -> dict:
+    """The feature map used for the decision. The stateful feature agents fill this in (issue: features)."""
+    return {"text_probability": None if text_probability is None else round(float(text_probability), 6)}
+
+
+def attach_agents(pipe: Pipeline, settings: Settings, scorer: TextScorer, decider: Decider) -> None:
+    app = pipe.app
+    model_versions = {"text_model": scorer.model_version, "decider": decider.version}
+    inflight = asyncio.Semaphore(settings.max_inflight)
+    tasks: set[asyncio.Task] = set()
+
+    @app.agent(pipe.posts, name="ingest")
+    async def ingest(stream):
+        async for events in stream.take_events(INGEST_BATCH, within=INGEST_WAIT_S):
+            deliveries = []
+            for event in events:
+                metrics.POSTS_CONSUMED.inc()
+                try:
+                    post = schema.decode_post(event.value, settings.max_text_chars)
+                except schema.InvalidMessage as exc:
+                    deliveries.append(await send_dead_letter(pipe, event, exc))
+                    continue
+                envelope = {"post": post, "received_at_ms": _timestamp_ms(event), "source": _source(event)}
+                deliveries.append(await pipe.valid_posts.send(key=post["user_id"].encode(),
+                                                              value=schema.dumps(envelope)))
+            # Delivered before this round's offsets are acked (take_events acks after the body).
+            await asyncio.gather(*deliveries)
+
+    async def decide_batch(stream, events) -> None:
+        try:
+            envelopes, good = [], []
+            for event in events:
+                try:
+                    envelopes.append(orjson.loads(event.value))
+                    good.append(event)
+                except orjson.JSONDecodeError as exc:  # only if someone else writes to our internal topic
+                    await (await send_dead_letter(pipe, event, exc))
+            metrics.BATCH_SIZE.observe(len(envelopes))
+            probabilities = await scorer.spam_probabilities([env["post"]["text"] for env in envelopes])
+            deliveries = []
+            decided_at = schema.now_ms()
+            for env, p in zip(envelopes, probabilities, strict=True):
+                post = env["post"]
+                features = features_for(env, p)
+                verdict = decider.decide(post, features, float(p))
+                record = schema.decision(
+                    post=post, verdict=verdict.verdict, spam_probability=verdict.spam_probability,
+                    text_probability=float(p), reasons=verdict.reasons, features=features,
+                    short_circuit=verdict.short_circuit, model_versions=model_versions,
+                    received_at_ms=env["received_at_ms"], decided_at_ms=decided_at)
+                deliveries.append(await pipe.decisions.send(key=post["post_id"].encode(), value=schema.dumps(record)))
+                metrics.DECISIONS.labels(verdict.verdict).inc()
+                metrics.END_TO_END_LATENCY.observe(record["latency_ms"] / 1000)
+            await asyncio.gather(*deliveries)
+            for event in events:
+                await stream.ack(event)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # The batch stays unacked, so it is redone after restart; crash rather than skip it.
+            _log.exception("batch failed; stopping the worker so the batch is retried", extra={"error": str(exc)})
+            await app.crash(exc)
+        finally:
+            metrics.BATCHES_IN_FLIGHT.dec()
+            inflight.release()
+
+    @app.agent(pipe.valid_posts, name="batching")
+    async def batching(stream):
+        async for events in stream.take_events(settings.max_batch, within=settings.max_wait_ms / 1000):
+            for event in events:
+                event.message.incref()  # released in decide_batch once the decisions are delivered
+            await inflight.acquire()
+            metrics.BATCHES_IN_FLIGHT.inc()
+            task = asyncio.ensure_future(decide_batch(stream, list(events)))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+    inputs = {pipe.posts.get_topic_name(), pipe.valid_posts.get_topic_name()}
+
+    @app.on_partitions_assigned.connect
+    async def on_assigned(app, assigned, **kwargs) -> None:
+        for topic in inputs:
+            metrics.ASSIGNED_PARTITIONS.labels(topic).set(sum(tp.topic == topic for tp in assigned))
+
+    @app.timer(5.0)
+    async def report_lag():
+        consumer = app.consumer
+        for tp in consumer.assignment():
+            committed = consumer._committed_offset.get(tp)  # faust keeps no public accessor for this
+            try:
+                highwater = consumer.highwater(tp)
+            except Exception:  # noqa: BLE001 - partition not fetched yet
+                continue
+            if highwater is not None and committed is not None:
+                metrics.CONSUMER_LAG.labels(tp.topic, str(tp.partition)).set(max(0, highwater - committed))

@@ -1,0 +1,81 @@
+"""The faust application: settings -> faust.App with topics. Agents are attached in `agents.py`."""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass
+
+import faust
+
+from modpipe.settings import Settings
+from streams.topics import TopicNames
+
+
+def broker_urls(bootstrap: str) -> list[str]:
+    return [f"kafka://{host.strip()}" for host in bootstrap.split(",") if host.strip()]
+
+
+def broker_credentials(settings: Settings):
+    """SASL / TLS for real clusters; None for PLAINTEXT."""
+    protocol = settings.security_protocol.upper()
+    context = None
+    if protocol in ("SSL", "SASL_SSL"):
+        context = ssl.create_default_context(cafile=settings.ssl_cafile or None)
+    if protocol.startswith("SASL"):
+        mechanism = settings.sasl_mechanism or "PLAIN"
+        if mechanism.startswith("SCRAM"):
+            return faust.SASLCredentials(username=settings.sasl_username, password=settings.sasl_password,
+                                         ssl_context=context, mechanism=mechanism)
+        return faust.SASLCredentials(username=settings.sasl_username, password=settings.sasl_password,
+                                     ssl_context=context)
+    if context is not None:
+        return faust.SSLCredentials(context)
+    return None
+
+
+@dataclass
+class Pipeline:
+    """The app and the topic handles the agents use."""
+
+    app: faust.App
+    topics: TopicNames
+    posts: faust.TopicT
+    valid_posts: faust.TopicT
+    decisions: faust.TopicT
+    dead_letters: faust.TopicT
+
+
+def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker-0") -> Pipeline:
+    names = TopicNames.from_settings(settings)
+    datadir = settings.state_dir / "faust" / worker_name
+    datadir.parent.mkdir(parents=True, exist_ok=True)
+    app = faust.App(
+        settings.app_id,
+        broker=broker_urls(bootstrap),
+        broker_credentials=broker_credentials(settings),
+        store="rocksdb://" if settings.table_store == "rocksdb" else "memory://",
+        datadir=str(datadir),
+        topic_partitions=settings.partitions,
+        topic_replication_factor=settings.replication,
+        topic_allow_declare=True,
+        consumer_auto_offset_reset="earliest",
+        processing_guarantee="at_least_once",
+        producer_acks=-1,
+        # Rebalances are quick with a short session timeout; noida-db and Kafka accept >= 6 s.
+        broker_session_timeout=10,
+        broker_heartbeat_interval=2,
+        broker_commit_interval=1.0,
+        web_enabled=True,
+        web_bind="127.0.0.1",
+        web_host="127.0.0.1",
+        web_port=settings.web_port,
+        value_serializer="raw",
+        key_serializer="raw",
+    )
+    # Our topics are created by the admin step (`ensure_topics`) with the configured partitions.
+    def topic(name: str) -> faust.TopicT:
+        return app.topic(name, key_type=bytes, value_type=bytes, value_serializer="raw", key_serializer="raw",
+                         partitions=settings.partitions)
+
+    return Pipeline(app=app, topics=names, posts=topic(names.posts), valid_posts=topic(names.valid_posts),
+                    decisions=topic(names.decisions), dead_letters=topic(names.dead_letters))

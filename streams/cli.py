@@ -1,0 +1,120 @@
+"""Commands of the streaming path: broker, topics, worker, up, smoke, demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+
+from modpipe.settings import Settings
+
+
+def _broker(args) -> int:
+    from modpipe.services.broker import main_foreground
+
+    return main_foreground(Settings.from_env())
+
+
+def _topics(args) -> int:
+    from streams.topics import TopicConfigError, TopicNames, ensure_topics
+    from streams.worker import default_bootstrap
+
+    settings = Settings.from_env()
+    try:
+        created = ensure_topics(settings, default_bootstrap(settings))
+    except TopicConfigError as exc:
+        print(f"modpipe topics: {exc}", file=sys.stderr)
+        return 2
+    for name in TopicNames.from_settings(settings).all():
+        print(f"{name}\t{'created' if name in created else 'exists'}\t{settings.partitions} partitions")
+    return 0
+
+
+def _worker(args) -> int:
+    from streams.worker import run_worker
+
+    return run_worker(Settings.from_env(), args.name)
+
+
+class _Stop(Exception):
+    pass
+
+
+def _raise_stop(*_):
+    raise _Stop()
+
+
+def _up(args) -> int:
+    from streams.stack import LocalStack, StatusLine
+
+    settings = Settings.from_env()
+    signal.signal(signal.SIGTERM, _raise_stop)
+    print("starting broker, Triton and workers (logs in "
+          f"{settings.state_dir / 'logs'}) ...", file=sys.stderr, flush=True)
+    try:
+        with LocalStack(settings, workers=args.workers or settings.workers) as stack:
+            print(f"ready: KAFKA_BOOTSTRAP_SERVERS={stack.bootstrap} TRITON_URL={stack.triton_url} "
+                  f"workers={len(stack.workers)} metrics="
+                  + ",".join(w.metrics_url for w in stack.workers), file=sys.stderr, flush=True)
+            print("produce posts to the `posts` topic; Ctrl-C stops everything", file=sys.stderr, flush=True)
+            status = StatusLine()
+            while True:
+                time.sleep(args.interval)
+                line = status.render(stack)
+                if sys.stderr.isatty():
+                    print("\r" + line.ljust(140), end="", file=sys.stderr, flush=True)
+                else:
+                    print(line, file=sys.stderr, flush=True)
+                if any(not w.process.alive() for w in stack.workers):
+                    print("\na worker exited; see its log in " + str(settings.state_dir / "logs"), file=sys.stderr)
+                    return 1
+    except (KeyboardInterrupt, _Stop):
+        print("\nstopped", file=sys.stderr)
+        return 0
+
+
+def _smoke(args) -> int:
+    from loadgen.smoke import smoke
+
+    result = smoke(Settings.from_env(), args.posts, workers=args.workers, timeout_s=args.timeout,
+                   progress=not args.json)
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    return 0 if result["lost"] == 0 and result["dlq_reasons_match"] else 1
+
+
+def _demo(args) -> int:
+    from streams.demo import run_demo
+
+    return run_demo(Settings.from_env(), posts=args.posts, workers=args.workers, keep_running=args.keep_running)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("broker", help="run the embedded Kafka-protocol broker (noida-db) until Ctrl-C")
+    p.set_defaults(func=_broker)
+
+    p = sub.add_parser("topics", help="create the topics (idempotent; refuses a wrong partition count)")
+    p.set_defaults(func=_topics)
+
+    p = sub.add_parser("worker", help="run one stream worker (faust app: ingest + batching agents)")
+    p.add_argument("--name", default=None, help="worker name; its table state lives in STATE_DIR/faust/NAME")
+    p.set_defaults(func=_worker)
+
+    p = sub.add_parser("up", help="run broker, Triton and N workers in the foreground with a live status line")
+    p.add_argument("--workers", type=int, default=None, help="workers (default: MODPIPE_WORKERS)")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between status lines")
+    p.set_defaults(func=_up)
+
+    p = sub.add_parser("smoke", help="send N held-out posts + malformed records and check every one is handled")
+    p.add_argument("--posts", type=int, default=200)
+    p.add_argument("--workers", type=int, default=1, help="workers to start when the embedded stack is used")
+    p.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for all verdicts")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_smoke)
+
+    p = sub.add_parser("demo", help="start the local stack, send a burst of posts, show verdicts flowing")
+    p.add_argument("--posts", type=int, default=300)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--keep-running", action="store_true", help="keep the stack up with its status line")
+    p.set_defaults(func=_demo)

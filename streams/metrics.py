@@ -1,0 +1,28 @@
+"""Prometheus metrics of one worker (prometheus-client; names: `modpipe_` prefix, base units, `_total`)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 30)
+
+POSTS_CONSUMED = Counter("modpipe_posts_consumed_total", "Records read from the posts topic.")
+DECISIONS = Counter("modpipe_decisions_total", "Decisions published, by verdict.", ["verdict"])
+DEAD_LETTERS = Counter("modpipe_dead_letters_total", "Records sent to the dead-letter topic, by reason.", ["reason"])
+END_TO_END_LATENCY = Histogram(
+    "modpipe_end_to_end_latency_seconds",
+    "From the post's Kafka timestamp to its decision being produced.", buckets=_LATENCY_BUCKETS)
+BATCH_SIZE = Histogram("modpipe_batch_size_posts", "Posts per batch sent to Triton.",
+                       buckets=(1, 2, 4, 8, 16, 32, 48, 64, 96, 128))
+TRITON_LATENCY = Histogram("modpipe_triton_request_duration_seconds", "Duration of one Triton inference request.",
+                           buckets=_LATENCY_BUCKETS)
+TRITON_ERRORS = Counter("modpipe_triton_errors_total", "Failed Triton requests (each is retried).")
+BATCHES_IN_FLIGHT = Gauge("modpipe_batches_in_flight", "Batches sent to Triton and not yet decided.")
+ASSIGNED_PARTITIONS = Gauge("modpipe_assigned_partitions", "Partitions of our input topics assigned to this worker.",
+                            ["topic"])
+CONSUMER_LAG = Gauge("modpipe_consumer_lag_messages", "Records behind the end of each assigned partition.",
+                     ["topic", "partition"])
+
+
+def serve(host: str, port: int) -> None:
+    start_http_server(port, addr=host)

@@ -1,0 +1,208 @@
+"""The embedded local stack: broker + Triton + N workers as child processes (`modpipe up`, smoke, tests).
+
+Services given through KAFKA_BOOTSTRAP_SERVERS / TRITON_URL are used instead of being started.
+Every child runs in its own process group and is stopped on exit, so Ctrl-C leaves no orphans.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from modpipe import log
+from modpipe.services.broker import EmbeddedBroker
+from modpipe.services.process import ManagedProcess, port_open
+from modpipe.settings import Settings
+from streams.topics import TopicNames, ensure_topics
+
+_log = log.get(__name__)
+
+
+@dataclass
+class WorkerProcess:
+    name: str
+    metrics_port: int
+    process: ManagedProcess
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+
+class LocalStack:
+    def __init__(self, settings: Settings, workers: int = 1, extra_env: dict[str, str] | None = None):
+        self.settings = settings
+        self.n_workers = workers
+        self.extra_env = dict(extra_env or {})
+        self.broker: EmbeddedBroker | None = None
+        self.triton = None
+        self.bootstrap = settings.bootstrap_servers
+        self.triton_url = settings.triton_url
+        self.workers: list[WorkerProcess] = []
+        self.topics = TopicNames.from_settings(settings)
+
+    # -- lifecycle
+    def start(self) -> LocalStack:
+        try:
+            if not self.bootstrap:
+                self.broker = EmbeddedBroker(self.settings.state_dir / "broker", self.settings.broker_port,
+                                             log_path=self.settings.state_dir / "logs" / "broker.log").start()
+                self.bootstrap = self.broker.bootstrap
+            if not self.triton_url:
+                from modpipe.serving.server import TritonServer
+
+                self.triton = TritonServer(self.settings).start()
+                self.triton_url = self.triton.grpc_url
+            ensure_topics(self.settings, self.bootstrap)
+            for i in range(self.n_workers):
+                self.start_worker(i)
+            self.wait_workers_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def worker_env(self, index: int) -> dict[str, str]:
+        env = dict(self.settings.to_env())
+        env.update({
+            "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap, "TRITON_URL": self.triton_url,
+            "MODPIPE_METRICS_PORT": str(self.settings.metrics_port + index),
+            "MODPIPE_WEB_PORT": str(self.settings.web_port + index),
+        })
+        env.update(self.extra_env)
+        import os
+
+        return {**os.environ, **env}
+
+    def start_worker(self, index: int) -> WorkerProcess:
+        name = f"worker-{index}"
+        env = self.worker_env(index)
+        proc = ManagedProcess(name, [sys.executable, "-m", "modpipe", "worker", "--name", name],
+                              self.settings.state_dir / "logs" / f"{name}.log", env=env).start()
+        worker = WorkerProcess(name, int(env["MODPIPE_METRICS_PORT"]), proc)
+        if index < len(self.workers):
+            self.workers[index] = worker
+        else:
+            self.workers.append(worker)
+        return worker
+
+    def wait_workers_ready(self, timeout: float = 90.0) -> None:
+        """Ready = every metrics endpoint answers and the group has every input partition assigned."""
+        for w in self.workers:
+            w.process.wait_ready(lambda w=w: port_open("127.0.0.1", w.metrics_port), timeout)
+        wanted = 2 * self.settings.partitions  # posts + posts.valid
+        live = [w for w in self.workers if w.process.alive()]
+        if live:
+            live[0].process.wait_ready(lambda: self.assigned_partitions() >= wanted, timeout)
+
+    def assigned_partitions(self) -> int:
+        return int(sum(v for k, v in self.scrape().items() if k.startswith("modpipe_assigned_partitions")))
+
+    def stop(self) -> None:
+        for w in self.workers:
+            w.process.stop(timeout=20)
+        if self.triton is not None:
+            self.triton.stop()
+        if self.broker is not None:
+            self.broker.stop()
+
+    def __enter__(self) -> LocalStack:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- observation
+    def scrape(self) -> dict[str, float]:
+        """Sum each sample over workers: {'name{labels}': value}."""
+        totals: dict[str, float] = {}
+        for w in self.workers:
+            with contextlib.suppress(OSError):
+                text = urllib.request.urlopen(w.metrics_url, timeout=1).read().decode()
+                for family in text_string_to_metric_families(text):
+                    for s in family.samples:
+                        labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+                        key = f"{s.name}{{{labels}}}" if labels else s.name
+                        totals[key] = totals.get(key, 0.0) + s.value
+        return totals
+
+    def group_lag(self) -> int | None:
+        """Records not yet committed by the consumer group on posts and posts.valid (the admin's view)."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        conf = {**self.settings.kafka_client_config(), "bootstrap.servers": self.bootstrap,
+                "group.id": self.settings.app_id, "enable.auto.commit": False}
+        consumer = Consumer(conf)
+        try:
+            tps = [TopicPartition(t, p) for t in (self.topics.posts, self.topics.valid_posts)
+                   for p in range(self.settings.partitions)]
+            committed = consumer.committed(tps, timeout=5)
+            lag = 0
+            for tp in committed:
+                low, high = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=5)
+                lag += high - (tp.offset if tp.offset >= 0 else low)
+            return lag
+        except Exception:  # noqa: BLE001 - a status line must not crash the stack
+            return None
+        finally:
+            consumer.close()
+
+
+def histogram_quantile(samples: dict[str, float], name: str, q: float) -> float | None:
+    """Quantile from cumulative `_bucket` samples (linear inside the bucket, like PromQL)."""
+    buckets = sorted(((float(k.split("le=")[1].rstrip("}")), v) for k, v in samples.items()
+                      if k.startswith(f"{name}_bucket{{") and "le=" in k), key=lambda b: b[0])
+    if not buckets or buckets[-1][1] == 0:
+        return None
+    rank = q * buckets[-1][1]
+    prev_le, prev_count = 0.0, 0.0
+    for le, count in buckets:
+        if count >= rank:
+            if le == float("inf"):
+                return prev_le
+            width = count - prev_count
+            return prev_le + (le - prev_le) * ((rank - prev_count) / width if width else 0)
+        prev_le, prev_count = le, count
+    return prev_le
+
+
+@dataclass
+class StatusLine:
+    """posts/s, decisions/s, lag, p50/p99 end-to-end latency and dead letters, from the workers' metrics."""
+
+    last: dict[str, float] = field(default_factory=dict)
+    last_t: float = field(default_factory=time.monotonic)
+
+    def render(self, stack: LocalStack) -> str:
+        now, cur = time.monotonic(), stack.scrape()
+        dt = max(now - self.last_t, 1e-6)
+
+        def total(prefix: str, sample: dict) -> float:
+            return sum(v for k, v in sample.items() if k == prefix or k.startswith(prefix + "{"))
+
+        posts = total("modpipe_posts_consumed_total", cur)
+        decisions = total("modpipe_decisions_total", cur)
+        rate_p = (posts - total("modpipe_posts_consumed_total", self.last)) / dt
+        rate_d = (decisions - total("modpipe_decisions_total", self.last)) / dt
+        self.last, self.last_t = cur, now
+        p50 = histogram_quantile(cur, "modpipe_end_to_end_latency_seconds", 0.5)
+        p99 = histogram_quantile(cur, "modpipe_end_to_end_latency_seconds", 0.99)
+        lag = stack.group_lag()
+
+        def ms(v):
+            return "-" if v is None else f"{v * 1000:.0f}ms"
+
+        return (f"posts {posts:.0f} ({rate_p:.0f}/s) | decisions {decisions:.0f} ({rate_d:.0f}/s) | "
+                f"lag {'-' if lag is None else lag} | p50 {ms(p50)} p99 {ms(p99)} | "
+                f"dead letters {total('modpipe_dead_letters_total', cur):.0f} | workers "
+                f"{sum(w.process.alive() for w in stack.workers)}/{len(stack.workers)}")
+
+
+def logs_dir(settings: Settings) -> Path:
+    return settings.state_dir / "logs"

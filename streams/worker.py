@@ -1,0 +1,60 @@
+"""One stream worker process: builds the faust app, attaches the agents, serves metrics, runs until stopped."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+import faust
+
+from modpipe import log
+from modpipe.settings import Settings
+from modpipe.textmodel.artifacts import resolve_model
+from streams import metrics
+from streams.agents import attach_agents
+from streams.app import create_app
+from streams.scoring import TextScorer
+from streams.topics import ensure_topics
+from streams.verdict import ThresholdDecider
+
+_log = log.get(__name__)
+
+
+def default_bootstrap(settings: Settings) -> str:
+    """KAFKA_BOOTSTRAP_SERVERS, else the embedded broker's address (started by `modpipe broker` or `up`)."""
+    return settings.bootstrap_servers or f"127.0.0.1:{settings.broker_port}"
+
+
+def default_triton_url(settings: Settings) -> str:
+    return settings.triton_url or f"127.0.0.1:{settings.triton_grpc_port}"
+
+
+def build_worker(settings: Settings, name: str | None = None):
+    name = name or f"{socket.gethostname()}-{os.getpid()}"
+    bootstrap = default_bootstrap(settings)
+    ensure_topics(settings, bootstrap)
+    build = resolve_model(settings)
+    pipe = create_app(settings, bootstrap, worker_name=name)
+    scorer = TextScorer(build, default_triton_url(settings), settings.triton_model, settings.triton_timeout_s,
+                        settings.max_seq_len)
+    decider = ThresholdDecider(settings.review_threshold, settings.block_threshold)
+    attach_agents(pipe, settings, scorer, decider)
+    return pipe, scorer, bootstrap
+
+
+def run_worker(settings: Settings, name: str | None = None) -> int:
+    pipe, scorer, bootstrap = build_worker(settings, name)
+    metrics.serve(settings.metrics_host, settings.metrics_port)
+    _log.info("worker starting", extra={"worker": name, "bootstrap": bootstrap, "app_id": settings.app_id,
+                                        "metrics": f"http://{settings.metrics_host}:{settings.metrics_port}/metrics",
+                                        "triton": scorer.triton_url, "text_model": scorer.model_version})
+    worker = faust.Worker(pipe.app, loglevel=logging.getLevelName(logging.getLogger().level),
+                          override_logging=False, redirect_stdouts=False)
+
+    @pipe.app.on_before_shutdown.connect
+    async def _close_client(app, **kwargs) -> None:
+        await scorer.close()
+
+    worker.execute_from_commandline()  # returns via SystemExit when stopped (SIGTERM / SIGINT)
+    return 0
