@@ -11,8 +11,9 @@ Exactness vs memory (documented per structure; defaults in `Limits`):
   counted. Re-deliveries are therefore never double counted (exact); a genuinely new event is missed
   only if it arrives behind `dedup_ids` newer events of the same key - far beyond faust's replay window.
 * `DistinctSet` stores members exactly up to `distinct` members, then saturates (count stays = cap).
-* `SlidingWindow` keeps post times within 24 h + `window_grace_ms` of the newest one: windowed counts
-  are exact for posts at most that grace late; at most `window_entries` are kept (count saturates).
+* `SlidingWindow` keeps post times within 24 h + `window_grace_ms` of the newest one and at most
+  `window_entries`: windowed counts are exact for posts at most that grace late, and None (not a wrong
+  number) when the window reaches below what was evicted.
 * `BoundedCounts` (per-user link/text counts) keeps `per_user_keys` entries, least recently used evicted.
 * `SpamMarks` keeps the latest label/decision of the `spam_marks` most recently marked posts; older
   posts are folded into a base count, so re-labelling a post after that many newer marks is not seen.
@@ -138,13 +139,17 @@ class DistinctSet:
 
 
 class SlidingWindow:
-    """Event times of one key's posts, for counts over windows ending at a post's created_at."""
+    """Event times of one key's posts, for counts over windows ending at a post's created_at.
+
+    `floor` is the newest evicted time: a window reaching below it may have lost entries, and its count
+    is None (unknown) rather than a silently low number - e.g. a post arriving more than a day late."""
 
     def __init__(self, horizon_ms: int = DAY_MS, grace_ms: int = DEFAULT_LIMITS.window_grace_ms,
                  cap: int = DEFAULT_LIMITS.window_entries):
         self.horizon_ms, self.grace_ms, self.cap = horizon_ms, grace_ms, cap
         self.entries: list[tuple[int, str]] = []  # sorted (ts, id)
         self.max_ts: int | None = None
+        self.floor: int | None = None
 
     def add(self, event_id: str, ts: int) -> None:
         bisect.insort(self.entries, (ts, event_id))
@@ -153,23 +158,27 @@ class SlidingWindow:
         drop = bisect.bisect_right(self.entries, cutoff, key=lambda e: e[0])
         drop = max(drop, len(self.entries) - self.cap)
         if drop > 0:
+            newest_dropped = self.entries[drop - 1][0]
+            self.floor = newest_dropped if self.floor is None else max(self.floor, newest_dropped)
             del self.entries[:drop]
 
-    def count(self, t: int, width_ms: int) -> int:
-        """Events with t - width < ts <= t (the post at t itself included once added)."""
+    def count(self, t: int, width_ms: int) -> int | None:
+        """Events with t - width < ts <= t (the post at t itself included once added); None if unknown."""
+        if self.floor is not None and self.floor > t - width_ms:
+            return None
         hi = bisect.bisect_right(self.entries, t, key=lambda e: e[0])
         lo = bisect.bisect_right(self.entries, t - width_ms, key=lambda e: e[0])
         return hi - lo
 
     def to_dict(self) -> dict:
-        return {"e": [list(e) for e in self.entries], "max": self.max_ts}
+        return {"e": [list(e) for e in self.entries], "max": self.max_ts, "floor": self.floor}
 
     @classmethod
     def from_dict(cls, d: dict | None, limits: Limits = DEFAULT_LIMITS) -> SlidingWindow:
         w = cls(grace_ms=limits.window_grace_ms, cap=limits.window_entries)
         if d:
             w.entries = sorted((int(ts), str(i)) for ts, i in d["e"])
-            w.max_ts = d.get("max")
+            w.max_ts, w.floor = d.get("max"), d.get("floor")
         return w
 
 

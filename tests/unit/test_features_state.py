@@ -98,11 +98,15 @@ def test_window_is_bounded():
     w = SlidingWindow(cap=10)
     for i in range(100):
         w.add(f"p{i}", i * 1000)
-    assert len(w.entries) == 10 and w.count(99_000, HOUR_MS) == 10
+    assert len(w.entries) == 10 and w.count(99_000, HOUR_MS) is None  # saturated: unknown, not 10
+    assert w.count(99_000, 5_000) == 5
     w2 = SlidingWindow()
     for i in range(100):
         w2.add(f"p{i}", i * HOUR_MS)
     assert len(w2.entries) == 25  # 24 h + 1 h grace behind the newest
+    assert w2.count(99 * HOUR_MS, DAY_MS) == 24
+    w2.add("late", 10 * HOUR_MS)  # two days late: evicted at once, its own window is unknown
+    assert w2.count(10 * HOUR_MS, HOUR_MS) is None
 
 
 def test_bounded_counts_evicts_least_recent():
