@@ -35,7 +35,7 @@ DAY_MS = 24 * HOUR_MS
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    dedup_ids: int = 512
+    dedup_ids: int = 256  # a crash replays seconds of input: far fewer events than this per key
     distinct: int = 10_000
     window_entries: int = 5_000
     window_grace_ms: int = HOUR_MS
@@ -65,12 +65,14 @@ class DedupCounter:
     def __init__(self, cap: int = DEFAULT_LIMITS.dedup_ids):
         self.cap = cap
         self.count = 0
-        self.recent: list[tuple[int, str]] = []  # sorted (ts, id) of counted events above the mark
+        # Sorted [ts, id] of counted events above the mark. Lists, not tuples: they are stored and
+        # loaded as-is, without a per-element conversion on every table read.
+        self.recent: list[list] = []
         self._ids: set[str] = set()
-        self.hwm: tuple[int, str] | None = None
+        self.hwm: list | None = None
 
     def seen(self, event_id: str, ts: int) -> bool:
-        return event_id in self._ids or (self.hwm is not None and (ts, event_id) <= self.hwm)
+        return event_id in self._ids or (self.hwm is not None and [ts, event_id] <= self.hwm)
 
     def add(self, event_id: str, ts: int) -> bool:
         """Count the event unless already counted; True when counted."""
@@ -78,10 +80,10 @@ class DedupCounter:
             return False
         # At/below the mark: a re-delivery (or later than `cap` newer events). No counter of these is
         # kept, so that applying an event twice leaves the stored state identical.
-        if self.hwm is not None and (ts, event_id) <= self.hwm:
+        if self.hwm is not None and [ts, event_id] <= self.hwm:
             return False
         self.count += 1
-        bisect.insort(self.recent, (ts, event_id))
+        bisect.insort(self.recent, [ts, event_id])
         self._ids.add(event_id)
         while len(self.recent) > self.cap:
             # Only the minimum is ever evicted: every counted event above the mark stays in `recent`.
@@ -91,17 +93,16 @@ class DedupCounter:
         return True
 
     def to_dict(self) -> dict:
-        return {"n": self.count, "recent": [list(e) for e in self.recent],
-                "hwm": list(self.hwm) if self.hwm else None}
+        return {"n": self.count, "recent": list(self.recent), "hwm": self.hwm}
 
     @classmethod
     def from_dict(cls, d: dict | None, cap: int = DEFAULT_LIMITS.dedup_ids) -> DedupCounter:
         c = cls(cap)
         if d:
             c.count = d["n"]
-            c.recent = sorted((int(ts), str(i)) for ts, i in d["recent"])
-            c._ids = {i for _, i in c.recent}
-            c.hwm = (int(d["hwm"][0]), str(d["hwm"][1])) if d.get("hwm") else None
+            c.recent = list(d["recent"])  # written sorted by to_dict
+            c._ids = {e[1] for e in c.recent}
+            c.hwm = d.get("hwm")
         return c
 
 
@@ -147,18 +148,18 @@ class SlidingWindow:
     def __init__(self, horizon_ms: int = DAY_MS, grace_ms: int = DEFAULT_LIMITS.window_grace_ms,
                  cap: int = DEFAULT_LIMITS.window_entries):
         self.horizon_ms, self.grace_ms, self.cap = horizon_ms, grace_ms, cap
-        self.entries: list[tuple[int, str]] = []  # sorted (ts, id)
+        self.entries: list[int] = []  # sorted event times; callers add each event once (dedup gate)
         self.max_ts: int | None = None
         self.floor: int | None = None
 
-    def add(self, event_id: str, ts: int) -> None:
-        bisect.insort(self.entries, (ts, event_id))
+    def add(self, ts: int) -> None:
+        bisect.insort(self.entries, ts)
         self.max_ts = ts if self.max_ts is None else max(self.max_ts, ts)
         cutoff = self.max_ts - self.horizon_ms - self.grace_ms
-        drop = bisect.bisect_right(self.entries, cutoff, key=lambda e: e[0])
+        drop = bisect.bisect_right(self.entries, cutoff)
         drop = max(drop, len(self.entries) - self.cap)
         if drop > 0:
-            newest_dropped = self.entries[drop - 1][0]
+            newest_dropped = self.entries[drop - 1]
             self.floor = newest_dropped if self.floor is None else max(self.floor, newest_dropped)
             del self.entries[:drop]
 
@@ -166,18 +167,18 @@ class SlidingWindow:
         """Events with t - width < ts <= t (the post at t itself included once added); None if unknown."""
         if self.floor is not None and self.floor > t - width_ms:
             return None
-        hi = bisect.bisect_right(self.entries, t, key=lambda e: e[0])
-        lo = bisect.bisect_right(self.entries, t - width_ms, key=lambda e: e[0])
+        hi = bisect.bisect_right(self.entries, t)
+        lo = bisect.bisect_right(self.entries, t - width_ms)
         return hi - lo
 
     def to_dict(self) -> dict:
-        return {"e": [list(e) for e in self.entries], "max": self.max_ts, "floor": self.floor}
+        return {"e": list(self.entries), "max": self.max_ts, "floor": self.floor}
 
     @classmethod
     def from_dict(cls, d: dict | None, limits: Limits = DEFAULT_LIMITS) -> SlidingWindow:
         w = cls(grace_ms=limits.window_grace_ms, cap=limits.window_entries)
         if d:
-            w.entries = sorted((int(ts), str(i)) for ts, i in d["e"])
+            w.entries = list(d["e"])
             w.max_ts, w.floor = d.get("max"), d.get("floor")
         return w
 
@@ -309,7 +310,7 @@ class UserState(_State):
         pid, ts = ctx["post_id"], ctx["ts"]
         changed = self.posts.add(pid, ts)
         if changed:  # one gate for every per-user post count: they are exactly-once together
-            self.window.add(pid, ts)
+            self.window.add(ts)
             if ctx["url_key"]:
                 self.links.incr(ctx["url_key"], ts)
             self.texts.incr(ctx["text_fp"], ts)

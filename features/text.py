@@ -11,11 +11,12 @@ import hashlib
 import re
 import unicodedata
 
-# URLs (with scheme or www.) and bare `name.tld/...` hosts; replaced by one placeholder token.
-_URL_RE = re.compile(r"(?:[a-z][a-z0-9+.\-]*://|www\.)\S+|\b[a-z0-9\-]+(?:\.[a-z0-9\-]+)*\.[a-z]{2,}(?:/\S*)?",
-                     re.IGNORECASE)
+# A whitespace token that is a URL: scheme://, www., or a bare `name.tld` host (optionally with a path).
+# Matched per token, anchored at its start: a regex *searching* the whole text for URLs is quadratic on
+# long unbroken strings (10k characters took seconds), which an attacker controls.
+_URL_TOKEN_RE = re.compile(r"(?:[a-z][a-z0-9+.\-]*://|www\.|[a-z0-9\-]+(?:\.[a-z0-9\-]+)*\.[a-z]{2,}(?:[/:?#]|$))")
+_PUNCT = "\"'()[]{}<>.,;:!?*"
 _DIGITS_RE = re.compile(r"\d+")
-_SPACE_RE = re.compile(r"\s+")
 
 
 def normalise_text(text: str | None) -> str:
@@ -24,10 +25,8 @@ def normalise_text(text: str | None) -> str:
     t = unicodedata.normalize("NFKC", text)
     # Format chars (zero-width space/joiners, bidi marks) are invisible: drop them before anything else.
     t = "".join(ch for ch in t if unicodedata.category(ch) != "Cf")
-    t = t.casefold()
-    t = _URL_RE.sub(" <url> ", t)
-    t = _DIGITS_RE.sub("0", t)
-    return _SPACE_RE.sub(" ", t).strip()
+    tokens = ["<url>" if _URL_TOKEN_RE.match(tok.strip(_PUNCT)) else tok for tok in t.casefold().split()]
+    return _DIGITS_RE.sub("0", " ".join(tokens))
 
 
 def text_fingerprint(text: str | None) -> str:

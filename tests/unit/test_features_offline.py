@@ -215,7 +215,7 @@ def _counts_only(features):
 
 # ------------------------------------------------------------------ tests
 
-@settings(max_examples=40, deadline=None, database=None)
+@settings(max_examples=30, deadline=None, database=None)
 @given(st.integers(0, 10**9))
 def test_streaming_counts_equal_brute_force(seed):
     events = make_events(seed)
@@ -226,7 +226,7 @@ def test_streaming_counts_equal_brute_force(seed):
         assert got[pid] == expected[pid], pid
 
 
-@settings(max_examples=25, deadline=None, database=None)
+@settings(max_examples=20, deadline=None, database=None)
 @given(st.integers(0, 10**9))
 def test_redelivery_and_roundtrip_change_nothing(seed):
     events = make_events(seed)

@@ -67,7 +67,7 @@ def test_dedup_twice_equals_once():
         a.add(f"x{i}", i)
         b.add(f"x{i}", i)
         b.add(f"x{i}", i)
-    assert a.to_dict() == b.to_dict() and a.count == 10 and b.hwm == (6, "x6")
+    assert a.to_dict() == b.to_dict() and a.count == 10 and b.hwm == [6, "x6"]
 
 
 def test_distinct_set_caps():
@@ -85,7 +85,7 @@ def test_window_matches_brute_force(minutes, probe):
     w = SlidingWindow()
     times = sorted(m * 60_000 for m in minutes)
     for i, t in enumerate(times):
-        w.add(f"p{i}", t)
+        w.add(t)
         w = SlidingWindow.from_dict(json.loads(json.dumps(w.to_dict())))
         for width in (HOUR_MS, DAY_MS):  # the count at each post, as the pipeline asks it
             assert w.count(t, width) == sum(1 for s in times[: i + 1] if t - width < s <= t)
@@ -97,15 +97,15 @@ def test_window_matches_brute_force(minutes, probe):
 def test_window_is_bounded():
     w = SlidingWindow(cap=10)
     for i in range(100):
-        w.add(f"p{i}", i * 1000)
+        w.add(i * 1000)
     assert len(w.entries) == 10 and w.count(99_000, HOUR_MS) is None  # saturated: unknown, not 10
     assert w.count(99_000, 5_000) == 5
     w2 = SlidingWindow()
     for i in range(100):
-        w2.add(f"p{i}", i * HOUR_MS)
+        w2.add(i * HOUR_MS)
     assert len(w2.entries) == 25  # 24 h + 1 h grace behind the newest
     assert w2.count(99 * HOUR_MS, DAY_MS) == 24
-    w2.add("late", 10 * HOUR_MS)  # two days late: evicted at once, its own window is unknown
+    w2.add(10 * HOUR_MS)  # two days late: evicted at once, its own window is unknown
     assert w2.count(10 * HOUR_MS, HOUR_MS) is None
 
 

@@ -87,3 +87,12 @@ def test_journey_total(journey, text_length):
     f = journey_features(journey, text_length)
     assert set(f) == set(JOURNEY_FEATURES)
     assert f["journey_steps"] == len(journey) and isinstance(f["journey_submit_without_typing"], bool)
+
+
+def test_long_unbroken_text_is_not_quadratic():
+    import time
+
+    start = time.perf_counter()
+    for text in ("ab" * 25_000, "a." * 25_000, "a-" * 25_000 + "!"):
+        text_fingerprint(text)
+    assert time.perf_counter() - start < 2.0  # the searching regex took ~1.5 s for 8k characters

@@ -98,7 +98,7 @@ url_like = st.builds(
 any_url = st.one_of(st.text(max_size=200), url_like)
 
 
-@settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(any_url)
 def test_never_raises_and_invariants(raw):
     info = parse_url(raw)
@@ -115,7 +115,7 @@ def test_never_raises_and_invariants(raw):
     assert all(not p.lower().startswith("utm_") for p in info.query.split("&"))
 
 
-@settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(any_url)
 def test_canonicalisation_idempotent(raw):
     info = parse_url(raw)
