@@ -94,7 +94,9 @@ def _classify(args: argparse.Namespace) -> int:
     tok = None
     if not args.ensemble:
         from modpipe.textmodel.artifacts import resolve_model
-        tok = BatchTokenizer(resolve_model(settings).tokenizer, max_len=settings.max_seq_len)
+        build = resolve_model(settings)
+        # the served model's own limit: the same truncation as the server-side tokenizer (ensemble)
+        tok = BatchTokenizer(build.tokenizer, max_len=build.max_seq_len)
     with triton_endpoint(settings) as url, \
             SyncTextModelClient(url, settings.triton_model, settings.triton_timeout_s) as client:
         probs = []

@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pytest
 
 from modpipe.services.process import ServiceError, free_port
-from modpipe.serving.client import SyncTextModelClient, TextModelClient
+from modpipe.serving.client import SyncTextModelClient, TextModelClient, spam_probability
 from modpipe.serving.server import TritonServer, triton_endpoint
 from modpipe.settings import Settings
 from modpipe.textmodel.tokenize import BatchTokenizer
@@ -36,13 +36,28 @@ def client(triton_url):
         yield c
 
 
+def is_spam(label) -> bool:
+    """heldout.jsonl labels are 1/0 (or "spam"/"ham")."""
+    return label in (1, "1", "spam", True)
+
+
 @pytest.fixture(scope="module")
 def labelled(model_build):
+    """The first 20 spam and 20 ham texts of the build's held-out test split (file order, no cherry-picking)."""
     rows = model_build.heldout()
-    spam = [r["text"] for r in rows if r["label"] == "spam"][:20]
-    ham = [r["text"] for r in rows if r["label"] == "ham"][:20]
+    spam = [r["text"] for r in rows if is_spam(r["label"])][:20]
+    ham = [r["text"] for r in rows if not is_spam(r["label"])][:20]
     assert len(spam) == 20 and len(ham) == 20, "heldout.jsonl needs >= 20 spam and 20 ham texts"
     return spam, ham
+
+
+def batch_tolerance(build) -> float:
+    """How far a text's probability may move with what it is batched with.
+
+    fp32: float noise only. int8 (dynamic quantization): activations are quantized with ONE scale per
+    tensor, computed over the whole batch, so a text's score depends on its batch neighbours (measured on
+    the demo build: up to 0.013). Decisions near a threshold can flip with batching; see the report."""
+    return 1e-5 if build.served.get("precision", "fp32") == "fp32" else 0.03
 
 
 def modpipe(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
@@ -50,18 +65,25 @@ def modpipe(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess
                           text=True, timeout=timeout)
 
 
-def test_heldout_spam_and_ham_are_classified_right(client, tok, labelled):
+def test_heldout_spam_and_ham_are_classified_right(client, tok, labelled, model_build):
     spam, ham = labelled
     probs = client.spam_probabilities(*tok(spam + ham))
     right = int((probs[:20] >= 0.5).sum() + (probs[20:] < 0.5).sum())
-    assert right >= 36, f"{right}/40 right; spam {np.round(probs[:20], 3)}, ham {np.round(probs[20:], 3)}"
+    detail = f"{right}/40 right; spam {np.round(probs[:20], 3)}, ham {np.round(probs[20:], 3)}"
+    if model_build.served.get("demo_quality"):
+        # A demo build (minutes of training, `make model-demo`) ranks but is not calibrated at 0.5: check
+        # that Triton serves a model that separates the classes (pairwise ranking, i.e. AUC on these 40).
+        auc = float(np.mean([s > h for s in probs[:20] for h in probs[20:]]))
+        assert auc >= 0.8, f"demo build: AUC {auc:.2f} on 20+20 held-out texts; {detail}"
+    else:
+        assert right >= 36, detail
 
 
-def test_batch_equals_single(client, tok, labelled):
+def test_batch_equals_single(client, tok, labelled, model_build):
     texts = labelled[0][:8] + labelled[1][:8] + EDGE_TEXTS
     batch = client.spam_probabilities(*tok(texts))
     single = np.array([client.spam_probabilities(*tok([t]))[0] for t in texts])
-    np.testing.assert_allclose(batch, single, atol=1e-5)
+    np.testing.assert_allclose(batch, single, atol=batch_tolerance(model_build))
 
 
 def test_triton_matches_in_process_onnxruntime(client, tok, labelled, model_build):
@@ -83,13 +105,13 @@ def test_edge_texts_are_handled(client, tok):
         assert np.all(np.isfinite(probs)) and np.all((probs >= 0) & (probs <= 1))
 
 
-def test_empty_batch_and_big_batch(client, tok, labelled):
+def test_empty_batch_and_big_batch(client, tok, labelled, model_build):
     empty = np.zeros((0, 4), dtype=np.int64)
     assert client.spam_probabilities(empty, empty).shape == (0,)
     assert client.spam_probabilities_text([]).shape == (0,)
     texts = (labelled[0] + labelled[1]) * 5  # 200 rows: above max_batch_size, sent as two requests
     probs = client.spam_probabilities(*tok(texts))
-    np.testing.assert_allclose(probs[:40], probs[40:80], atol=1e-5)
+    np.testing.assert_allclose(probs[:40], probs[40:80], atol=batch_tolerance(model_build))
 
 
 def test_ensemble_matches_client_side_tokenization(client, tok, labelled):
@@ -108,8 +130,8 @@ def test_concurrent_requests_of_different_lengths_are_merged(triton_url, tok, la
     pads them together: results must equal each request alone, in fewer executions than requests."""
     texts = labelled[0] + labelled[1]
     batches = [tok(texts[4 * k:4 * k + n]) for k, n in enumerate([1, 2, 3, 4, 1, 2, 3, 4, 2, 3])]
-    expected = [ort.InferenceSession(str(model_build.onnx)).run(["logits"], {"input_ids": i,
-                                                                            "attention_mask": m})[0]
+    session = ort.InferenceSession(str(model_build.onnx))
+    expected = [spam_probability(session.run(["logits"], {"input_ids": i, "attention_mask": m})[0])
                 for i, m in batches]
 
     async def run():
@@ -117,13 +139,13 @@ def test_concurrent_requests_of_different_lengths_are_merged(triton_url, tok, la
             before = (await c.client.get_inference_statistics("spam_text", as_json=True))["model_stats"][0]
             got = []
             for _ in range(3):
-                got = await asyncio.gather(*(c.logits(i, m) for i, m in batches))
+                got = await asyncio.gather(*(c.spam_probabilities(i, m) for i, m in batches))
             after = (await c.client.get_inference_statistics("spam_text", as_json=True))["model_stats"][0]
             return got, int(after["execution_count"]) - int(before.get("execution_count", 0))
 
     got, executions = asyncio.run(run())
     for g, e in zip(got, expected, strict=True):
-        np.testing.assert_allclose(g, e, atol=1e-4)
+        np.testing.assert_allclose(g, e, atol=max(batch_tolerance(model_build), 1e-5))
     assert executions < 3 * len(batches), "requests of different lengths were never batched together"
 
 
@@ -176,7 +198,8 @@ def test_bench_model_json_small(triton_env):
     for row in report["triton"] + report["ort"]:
         assert row["texts_per_s"] > 0 and 0 < row["p50_ms"] <= row["p99_ms"]
         assert row["padding"] in ("batch", "fixed")
-        assert row["mean_width"] == 128 if row["padding"] == "fixed" else row["mean_width"] <= 128
+        limit = report["max_seq_len"]
+        assert row["mean_width"] == limit if row["padding"] == "fixed" else row["mean_width"] <= limit
     assert report["ratios"]["per_batch"]["8"]["triton_vs_ort"] > 0
     assert report["model"]["model"] == "spam_text"
 
