@@ -44,7 +44,8 @@ class Profile:
 
 PROFILES = {
     "full": Profile("full", TrainConfig(max_seq_len=128, epochs=2.0, batch_size=32, lr=1e-4, evals_per_epoch=3,
-                                        patience=4, max_train_seconds=13 * 60), 19 * 60, 240, "production"),
+                                        patience=4, max_train_seconds=13 * 60, freeze_word_embeddings=True),
+                    19 * 60, 240, "production"),
     # demo: a third of the data, seq 64, lowest 3 layers frozen (half the backward), ~1 minute of training
     "demo": Profile("demo", TrainConfig(max_seq_len=64, epochs=1.0, batch_size=32, lr=2e-4, evals_per_epoch=2,
                                         patience=2, max_train_seconds=75, train_fraction=0.33, val_fraction=0.3,

@@ -37,7 +37,8 @@ def export_onnx(model, path: Path, opset: int = OPSET) -> Path:
     if hasattr(model.config, "_attn_implementation"):
         model.config._attn_implementation = "eager"  # plain matmul/softmax graph, no SDPA mask tricks
     wrapper = _LogitsOnly(model).eval()
-    ids = torch.tensor([[101, 7592, 2088, 102], [101, 2088, 102, 0]], dtype=torch.long)
+    vocab = model.config.vocab_size
+    ids = torch.tensor([[101, 7592, 2088, 102], [101, 2088, 102, 0]], dtype=torch.long) % vocab
     mask = (ids != 0).long()
     axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"},
             OUTPUT_NAME: {0: "batch"}}

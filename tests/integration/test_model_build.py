@@ -1,0 +1,86 @@
+"""The built text model (`make model` first): what the build recorded is consistent, and `modpipe model eval`
+reproduces its test metrics and meets the accuracy targets.
+
+Targets (issue #2): spam F1 >= 0.96 on the SMS test split and >= 0.97 on the SpamAssassin test split, above
+the TF-IDF + LinearSVC baseline on both. They apply to the `full` profile only; a demo build is only
+checked for consistency.
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from modpipe.settings import Settings
+from modpipe.textmodel.artifacts import ModelNotBuilt, resolve_model
+
+TARGET_F1 = {"sms": 0.96, "spamassassin": 0.97}
+
+
+@pytest.fixture(scope="module")
+def build():
+    try:
+        return resolve_model(Settings.from_env())
+    except ModelNotBuilt as exc:
+        pytest.skip(f"{exc} (the Makefile's `test` target builds it first)")
+
+
+def _sha(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_build_recorded_its_export_check_and_precision(build):
+    record = json.loads((build.path / "build.json").read_text())
+    check = record["export"]["check"]
+    assert check["ok"] is True and check["max_abs_diff"] <= 1e-4 and check["texts"] > 0
+    served = build.served
+    assert served["precision"] in ("fp32", "int8") and served["precision_reason"]
+    assert set(served["labels"]) == {"ham", "spam"} and served["labels"][1] == "spam"
+    assert _sha(build.onnx) == _sha(build.path / f"model.{served['precision']}.onnx")
+    drops = served["validation"]["f1_drop_int8"]
+    assert (served["precision"] == "int8") == (max(drops.values()) <= served["validation"]["max_allowed_drop"])
+    card = (build.path / "MODEL_CARD.md").read_text()
+    assert f"Served: {served['precision']}" in card and "PDDL" in card and "Apache-2.0" in card
+    if served["profile"] == "demo":
+        assert served["demo_quality"] is True and "demo-quality" in card.lower()
+
+
+def test_split_and_heldout_are_consistent(build):
+    from modpipe.textmodel import data
+
+    split = json.loads((build.path / "split.json").read_text())
+    heldout = data.read_jsonl(build.path / "heldout.jsonl")
+    assert data.split_hash(heldout) == split["sha256"]["test"]
+    assert len(heldout) == split["sizes"]["test"]["total"]
+    assert {e.dataset for e in heldout} == {"sms", "spamassassin"}
+    assert len(build.heldout()) == len(heldout)  # the contract's own reader agrees
+
+
+@pytest.fixture(scope="module")
+def evaluated(build):
+    env = dict(os.environ, MODPIPE_LOG_LEVEL="WARNING")
+    proc = subprocess.run([sys.executable, "-m", "modpipe", "model", "eval", "--json", "--model-dir", str(build.path)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def test_eval_reproduces_recorded_metrics(build, evaluated):
+    recorded = json.loads((build.path / "metrics.json").read_text())["datasets"]
+    assert set(evaluated["datasets"]) == {"sms", "spamassassin"}
+    for ds, entry in evaluated["datasets"].items():
+        for system in ("model", "baseline"):
+            for k in ("accuracy", "precision", "recall", "f1", "roc_auc"):
+                assert entry[system][k] == pytest.approx(recorded[ds][system][k], abs=2e-3), (ds, system, k)
+
+
+def test_full_build_meets_targets(build, evaluated):
+    if build.served["profile"] != "full":
+        pytest.skip("demo build: accuracy targets apply to the full profile")
+    for ds, target in TARGET_F1.items():
+        entry = evaluated["datasets"][ds]
+        assert entry["model"]["f1"] >= target, (ds, entry["model"]["f1"])
+        assert entry["model"]["f1"] > entry["baseline"]["f1"], (ds, entry["model"]["f1"], entry["baseline"]["f1"])

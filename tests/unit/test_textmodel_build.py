@@ -1,0 +1,115 @@
+"""Build cache: key stability and sensitivity, reuse of complete builds, atomic links, CLI wiring."""
+
+import json
+
+import pytest
+
+from modpipe.settings import Settings
+from modpipe.textmodel import build as B
+from modpipe.textmodel import convert, data
+
+KEY_ARGS = dict(sources="s" * 64, profile=B.PROFILES["full"].to_dict(), seed=0,
+                data={"sms": "a" * 64, "spamassassin": "b" * 64}, base="c" * 64)
+
+
+def test_cache_key_is_stable():
+    assert B.cache_key(**KEY_ARGS) == B.cache_key(**json.loads(json.dumps(KEY_ARGS)))
+    assert len(B.cache_key(**KEY_ARGS)) == 16
+    assert B.source_hash() == B.source_hash()
+
+
+@pytest.mark.parametrize("change", [
+    {"sources": "t" * 64},
+    {"profile": B.PROFILES["demo"].to_dict()},
+    {"seed": 1},
+    {"data": {"sms": "a" * 64, "spamassassin": "d" * 64}},
+    {"base": "e" * 64},
+])
+def test_cache_key_changes_with_each_input(change):
+    assert B.cache_key(**{**KEY_ARGS, **change}) != B.cache_key(**KEY_ARGS)
+
+
+def test_profiles_fit_their_time_budgets():
+    full, demo = B.PROFILES["full"], B.PROFILES["demo"]
+    assert full.build_budget_s <= 20 * 60 and demo.build_budget_s <= 3 * 60
+    assert full.train.max_seq_len == 128 and demo.train.max_seq_len == 64
+    assert full.train.max_train_seconds + full.post_train_reserve_s <= full.build_budget_s
+
+
+def _fake_inputs(tmp_path, monkeypatch):
+    sms = tmp_path / "sms.csv"
+    sms.write_text("ham\thello\nspam\twin now\n")
+    sa = tmp_path / "sa.tgz"
+    sa.write_bytes(b"not really a tarball")
+    monkeypatch.setattr(data, "data_files", lambda cache_dir: {"sms": sms, "spamassassin": sa})
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    (base / "vocab.txt").write_text("[PAD]\n")
+    return {"sms": data.file_sha256(sms), "spamassassin": data.file_sha256(sa)}, base
+
+
+def _fake_complete(path):
+    path.mkdir(parents=True)
+    for name in B.COMPLETE_FILES:
+        (path / name).write_text("{}")
+
+
+def test_complete_build_with_same_key_is_reused(tmp_path, monkeypatch, capsys):
+    hashes, base = _fake_inputs(tmp_path, monkeypatch)
+    settings = Settings.from_env({}, cache_dir=tmp_path / "cache")
+    key = B.cache_key(sources=B.source_hash(), profile=B.PROFILES["demo"].to_dict(), seed=3, data=hashes,
+                      base=convert.hash_dir(base))
+    root = tmp_path / "cache" / "models"
+    _fake_complete(root / key)
+
+    def boom(*a, **k):
+        raise AssertionError("must not build")
+
+    monkeypatch.setattr(B, "_build_into", boom)
+    got = B.build(settings, "demo", base=base, seed=3)
+    assert got == root / key
+    assert (root / "current-demo").resolve() == (root / key).resolve()
+    assert "reusing cached build" in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="must not build"):  # another seed is another key
+        B.build(settings, "demo", base=base, seed=4)
+    assert not list(root.glob(".tmp-*")), "failed builds leave no temp dir"
+
+
+def test_reuse_any_takes_an_existing_full_build(tmp_path, monkeypatch, capsys):
+    settings = Settings.from_env({}, cache_dir=tmp_path / "cache")
+    root = tmp_path / "cache" / "models"
+    _fake_complete(root / "0123456789abcdef")
+    B.point_link(root, "current", root / "0123456789abcdef")
+    monkeypatch.setattr(data, "data_files", lambda cache_dir: pytest.fail("must not touch data"))
+    got = B.build(settings, "demo", reuse_any=True)
+    assert got == (root / "0123456789abcdef").resolve()
+    assert "--reuse-any" in capsys.readouterr().out
+
+
+def test_incomplete_build_is_not_complete(tmp_path):
+    _fake_complete(tmp_path / "b")
+    assert B.is_complete(tmp_path / "b")
+    (tmp_path / "b" / B.BUILD_MARKER).unlink()
+    assert not B.is_complete(tmp_path / "b")
+
+
+def test_point_link_replaces_atomically(tmp_path):
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    B.point_link(tmp_path, "current", tmp_path / "one")
+    B.point_link(tmp_path, "current", tmp_path / "two")
+    assert (tmp_path / "current").resolve() == (tmp_path / "two").resolve()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_cli_help(capsys):
+    from modpipe.cli import build_parser
+
+    parser = build_parser()
+    for argv in (["model", "--help"], ["model", "build", "--help"], ["model", "eval", "--help"]):
+        with pytest.raises(SystemExit) as exc:
+            parser.parse_args(argv)
+        assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "--reuse-any" in out and "--profile" in out and "--model-dir" in out and "--json" in out

@@ -1,0 +1,97 @@
+"""ONNX export of a tiny DistilBERT: contract (names, dtypes, dynamic axes), PyTorch match, int8, metrics."""
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("onnx")
+
+from modpipe.textmodel import evaluate, export, train  # noqa: E402
+from modpipe.textmodel.data import Example  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+
+    d = tmp_path_factory.mktemp("tiny")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + "free win prize call now hello see you at the lunch".split()
+    tok = Tokenizer(models.WordPiece({w: i for i, w in enumerate(vocab)}, unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2),
+                                                                                              ("[SEP]", 3)])
+    tok.save(str(d / "tokenizer.json"))
+    torch.manual_seed(0)
+    cfg = DistilBertConfig(vocab_size=len(vocab), dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+                           max_position_embeddings=64, num_labels=2)
+    model = DistilBertForSequenceClassification(cfg).eval()
+    path = export.export_onnx(model, d / "model.fp32.onnx")
+    return model, path, d / "tokenizer.json", d
+
+
+TEXTS = ["free prize call now", "hello see you at the lunch", "win", "unknownword hello free " * 5]
+
+
+def test_onnx_contract(tiny):
+    import onnx
+
+    _, path, _, _ = tiny
+    m = onnx.load(str(path))
+    assert [i.name for i in m.graph.input] == ["input_ids", "attention_mask"]
+    assert [o.name for o in m.graph.output] == ["logits"]
+    for i in m.graph.input:
+        assert i.type.tensor_type.elem_type == onnx.TensorProto.INT64
+        dims = i.type.tensor_type.shape.dim
+        assert dims[0].dim_param and dims[1].dim_param  # dynamic batch and sequence
+    out = m.graph.output[0].type.tensor_type
+    assert out.elem_type == onnx.TensorProto.FLOAT and out.shape.dim[1].dim_value == 2
+    assert max(o.version for o in m.opset_import if o.domain in ("", "ai.onnx")) >= 14
+
+
+def test_onnx_matches_torch_and_int8_runs(tiny):
+    model, path, tok, d = tiny
+    check = export.compare_with_torch(model, path, tok, TEXTS, max_len=16, batch_size=3)
+    assert check["ok"] and check["max_abs_diff"] <= 1e-4
+    q = export.quantize_int8(path, d / "model.int8.onnx")
+    prob = evaluate.onnx_spam_proba(q, tok, TEXTS, max_len=16, batch_size=2)
+    assert prob.shape == (4,) and np.all((prob >= 0) & (prob <= 1))
+    prob32 = evaluate.onnx_spam_proba(path, tok, TEXTS, max_len=16, batch_size=2)
+    seqs = train.encode(__import__("tokenizers").Tokenizer.from_file(str(tok)), TEXTS)
+    ref = train.predict_proba(model, [s[:16] for s in seqs])
+    assert np.allclose(prob32, ref, atol=1e-5)
+
+
+def test_classification_metrics():
+    m = evaluate.classification_metrics([0, 0, 1, 1, 1], [0.1, 0.7, 0.8, 0.4, 0.9], 0.5)
+    assert m["confusion"] == {"tn": 1, "fp": 1, "fn": 1, "tp": 2}
+    assert m["precision"] == pytest.approx(2 / 3, abs=1e-4) and m["recall"] == pytest.approx(2 / 3, abs=1e-4)
+    assert m["f1"] == pytest.approx(2 / 3, abs=1e-4) and m["accuracy"] == 0.6
+    assert m["roc_auc"] == pytest.approx(5 / 6, abs=1e-4)
+    json.dumps(m)
+
+
+def test_baseline_and_table():
+    tr = [Example(t, lab, "sms") for t, lab in [("win a free prize now", 1), ("free cash call now", 1),
+                                                ("see you at lunch", 0), ("hello how are you", 0)] * 3]
+    b = evaluate.Baseline().fit(tr)
+    assert list(b.decision(["free prize", "see you"]) > 0) == [True, False]
+    entry = {"model": evaluate.classification_metrics([0, 1], [0.2, 0.9], 0.5),
+             "baseline": evaluate.classification_metrics([0, 1], [-1.0, 1.0], 0.0)}
+    table = evaluate.format_table({"sms": entry})
+    assert "sms" in table and "baseline" in table and "roc_auc" in table
+
+
+def test_bucketed_batches_cover_everything_once():
+    import random
+
+    lengths = [random.Random(i).randint(3, 128) for i in range(1000)]
+    batches = train.bucketed_batches(lengths, 32, random.Random(0), chunk=10)
+    flat = sorted(i for b in batches for i in b)
+    assert flat == list(range(1000))
+    # within a batch lengths are close (sorted inside chunks of 320)
+    spread = np.mean([max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in batches])
+    assert spread < 20
