@@ -157,6 +157,16 @@ class TritonServer:
             self._private_repo = True
             return self.root / f"repo-{os.getpid()}-{self.grpc_port}"
 
+    def load_errors(self, limit: int = 5) -> list[str]:
+        """The log's model-load failures (what to show when start fails; CUDA noise left out)."""
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return []
+        hits = [ln for ln in lines if "failed to load" in ln or "Failed to initialize" in ln
+                or (ln.startswith("E") and "Cuda" not in ln and "CUDA" not in ln)]
+        return [ln if len(ln) <= 600 else ln[:600] + "..." for ln in hits[:limit]]
+
     def command(self) -> list[str]:
         assert self.repo is not None
         return [
@@ -191,6 +201,11 @@ class TritonServer:
                                             "build": self.build.version})
         try:
             self.process.wait_ready(self.ready, timeout=timeout, interval=0.1)
+        except ServiceError as exc:
+            self.stop()
+            errors = self.load_errors()
+            raise ServiceError(f"tritonserver did not become ready (log: {self.log_path})"
+                               + (":\n" + "\n".join(errors) if errors else f"\n{exc}")) from exc
         except BaseException:
             self.stop()
             raise

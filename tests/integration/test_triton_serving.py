@@ -17,6 +17,7 @@ from modpipe.services.process import ServiceError, free_port
 from modpipe.serving.client import SyncTextModelClient, TextModelClient, spam_probability
 from modpipe.serving.server import TritonServer, triton_endpoint
 from modpipe.settings import Settings
+from modpipe.textmodel.artifacts import ModelBuild
 from modpipe.textmodel.tokenize import BatchTokenizer
 
 pytestmark = pytest.mark.integration
@@ -236,3 +237,17 @@ def test_endpoint_uses_triton_url_without_starting(tmp_path):
     with triton_endpoint(settings) as url:
         assert url == "example.invalid:8001"
     assert not (tmp_path / "state").exists()
+
+
+def test_broken_build_fails_fast_with_the_reason_and_no_orphan(model_build, tmp_path):
+    broken = tmp_path / "broken-build"
+    broken.mkdir()
+    for name in ("tokenizer.json", "served.json"):
+        (broken / name).write_bytes((model_build.path / name).read_bytes())
+    (broken / "model.onnx").write_bytes(b"not an onnx model")
+    settings = Settings.from_env(state_dir=tmp_path / "state", triton_url="")
+    server = TritonServer(settings, ModelBuild(broken), http_port=free_port(), grpc_port=free_port(),
+                          metrics_port=free_port())
+    with pytest.raises(ServiceError, match="failed to load 'spam_text'"):
+        server.start(timeout=120)
+    assert not _pids_mentioning(str(tmp_path / "state"))
