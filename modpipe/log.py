@@ -43,9 +43,9 @@ def configure(level: str = "INFO", fmt: str = "json", stream=sys.stderr) -> None
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # faust/aiokafka are chatty at INFO; keep their warnings.
+    # faust/aiokafka are chatty at INFO; keep their warnings unless we are debugging.
     for noisy in ("aiokafka", "faust", "mode", "kafka"):
-        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+        logging.getLogger(noisy).setLevel(root.level if root.level <= logging.DEBUG else logging.WARNING)
 
 
 def get(name: str) -> logging.Logger:

@@ -259,3 +259,10 @@ def dead_letter(*, topic: str, partition: int, offset: int, key: bytes | None, r
         "error": str(error)[:2000],
         "at": rfc3339(at_ms if at_ms is not None else now_ms()),
     }
+
+
+def json_schema(name: str) -> dict:
+    """The JSON Schema (draft 2020-12) of a message: post, report, decision, dead_letter."""
+    from importlib.resources import files
+
+    return orjson.loads(files("modpipe.schemas").joinpath(f"{name}.v{SCHEMA_VERSION}.json").read_bytes())

@@ -55,7 +55,8 @@ SETTINGS_SPEC: dict[str, Spec] = {
     "triton_grpc_port": Spec("TRITON_GRPC_PORT", "8001", "gRPC port of the embedded Triton.", int),
     "triton_metrics_port": Spec("TRITON_METRICS_PORT", "8002", "Metrics port of the embedded Triton.", int),
     "triton_model": Spec("MODPIPE_TRITON_MODEL", "spam_text", "Name of the text model in Triton."),
-    "triton_timeout_s": Spec("MODPIPE_TRITON_TIMEOUT_S", "10", "Timeout of one Triton request.", float),
+    "triton_timeout_s": Spec("MODPIPE_TRITON_TIMEOUT_S", "30",
+                             "Timeout of one Triton request (it is retried; the posts stay uncommitted).", float),
     # -- batching and verdicts
     "max_batch": Spec("MODPIPE_MAX_BATCH", "64", "Most posts per Triton request.", int),
     "max_wait_ms": Spec("MODPIPE_MAX_WAIT_MS", "20", "Longest wait to fill a batch before sending it.", float),
@@ -67,6 +68,9 @@ SETTINGS_SPEC: dict[str, Spec] = {
     "block_threshold": Spec("MODPIPE_BLOCK_THRESHOLD", "0.9", "spam_probability at or above which a post is blocked.",
                             float),
     # -- worker runtime
+    "worker_name": Spec("MODPIPE_WORKER_NAME", "",
+                        "Stable, unique name of a worker (e.g. the StatefulSet pod name): its consumer-group "
+                        "static member id and table directory. Empty: host-pid."),
     "workers": Spec("MODPIPE_WORKERS", "1", "Workers started by `modpipe up`.", int),
     "metrics_host": Spec("MODPIPE_METRICS_HOST", "127.0.0.1", "Address of each worker's Prometheus endpoint."),
     "metrics_port": Spec("MODPIPE_METRICS_PORT", "9464",
@@ -109,6 +113,7 @@ class Settings:
     max_text_chars: int
     review_threshold: float
     block_threshold: float
+    worker_name: str
     workers: int
     metrics_host: str
     metrics_port: int

@@ -60,6 +60,9 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker-0"
         topic_allow_declare=True,
         consumer_auto_offset_reset="earliest",
         processing_guarantee="at_least_once",
+        # Static membership: a restarted worker with the same name takes its partitions back at once
+        # instead of waiting for its old session to expire (and noida-db never expires it, see README).
+        consumer_group_instance_id=f"{settings.app_id}-{worker_name}",
         producer_acks=-1,
         # Rebalances are quick with a short session timeout; noida-db and Kafka accept >= 6 s.
         broker_session_timeout=10,

@@ -98,7 +98,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_topics)
 
     p = sub.add_parser("worker", help="run one stream worker (faust app: ingest + batching agents)")
-    p.add_argument("--name", default=None, help="worker name; its table state lives in STATE_DIR/faust/NAME")
+    p.add_argument("--name", default=None, help="stable unique worker name (default: MODPIPE_WORKER_NAME, else host-pid); static group "
+                        "member id and table directory STATE_DIR/faust/NAME")
     p.set_defaults(func=_worker)
 
     p = sub.add_parser("up", help="run broker, Triton and N workers in the foreground with a live status line")

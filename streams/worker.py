@@ -31,7 +31,7 @@ def default_triton_url(settings: Settings) -> str:
 
 
 def build_worker(settings: Settings, name: str | None = None):
-    name = name or f"{socket.gethostname()}-{os.getpid()}"
+    name = name or settings.worker_name or f"{socket.gethostname()}-{os.getpid()}"
     bootstrap = default_bootstrap(settings)
     ensure_topics(settings, bootstrap)
     build = resolve_model(settings)
@@ -44,6 +44,7 @@ def build_worker(settings: Settings, name: str | None = None):
 
 
 def run_worker(settings: Settings, name: str | None = None) -> int:
+    name = name or settings.worker_name or f"{socket.gethostname()}-{os.getpid()}"
     pipe, scorer, bootstrap = build_worker(settings, name)
     metrics.serve(settings.metrics_host, settings.metrics_port)
     _log.info("worker starting", extra={"worker": name, "bootstrap": bootstrap, "app_id": settings.app_id,

@@ -1,0 +1,151 @@
+"""The streaming path on the real broker and the real Triton, with workers as real processes."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import subprocess
+import time
+
+import jsonschema
+import orjson
+import pytest
+from confluent_kafka import Producer
+
+from loadgen.posts import make_post
+from loadgen.smoke import _end_consumer, run_smoke
+from modpipe import schema
+from streams.topics import TopicConfigError, TopicNames, ensure_topics
+
+pytestmark = pytest.mark.integration
+
+
+def produce_posts(settings, n: int, run_id: str, texts) -> dict[str, dict]:
+    rng = random.Random(3)
+    producer = Producer({"bootstrap.servers": settings.bootstrap_servers, "linger.ms": 5})
+    posts = {}
+    for i in range(n):
+        item = texts[i % len(texts)]
+        post = make_post(rng, f"{run_id}-{i}", item["text"], user_id=f"user-{i % 37}")
+        posts[post["post_id"]] = post
+        producer.produce(settings.topic("posts"), key=post["user_id"].encode(), value=schema.dumps(post))
+    assert producer.flush(30) == 0
+    return posts
+
+
+def collect_decisions(consumer, wanted: set[str], timeout_s: float, healthy=lambda: True) -> dict[str, list]:
+    got: dict[str, list] = {}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not wanted <= got.keys():
+        msg = consumer.poll(0.2)
+        if msg is None or msg.error():
+            continue
+        record = orjson.loads(msg.value())
+        if record.get("post_id") in wanted:
+            got.setdefault(record["post_id"], []).append((msg, record))
+    return got
+
+
+def test_every_valid_post_gets_exactly_one_correct_decision(local_stack, pipeline_settings, model_build):
+    stack = local_stack(workers=1)
+    consumer = _end_consumer(pipeline_settings, stack.bootstrap, [stack.topics.decisions])
+    posts = produce_posts(pipeline_settings, 150, "exact", model_build.heldout())
+    got = collect_decisions(consumer, set(posts), 120)
+    consumer.close()
+    assert set(got) == set(posts), f"{len(set(posts) - set(got))} posts without a decision"
+    validate = jsonschema.Draft202012Validator(schema.json_schema("decision")).validate
+    for post_id, decisions in got.items():
+        assert len(decisions) == 1, f"{post_id} decided {len(decisions)} times"
+        msg, d = decisions[0]
+        validate(d)
+        assert msg.key() == post_id.encode()
+        assert d["user_id"] == posts[post_id]["user_id"]
+        p = d["spam_probability"]
+        expected = "block" if p >= pipeline_settings.block_threshold else (
+            "review" if p >= pipeline_settings.review_threshold else "allow")
+        assert d["verdict"] == expected
+        assert d["text_probability"] == pytest.approx(p)
+        assert d["model_versions"]["text_model"] == model_build.version
+        assert d["features"]["text_probability"] == pytest.approx(d["text_probability"])
+        assert d["revision"] == 1 and d["short_circuit"] is None and 0 <= d["latency_ms"] < 120_000
+    metrics = stack.scrape()
+    assert metrics["modpipe_posts_consumed_total"] >= 150
+    assert sum(v for k, v in metrics.items() if k.startswith("modpipe_decisions_total")) >= 150
+    assert metrics["modpipe_batch_size_posts_count"] >= 1
+    assert metrics["modpipe_batch_size_posts_sum"] / metrics["modpipe_batch_size_posts_count"] > 1, \
+        "posts were not batched"
+    assert metrics["modpipe_triton_request_duration_seconds_count"] >= 1
+
+
+def test_smoke_malformed_records_land_in_dead_letters_and_worker_keeps_running(local_stack, pipeline_settings):
+    stack = local_stack(workers=1)
+    first = run_smoke(pipeline_settings, stack.bootstrap, 60, timeout_s=120, progress=False)
+    assert first["lost"] == 0 and first["duplicates"] == 0
+    assert first["dlq"] == first["dlq_expected"] == 8 and first["dlq_reasons_match"]
+    # The bad input did not stop anything: a second round is decided by the same worker.
+    second = run_smoke(pipeline_settings, stack.bootstrap, 30, timeout_s=120, progress=False)
+    assert second["lost"] == 0 and all(w.process.alive() for w in stack.workers)
+    reasons = {k for k, v in stack.scrape().items() if k.startswith("modpipe_dead_letters_total{") and v > 0}
+    assert len(reasons) == 8
+
+
+def test_two_workers_split_partitions_and_decide_everything(local_stack, pipeline_settings):
+    stack = local_stack(workers=2)
+    per_worker = []
+    for w in stack.workers:
+        text = __import__("urllib.request").request.urlopen(w.metrics_url, timeout=2).read().decode()
+        assigned = sum(float(line.split()[-1]) for line in text.splitlines()
+                       if line.startswith("modpipe_assigned_partitions{") and "posts.valid" not in line)
+        per_worker.append(assigned)
+    assert all(n >= 1 for n in per_worker) and sum(per_worker) == pipeline_settings.partitions, per_worker
+    result = run_smoke(pipeline_settings, stack.bootstrap, 200, timeout_s=120, progress=False)
+    assert result["lost"] == 0 and result["duplicates"] == 0
+
+
+def test_worker_killed_mid_stream_loses_nothing(local_stack, pipeline_settings, model_build):
+    stack = local_stack(workers=1)
+    consumer = _end_consumer(pipeline_settings, stack.bootstrap, [stack.topics.decisions])
+    posts = produce_posts(pipeline_settings, 800, "kill", model_build.heldout())
+    early: dict[str, list] = {}
+    deadline = time.monotonic() + 120
+    while len(early) < 50 and time.monotonic() < deadline:
+        early.update(collect_decisions(consumer, set(posts) - early.keys(), 0.5))
+    assert early, "no decision before the kill"
+    stack.workers[0].process.kill()  # SIGKILL: no chance to commit or flush
+    killed_at = len(early)
+    assert killed_at < len(posts), "the worker finished before it could be killed; send more posts"
+    stack.start_worker(0)
+    rest = collect_decisions(consumer, set(posts) - early.keys(), 300)
+    consumer.close()
+    decided = set(early) | set(rest)
+    assert decided == set(posts), f"lost {len(set(posts) - decided)} posts after SIGKILL at {killed_at} decisions"
+
+
+def test_independent_client_kcat_round_trip(local_stack, pipeline_settings):
+    kcat = shutil.which("kcat") or shutil.which("kafkacat")
+    assert kcat, "kcat is not installed; `make setup` installs it (apt package kcat)"
+    stack = local_stack(workers=1)
+    post = make_post(random.Random(9), "kcat-post-1", "WINNER!! Claim your free prize now, call 0800 123 456")
+    subprocess.run([kcat, "-P", "-b", stack.bootstrap, "-t", stack.topics.posts, "-k", post["user_id"]],
+                   input=schema.dumps(post), check=True, timeout=30)
+    deadline = time.monotonic() + 60
+    found = None
+    while found is None and time.monotonic() < deadline:
+        out = subprocess.run([kcat, "-C", "-b", stack.bootstrap, "-t", stack.topics.decisions, "-o", "beginning",
+                              "-e", "-q", "-f", "%k\t%s\n"], capture_output=True, timeout=30, check=True).stdout
+        for line in out.decode().splitlines():
+            key, _, value = line.partition("\t")
+            if key == "kcat-post-1":
+                found = orjson.loads(value)
+        time.sleep(0.5)
+    assert found is not None, "kcat never saw the decision"
+    assert found["verdict"] in schema.VERDICTS and found["user_id"] == post["user_id"]
+
+
+def test_topics_are_idempotent_and_refuse_wrong_partition_count(pipeline_settings, bootstrap):
+    created = ensure_topics(pipeline_settings, bootstrap)
+    assert sorted(created) == sorted(TopicNames.from_settings(pipeline_settings).all())
+    assert ensure_topics(pipeline_settings, bootstrap) == []
+    wrong = pipeline_settings.__class__(**{**pipeline_settings.__dict__, "partitions": 3})
+    with pytest.raises(TopicConfigError, match="wrong partition count"):
+        ensure_topics(wrong, bootstrap)

@@ -1,0 +1,65 @@
+"""Settings from the environment, verdict thresholds, and the status line's histogram quantiles."""
+
+from pathlib import Path
+
+import pytest
+
+from modpipe.settings import SETTINGS_SPEC, Settings, SettingsError
+from streams.stack import histogram_quantile
+from streams.verdict import ThresholdDecider, verdict_for
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_defaults_and_overrides():
+    s = Settings.from_env({})
+    assert s.partitions == 4 and s.max_batch == 64 and s.triton_url == ""
+    s = Settings.from_env({"MODPIPE_PARTITIONS": "8", "MODPIPE_TOPIC_PREFIX": "prod."})
+    assert s.partitions == 8 and s.topic("posts") == "prod.posts"
+
+
+@pytest.mark.parametrize("env", [
+    {"MODPIPE_PARTITIONS": "four"},
+    {"MODPIPE_REVIEW_THRESHOLD": "0.95", "MODPIPE_BLOCK_THRESHOLD": "0.9"},
+    {"MODPIPE_TABLE_STORE": "redis"},
+    {"MODPIPE_MAX_BATCH": "0"},
+])
+def test_bad_settings_are_refused(env):
+    with pytest.raises(SettingsError):
+        Settings.from_env(env)
+
+
+def test_kafka_client_config_passes_security_through():
+    conf = Settings.from_env({"KAFKA_BOOTSTRAP_SERVERS": "b1:9093,b2:9093", "KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+                              "KAFKA_SASL_MECHANISM": "SCRAM-SHA-512", "KAFKA_SASL_USERNAME": "u",
+                              "KAFKA_SASL_PASSWORD": "p", "KAFKA_SSL_CAFILE": "/ca.pem"}).kafka_client_config()
+    assert conf == {"bootstrap.servers": "b1:9093,b2:9093", "security.protocol": "SASL_SSL",
+                    "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "u", "sasl.password": "p",
+                    "ssl.ca.location": "/ca.pem"}
+
+
+def test_round_trip_through_child_environment():
+    s = Settings.from_env({"MODPIPE_MAX_WAIT_MS": "7.5", "MODPIPE_WORKERS": "3"})
+    assert Settings.from_env(s.to_env()) == s
+
+
+def test_readme_documents_every_setting():
+    text = README.read_text()
+    missing = [spec.env for spec in SETTINGS_SPEC.values() if f"`{spec.env}`" not in text]
+    assert not missing, f"README configuration table lacks {missing}"
+
+
+@pytest.mark.parametrize("p,expected", [(0.0, "allow"), (0.49, "allow"), (0.5, "review"), (0.89, "review"),
+                                        (0.9, "block"), (1.0, "block")])
+def test_thresholds(p, expected):
+    assert verdict_for(p, 0.5, 0.9) == expected
+    v = ThresholdDecider(0.5, 0.9).decide({}, {}, p)
+    assert v.verdict == expected and v.spam_probability == p and v.reasons[0]["feature"] == "text_probability"
+
+
+def test_histogram_quantile_interpolates_like_promql():
+    name = "lat"
+    samples = {f"{name}_bucket{{le=0.1}}": 50, f"{name}_bucket{{le=0.2}}": 100, f"{name}_bucket{{le=+Inf}}": 100}
+    assert histogram_quantile(samples, name, 0.5) == pytest.approx(0.1)
+    assert histogram_quantile(samples, name, 0.75) == pytest.approx(0.15)
+    assert histogram_quantile({}, name, 0.5) is None
