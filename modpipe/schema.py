@@ -211,6 +211,55 @@ def decode_report(raw: bytes | str) -> dict:
     }
 
 
+def decode_engagement(raw: bytes | str) -> dict:
+    """A share or comment on a post, published to `engagements`."""
+    obj = _load_object(raw)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "engagement_id": _ident(obj, "engagement_id"),
+        "post_id": _ident(obj, "post_id"),
+        "url": _url(obj),
+        "kind": _choice(obj, "kind", ("share", "comment")),
+        "user_id": _ident(obj, "user_id"),
+        "created_at": _timestamp(obj, "created_at"),
+    }
+
+
+def decode_label(raw: bytes | str) -> dict:
+    """A moderator's final label on a post, published to `labels`."""
+    obj = _load_object(raw)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "post_id": _ident(obj, "post_id"),
+        "user_id": _ident(obj, "user_id"),
+        "label": _choice(obj, "label", ("spam", "ham")),
+        "moderator_id": _ident(obj, "moderator_id"),
+        "created_at": _timestamp(obj, "created_at"),
+    }
+
+
+def decode_ban(raw: bytes | str) -> dict:
+    """Ban or unban a domain or an IP address, published to `bans`."""
+    obj = _load_object(raw)
+    kind = _choice(obj, "kind", ("domain", "ip"))
+    value = _field(obj, "value", str).strip().lower()
+    if kind == "ip":
+        try:
+            value = str(ipaddress.ip_address(value))
+        except ValueError:
+            raise InvalidMessage("invalid_value", f"value is not an IP address: {value[:40]!r}") from None
+    elif not value or len(value) > 253:
+        raise InvalidMessage("invalid_value", "value must be a domain name of 1..253 characters")
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "ban_id": _ident(obj, "ban_id"),
+        "kind": kind,
+        "value": value,
+        "action": _choice(obj, "action", ("ban", "unban")),
+        "created_at": _timestamp(obj, "created_at"),
+    }
+
+
 def decision(*, post: dict, verdict: str, spam_probability: float, text_probability: float | None,
              reasons: list[dict], features: dict, short_circuit: str | None, model_versions: dict,
              received_at_ms: int, decided_at_ms: int, revision: int = 1) -> dict:
