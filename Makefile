@@ -9,7 +9,8 @@ STAMP  := $(VENV)/.installed
 setup: $(STAMP)
 
 # Reinstall only when the dependency declarations change (idempotent, fast on a second run).
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt scripts/install-system-deps.sh
+	bash scripts/install-system-deps.sh
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[build,dev]'

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# System tools the tests use as independent peers: kcat (a Kafka client that is not ours) and
+# kubectl (renders the kustomize overlays). Installed from Debian only when missing.
+set -euo pipefail
+missing=()
+command -v kcat >/dev/null 2>&1 || missing+=(kcat)
+command -v kubectl >/dev/null 2>&1 || missing+=(kubectl)
+[ ${#missing[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+  echo "install these system packages first: ${missing[*]} (Debian: apt-get install ${missing[*]})" >&2
+  exit 1
+fi
+echo "installing ${missing[*]} from Debian"
+apt-get update -qq
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
