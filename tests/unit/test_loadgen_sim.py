@@ -1,0 +1,195 @@
+"""The traffic simulation: deterministic, schema-valid, truth kept out of payloads, actors behave as designed."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+
+import pytest
+
+from features.brands import brand_match
+from features.events import parse_ts
+from features.journey import journey_features
+from features.lists import SHORTENER_DOMAINS
+from features.url import parse_url
+from loadgen.sim import KIND_TOPICS, SCENARIOS, Simulation, simulate, split_texts
+from modpipe import schema
+
+# Labelled texts shaped like heldout.jsonl (label 1/0, as the build writes; "spam"/"ham" also accepted).
+SPAM = [f"WINNER!! You have won a {i}000 prize. Call 0906{i:04d} now to claim, T&C apply" for i in range(12)]
+HAM = [f"hey, are we still on for lunch on day {i}? I can bring the {w}" for i, w in
+       enumerate(["salad", "bread", "cake", "drinks", "chips", "fruit", "cheese", "wine"] * 3)]
+TEXTS = ([{"text": t, "label": 1, "dataset": "sms"} for t in SPAM]
+         + [{"text": t, "label": "ham", "dataset": "spamassassin"} for t in HAM])
+
+DECODERS = {"post": schema.decode_post, "report": schema.decode_report, "engagement": schema.decode_engagement,
+            "label": schema.decode_label, "ban": schema.decode_ban}
+
+
+@pytest.fixture(scope="module")
+def mixed():
+    return simulate(TEXTS, 3000, "mixed", seed=11)
+
+
+def posts_of(events):
+    return [e for e in events if e.kind == "post"]
+
+
+def test_same_seed_same_events_other_seed_differs():
+    a = simulate(TEXTS, 400, "mixed", seed=5)
+    b = simulate(TEXTS, 400, "mixed", seed=5)
+    c = simulate(TEXTS, 400, "mixed", seed=6)
+    assert [(e.kind, e.payload, e.truth, e.at_ms, e.key) for e in a] == \
+        [(e.kind, e.payload, e.truth, e.at_ms, e.key) for e in b]
+    assert [e.payload for e in a] != [e.payload for e in c]
+
+
+def test_every_payload_decodes_and_events_are_time_ordered(mixed):
+    kinds = Counter(e.kind for e in mixed)
+    assert set(kinds) == set(KIND_TOPICS), kinds  # every side stream shows up in a 3000-post run
+    for e in mixed:
+        decoded = DECODERS[e.kind](schema.dumps(e.payload))
+        assert parse_ts(decoded["created_at"]) == e.at_ms
+    offsets = [e.offset_s for e in mixed]
+    assert offsets == sorted(offsets)
+
+
+def test_ground_truth_never_in_payload(mixed):
+    truth_keys = {"is_spam", "actor", "campaign", "scenario", "stealth", "text_label", "label_correct"}
+    for e in mixed:
+        assert not truth_keys & set(e.payload), e.payload
+        blob = schema.dumps(e.payload).decode()
+        assert "spammer" not in blob and "is_spam" not in blob
+        if e.truth.get("campaign"):
+            assert e.truth["campaign"] not in blob  # not even inside an id
+    assert all(e.truth["scenario"] == "mixed" for e in mixed)
+
+
+def test_keys_follow_the_pipeline_partitioning(mixed):
+    for e in mixed:
+        expected = {"post": e.payload.get("user_id"), "report": e.payload.get("post_id"),
+                    "engagement": e.payload.get("post_id"), "label": e.payload.get("post_id"),
+                    "ban": e.payload.get("value")}[e.kind]
+        assert e.key == expected
+
+
+def test_side_events_follow_their_post(mixed):
+    posted = {}
+    for e in mixed:
+        if e.kind == "post":
+            posted[e.payload["post_id"]] = e.at_ms
+        elif e.kind in ("report", "engagement", "label"):
+            assert e.payload["post_id"] in posted and e.at_ms >= posted[e.payload["post_id"]]
+
+
+def test_spammers_are_young_fast_and_friendless(mixed):
+    by_actor = defaultdict(list)
+    for e in posts_of(mixed):
+        by_actor[e.truth["actor"]].append(e)
+    legit, spam = by_actor["legit"], by_actor["spammer"]
+    assert 0.08 < len(spam) / (len(spam) + len(legit)) < 0.25
+
+    def age_days(e):
+        return (e.at_ms - parse_ts(e.payload["user"]["created_at"])) / 86_400_000
+
+    def journey_ms(e):
+        return sum(s["ms"] for s in e.payload["journey"])
+
+    assert statistics.median(map(age_days, spam)) < 3 < 100 < statistics.median(map(age_days, legit))
+    assert statistics.median(map(journey_ms, spam)) < 200 < 2000 < statistics.median(map(journey_ms, legit))
+    assert statistics.median(e.payload["user"]["friends"] for e in spam) <= 3
+    assert statistics.median(e.payload["user"]["friends"] for e in legit) > 10
+    assert not any(e.payload["user"]["verified"] for e in spam)
+
+    def no_typing(e):
+        f = journey_features(e.payload["journey"], len(e.payload["text"]))
+        return f["journey_submit_without_typing"] or f["journey_total_ms"] < 300
+    assert sum(map(no_typing, spam)) / len(spam) > 0.8
+    assert sum(map(no_typing, legit)) / len(legit) < 0.05
+    # humans type at human speed (a pasted text touched up afterwards has no meaningful typing speed)
+    typed = [journey_features(e.payload["journey"], len(e.payload["text"])) for e in legit]
+    assert max(f["journey_typing_cps"] for f in typed if not f["journey_paste"]) <= 20
+
+
+def test_zipf_activity_and_heavy_tailed_followers(mixed):
+    legit = [e for e in posts_of(mixed) if e.truth["actor"] == "legit"]
+    per_user = Counter(e.payload["user_id"] for e in legit)
+    top = sum(n for _, n in per_user.most_common(len(per_user) // 10))
+    assert top / len(legit) > 0.3  # the most active 10% of posters write far more than 10%
+    followers = sorted({e.payload["user_id"]: e.payload["user"]["followers"] for e in legit}.values())
+    assert followers[-1] > 20 * statistics.median(followers)
+
+
+def test_campaigns_share_domains_subnets_and_use_lookalikes_and_shorteners(mixed):
+    spam = [e for e in posts_of(mixed) if e.truth["actor"] == "spammer"]
+    by_campaign = defaultdict(list)
+    for e in spam:
+        by_campaign[e.truth["campaign"]].append(e)
+    assert len(by_campaign) == 3
+    lookalike = shortener = 0
+    for posts in by_campaign.values():
+        subnets = {e.payload["ip"].rsplit(".", 1)[0] for e in posts}
+        assert len(subnets) == 1  # one /24 per campaign
+        accounts_by_domain = defaultdict(set)
+        for e in posts:
+            if e.payload["url"]:
+                info = parse_url(e.payload["url"])
+                accounts_by_domain[info.host].add(e.payload["user_id"])
+                shortener += info.domain in SHORTENER_DOMAINS
+                lookalike += brand_match(info).lookalike
+        assert max(len(a) for a in accounts_by_domain.values()) >= 5  # one domain, many accounts
+        assert len(accounts_by_domain) <= 8
+        # burst posting: consecutive campaign posts often come from the same account
+        same = sum(a.payload["user_id"] == b.payload["user_id"] for a, b in zip(posts, posts[1:], strict=False))
+        assert same / len(posts) > 0.4
+    assert lookalike > 0 and shortener > 0
+
+
+def test_stealth_campaign_posts_ham_texts_and_mixed_has_one():
+    events = simulate(TEXTS, 800, "stealth_campaign", seed=2)
+    spam = [e for e in posts_of(events) if e.truth["is_spam"]]
+    assert spam and all(e.payload["text"].split(" !!")[0] in set(HAM) or e.truth["text_label"] == "ham"
+                        for e in spam)
+    assert all(e.truth["text_label"] == "ham" and e.truth["stealth"] for e in spam)
+    sim = Simulation(TEXTS, "mixed", seed=1)
+    assert sum(c.stealth for c in sim.campaigns) == 1
+
+
+def test_legit_links_are_realistic(mixed):
+    legit = [e for e in posts_of(mixed) if e.truth["actor"] == "legit"]
+    urls = [e.payload["url"] for e in legit if e.payload["url"]]
+    assert 0.15 < len(urls) / len(legit) < 0.35
+    infos = [parse_url(u) for u in urls]
+    assert all(i.valid for i in infos)
+    assert not any(brand_match(i).lookalike for i in infos)
+    assert 0 < sum(i.domain in SHORTENER_DOMAINS for i in infos) / len(infos) < 0.2
+
+
+def test_ham_only_has_no_spam_and_side_streams_target_spam():
+    events = simulate(TEXTS, 1000, "ham_only", seed=3)
+    assert not any(e.truth["is_spam"] for e in events)
+    assert not any(e.kind == "ban" for e in events)
+    mixed = simulate(TEXTS, 2000, "mixed", seed=3)
+    reports = [e for e in mixed if e.kind == "report"]
+    spam_posts = sum(e.truth["is_spam"] for e in posts_of(mixed))
+    assert sum(e.truth["is_spam"] for e in reports) / max(1, spam_posts) > 0.2
+    assert sum(not e.truth["is_spam"] for e in reports) < 0.05 * (2000 - spam_posts)
+    for ban in (e for e in mixed if e.kind == "ban"):
+        assert ban.payload["kind"] == "domain" and ban.payload["value"] not in SHORTENER_DOMAINS
+
+
+def test_campaign_burst_concentrates_spam_in_windows():
+    sc = SCENARIOS["campaign_burst"]
+    events = simulate(TEXTS, 4000, "campaign_burst", seed=4, rate=50)  # 80 s: four bursts
+    inside = [e for e in posts_of(events) if sc.spam_share_at(e.offset_s) == sc.burst_spam_share]
+    outside = [e for e in posts_of(events) if sc.spam_share_at(e.offset_s) != sc.burst_spam_share]
+    share_in = sum(e.truth["is_spam"] for e in inside) / len(inside)
+    share_out = sum(e.truth["is_spam"] for e in outside) / len(outside)
+    assert share_in > 0.45 and share_out < 0.08
+
+
+def test_unknown_scenario_and_label_forms():
+    with pytest.raises(ValueError):
+        Simulation(TEXTS, "nope")
+    spam, ham = split_texts([{"text": "a", "label": "spam"}, {"text": "b", "label": 0}, {"text": "", "label": 1}])
+    assert [r["text"] for r in spam] == ["a"] and [r["text"] for r in ham] == ["b"]
