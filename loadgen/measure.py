@@ -1,0 +1,351 @@
+"""What a load run measured: decisions collected, consumer lag sampled, and the report computed from them.
+
+- `DecisionCollector`: a background thread on a group-less consumer positioned at the end of
+  `decisions` BEFORE anything is produced (`loadgen.smoke._end_consumer`), so it sees only this run.
+- `LagSampler`: every `interval_s`, the committed offsets of group `settings.app_id` vs the high
+  watermarks of `posts` (records produced but not yet processed).
+- `summarize`: throughput, end-to-end latency (produce() call -> decision received), lag, accuracy vs
+  the ground truth (spam = verdict in {review, block}, and separately block only), the verdict x truth
+  confusion matrix and per-scenario/actor breakdowns. `format_table` renders it; `plot` draws it.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from modpipe import log, schema
+from modpipe.settings import Settings
+
+_log = log.get(__name__)
+
+FLAGGED = ("review", "block")
+
+
+# ---------------------------------------------------------------------------------------------- math
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """q-th percentile (0..100), linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def latency_summary(latencies_ms: Sequence[float]) -> dict:
+    keys = {"p50_ms": 50, "p95_ms": 95, "p99_ms": 99}
+    out = {k: _round(percentile(latencies_ms, q)) for k, q in keys.items()}
+    out["max_ms"] = _round(max(latencies_ms)) if latencies_ms else None
+    out["mean_ms"] = _round(sum(latencies_ms) / len(latencies_ms)) if latencies_ms else None
+    out["n"] = len(latencies_ms)
+    return out
+
+
+def binary_metrics(truth: Iterable[bool], predicted: Iterable[bool]) -> dict:
+    """Precision, recall, F1 of the positive class (spam); None where the denominator is 0."""
+    tp = fp = fn = tn = 0
+    for t, p in zip(truth, predicted, strict=True):
+        if t and p:
+            tp += 1
+        elif p:
+            fp += 1
+        elif t:
+            fn += 1
+        else:
+            tn += 1
+    precision = tp / (tp + fp) if tp + fp else None
+    recall = tp / (tp + fn) if tp + fn else None
+    f1 = 2 * tp / (2 * tp + fp + fn) if tp + fp + fn else None  # = harmonic mean of precision and recall
+    n = tp + fp + fn + tn
+    return {"precision": _round(precision, 4), "recall": _round(recall, 4), "f1": _round(f1, 4),
+            "accuracy": _round((tp + tn) / n, 4) if n else None,
+            "false_positive_rate": _round(fp / (fp + tn), 4) if fp + tn else None,
+            "tp": tp, "fp": fp, "fn": fn, "tn": tn}
+
+
+def confusion(pairs: Iterable[tuple[bool, str]]) -> dict:
+    """{'spam': {'allow': n, 'review': n, 'block': n}, 'ham': {...}} from (is_spam, verdict) pairs."""
+    out = {"spam": dict.fromkeys(schema.VERDICTS, 0), "ham": dict.fromkeys(schema.VERDICTS, 0)}
+    for is_spam, verdict in pairs:
+        out["spam" if is_spam else "ham"][verdict] += 1
+    return out
+
+
+def _round(x: float | None, digits: int = 1) -> float | None:
+    return None if x is None else round(float(x), digits)
+
+
+# ---------------------------------------------------------------------------------------------- collection
+
+@dataclass
+class Decided:
+    received: float  # wall time of the first decision
+    verdict: str  # of the first decision
+    spam_probability: float
+    pipeline_latency_ms: float | None
+    count: int = 1  # decisions received for the post (revisions and duplicates)
+    last_verdict: str = ""
+    last_revision: int = 1
+
+
+class DecisionCollector(threading.Thread):
+    """Collects decisions whose post_id starts with `prefix` (this run's ids)."""
+
+    def __init__(self, consumer, prefix: str, clock=time.time):
+        super().__init__(name="loadgen-decisions", daemon=True)
+        self.consumer = consumer
+        self.prefix = prefix
+        self.clock = clock
+        self.decided: dict[str, Decided] = {}
+        self.invalid = 0
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+
+    def handle(self, raw: bytes, now: float) -> None:
+        try:
+            d = schema.decode_decision(raw)
+        except schema.InvalidMessage:
+            self.invalid += 1
+            return
+        pid = d["post_id"]
+        if not pid.startswith(self.prefix):
+            return
+        revision = d.get("revision") if isinstance(d.get("revision"), int) else 1
+        with self._lock:
+            seen = self.decided.get(pid)
+            if seen is None:
+                self.decided[pid] = Decided(now, d["verdict"], float(d.get("spam_probability") or 0.0),
+                                            d.get("latency_ms"), 1, d["verdict"], revision)
+            else:
+                seen.count += 1
+                if revision >= seen.last_revision:
+                    seen.last_verdict, seen.last_revision = d["verdict"], revision
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            msg = self.consumer.poll(0.1)
+            if msg is None or msg.error():
+                continue
+            self.handle(msg.value(), self.clock())
+
+    def snapshot(self) -> dict[str, Decided]:
+        with self._lock:
+            return dict(self.decided)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.is_alive():
+            self.join(5)
+        self.consumer.close()
+
+
+class LagSampler(threading.Thread):
+    """Samples (wall time, lag) of group `settings.app_id` on `posts` every `interval_s`."""
+
+    def __init__(self, settings: Settings, bootstrap: str, interval_s: float = 1.0):
+        super().__init__(name="loadgen-lag", daemon=True)
+        self.settings, self.bootstrap, self.interval_s = settings, bootstrap, interval_s
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+
+    def run(self) -> None:
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = Consumer({**self.settings.kafka_client_config(), "bootstrap.servers": self.bootstrap,
+                             "group.id": self.settings.app_id, "enable.auto.commit": False})
+        topic = self.settings.topic("posts")
+        try:
+            meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
+            n = len(meta.partitions) if meta and meta.partitions else self.settings.partitions
+            tps = [TopicPartition(topic, p) for p in range(n)]
+            while not self._stop.is_set():
+                try:
+                    lag = 0
+                    for tp in consumer.committed(tps, timeout=5):
+                        low, high = consumer.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=5)
+                        lag += max(0, high - (tp.offset if tp.offset >= 0 else low))
+                    self.samples.append((time.time(), lag))
+                except Exception as exc:  # noqa: BLE001 - a missed sample must not end the run
+                    _log.debug("lag sample failed", extra={"error": str(exc)[:200]})
+                self._stop.wait(self.interval_s)
+        finally:
+            consumer.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.is_alive():
+            self.join(15)
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+def _group_stats(rows: list[tuple[dict, Decided | None, float | None]]) -> dict:
+    decided = [(t, d) for t, d, _ in rows if d is not None]
+    lat = [x for _, _, x in rows if x is not None]
+    verdicts = {v: sum(d.verdict == v for _, d in decided) for v in schema.VERDICTS}
+    return {"posts": len(rows), "decided": len(decided), "verdicts": verdicts,
+            "flagged_rate": _round(sum(d.verdict in FLAGGED for _, d in decided) / len(decided), 4) if decided else None,
+            "blocked_rate": _round(verdicts["block"] / len(decided), 4) if decided else None,
+            "p50_ms": _round(percentile(lat, 50))}
+
+
+def timeseries(sent_at: dict[str, float], decided: dict[str, Decided], t0: float, bucket_s: float = 1.0) -> list[dict]:
+    """Per bucket (by wall time from t0): posts produced, decisions received, latency p50/p95 of those."""
+    buckets: dict[int, dict] = {}
+
+    def b(t: float) -> dict:
+        k = int((t - t0) // bucket_s)
+        return buckets.setdefault(k, {"t": k * bucket_s, "produced": 0, "decided": 0, "lat": []})
+
+    for ts in sent_at.values():
+        b(ts)["produced"] += 1
+    for pid, d in decided.items():
+        row = b(d.received)
+        row["decided"] += 1
+        if pid in sent_at:
+            row["lat"].append((d.received - sent_at[pid]) * 1000)
+    out = []
+    for k in sorted(buckets):
+        row = buckets[k]
+        lat = row.pop("lat")
+        row["p50_ms"], row["p95_ms"] = _round(percentile(lat, 50)), _round(percentile(lat, 95))
+        row["produced_per_s"] = _round(row["produced"] / bucket_s, 2)
+        row["decided_per_s"] = _round(row["decided"] / bucket_s, 2)
+        out.append(row)
+    return out
+
+
+def summarize(*, sent_at: dict[str, float], truth: dict[str, dict], decided: dict[str, Decided],
+              produce_started: float, produce_finished: float, events_by_kind: dict[str, int] | None = None,
+              lag_samples: list[tuple[float, int]] | None = None, config: dict | None = None,
+              delivery_errors: int = 0, behind_s_max: float = 0.0) -> dict:
+    """The load report (JSON-able). Accuracy counts the FIRST decision of each post."""
+    mine = {pid: d for pid, d in decided.items() if pid in sent_at}
+    latencies = [(d.received - sent_at[pid]) * 1000 for pid, d in mine.items()]
+    produce_s = max(produce_finished - produce_started, 1e-9)
+    if mine:
+        first_d = min(d.received for d in mine.values())
+        last_d = max(d.received for d in mine.values())
+    else:
+        first_d = last_d = produce_started
+    pairs = [(bool(truth[pid]["is_spam"]), d.verdict) for pid, d in mine.items()]
+    spam_truth = [t for t, _ in pairs]
+    groups: dict[str, list] = {}
+    for pid, t in truth.items():
+        d = mine.get(pid)
+        lat = (d.received - sent_at[pid]) * 1000 if d else None
+        keys = [f"actor={t.get('actor')}", f"scenario={t.get('scenario')}"]
+        if t.get("actor") == "spammer":
+            keys.append(f"spam_text={t.get('text_label')}")  # ham here = stealth campaign
+            keys.append(f"campaign={t.get('campaign')}")
+        if t.get("dataset"):
+            keys.append(f"dataset={t.get('dataset')}")
+        for k in keys:
+            groups.setdefault(k, []).append((t, d, lat))
+    pipeline_lat = [float(d.pipeline_latency_ms) for d in mine.values() if d.pipeline_latency_ms is not None]
+    lag_values = [lag for _, lag in lag_samples or []]
+    return {
+        "config": config or {},
+        "sent": {"posts": len(sent_at), "events": dict(events_by_kind or {}), "delivery_errors": delivery_errors},
+        "decided": len(mine),
+        "lost": len(sent_at) - len(mine),
+        "extra_decisions": sum(d.count - 1 for d in mine.values()),
+        "throughput": {
+            "produce_posts_per_s": _round(len(sent_at) / produce_s, 2),
+            "produce_events_per_s": _round(sum((events_by_kind or {}).values()) / produce_s, 2),
+            "produce_seconds": _round(produce_s, 2),
+            "producer_behind_max_s": _round(behind_s_max, 3),
+            "decisions_per_s": _round(len(mine) / max(last_d - produce_started, 1e-9), 2) if mine else None,
+            "decisions_per_s_steady": _round((len(mine) - 1) / (last_d - first_d), 2)
+            if len(mine) > 1 and last_d > first_d else None,
+            "drain_seconds": _round(max(0.0, last_d - produce_finished), 2),
+        },
+        "latency_ms": latency_summary(latencies),
+        "pipeline_latency_ms": latency_summary(pipeline_lat),
+        "lag": {"max": max(lag_values) if lag_values else None, "last": lag_values[-1] if lag_values else None,
+                "samples": [[_round(t - produce_started, 2), lag] for t, lag in lag_samples or []]},
+        "accuracy": {
+            "review_or_block": binary_metrics(spam_truth, [v in FLAGGED for _, v in pairs]),
+            "block": binary_metrics(spam_truth, [v == "block" for _, v in pairs]),
+            "confusion": confusion(pairs),
+            "truth": {"spam": sum(spam_truth), "ham": len(spam_truth) - sum(spam_truth)},
+        },
+        "breakdown": {k: _group_stats(v) for k, v in sorted(groups.items())},
+        "timeseries": timeseries(sent_at, mine, produce_started),
+    }
+
+
+def format_table(report: dict) -> str:
+    """A human-readable rendering of `summarize`'s report."""
+    th, lat, acc = report["throughput"], report["latency_ms"], report["accuracy"]
+
+    def f(x, unit=""):
+        return "-" if x is None else f"{x}{unit}"
+
+    lines = [
+        f"scenario {report['config'].get('scenario', '?')}  pattern {report['config'].get('pattern', '?')}  "
+        f"target {report['config'].get('rate', '?')}/s",
+        f"posts sent {report['sent']['posts']}  decided {report['decided']}  lost {report['lost']}  "
+        f"extra decisions {report['extra_decisions']}  side events "
+        + ", ".join(f"{k} {v}" for k, v in sorted(report["sent"]["events"].items()) if k != "post"),
+        f"throughput  produce {f(th['produce_posts_per_s'])} posts/s ({f(th['produce_events_per_s'])} events/s)  "
+        f"decisions {f(th['decisions_per_s'])}/s (steady {f(th['decisions_per_s_steady'])}/s)  "
+        f"drain {f(th['drain_seconds'], 's')}",
+        f"latency     p50 {f(lat['p50_ms'])}  p95 {f(lat['p95_ms'])}  p99 {f(lat['p99_ms'])}  max {f(lat['max_ms'])} ms"
+        f"   (pipeline-internal p50 {f(report['pipeline_latency_ms']['p50_ms'])} ms)",
+        f"lag         max {f(report['lag']['max'])}  last {f(report['lag']['last'])} records on posts",
+        "",
+        f"{'spam =':<18}{'precision':>10}{'recall':>10}{'f1':>10}{'fpr':>10}{'tp':>7}{'fp':>7}{'fn':>7}{'tn':>7}",
+    ]
+    for name in ("review_or_block", "block"):
+        m = acc[name]
+        lines.append(f"{name:<18}{f(m['precision']):>10}{f(m['recall']):>10}{f(m['f1']):>10}"
+                     f"{f(m['false_positive_rate']):>10}{m['tp']:>7}{m['fp']:>7}{m['fn']:>7}{m['tn']:>7}")
+    corner = "truth / verdict"
+    lines += ["", f"{corner:<18}" + "".join(f"{v:>10}" for v in schema.VERDICTS)]
+    for t in ("spam", "ham"):
+        lines.append(f"{t:<18}" + "".join(f"{acc['confusion'][t][v]:>10}" for v in schema.VERDICTS))
+    lines += ["", f"{'group':<34}{'posts':>7}{'decided':>9}{'flagged':>9}{'blocked':>9}{'p50 ms':>9}"]
+    for name, g in report["breakdown"].items():
+        lines.append(f"{name[:33]:<34}{g['posts']:>7}{g['decided']:>9}{f(g['flagged_rate']):>9}"
+                     f"{f(g['blocked_rate']):>9}{f(g['p50_ms']):>9}")
+    return "\n".join(lines)
+
+
+def plot(report: dict, path: str) -> None:
+    """Latency (p50/p95 per second) and throughput (produced/decided per second) over time, plus lag."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ts = report["timeseries"]
+    t = [r["t"] for r in ts]
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
+    ax1.plot(t, [r["p50_ms"] for r in ts], label="p50")
+    ax1.plot(t, [r["p95_ms"] for r in ts], label="p95")
+    ax1.set_ylabel("end-to-end latency (ms)")
+    ax1.legend(loc="upper left")
+    ax1.grid(alpha=0.3)
+    ax2.plot(t, [r["produced_per_s"] for r in ts], label="posts produced/s")
+    ax2.plot(t, [r["decided_per_s"] for r in ts], label="decisions/s")
+    ax2.set_ylabel("per second")
+    ax2.set_xlabel("seconds since the first post")
+    samples = report["lag"]["samples"]
+    if samples:
+        ax3 = ax2.twinx()
+        ax3.plot([s[0] for s in samples], [s[1] for s in samples], color="grey", ls="--", label="lag (records)")
+        ax3.set_ylabel("consumer lag on posts")
+        ax3.legend(loc="upper right")
+    ax2.legend(loc="upper left")
+    ax2.grid(alpha=0.3)
+    cfg = report.get("config", {})
+    fig.suptitle(f"modpipe loadgen: {cfg.get('scenario')} {cfg.get('pattern')} {cfg.get('rate')}/s")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,105 @@
+"""Metrics math of the load report: percentiles, precision/recall/F1, confusion, the summary."""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+import pytest
+
+from loadgen.measure import (
+    Decided,
+    DecisionCollector,
+    binary_metrics,
+    confusion,
+    format_table,
+    latency_summary,
+    percentile,
+    summarize,
+)
+from modpipe import schema
+
+
+@pytest.mark.parametrize("values", [[5.0], [1.0, 2.0], [3.0, 1.0, 2.0, 10.0], list(np.random.default_rng(0).random(101))])
+@pytest.mark.parametrize("q", [0, 25, 50, 95, 99, 100])
+def test_percentile_matches_numpy_linear(values, q):
+    assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+
+
+def test_percentile_empty_and_summary_order():
+    assert percentile([], 50) is None
+    s = latency_summary(list(range(1, 1001)))
+    assert s["p50_ms"] <= s["p95_ms"] <= s["p99_ms"] <= s["max_ms"] == 1000
+    assert latency_summary([])["p50_ms"] is None
+
+
+def test_binary_metrics_by_hand():
+    truth = [True, True, True, False, False, False, False, True]
+    pred = [True, True, False, True, False, False, False, False]
+    m = binary_metrics(truth, pred)
+    assert (m["tp"], m["fp"], m["fn"], m["tn"]) == (2, 1, 2, 3)
+    assert m["precision"] == pytest.approx(2 / 3, abs=1e-4)
+    assert m["recall"] == pytest.approx(0.5)
+    assert m["f1"] == pytest.approx(2 * (2 / 3) * 0.5 / (2 / 3 + 0.5), abs=1e-4)
+    assert m["false_positive_rate"] == pytest.approx(0.25) and m["accuracy"] == pytest.approx(5 / 8)
+
+
+def test_binary_metrics_degenerate():
+    m = binary_metrics([False, False], [False, False])  # no spam at all, none flagged
+    assert m["precision"] is None and m["recall"] is None and m["f1"] is None and m["false_positive_rate"] == 0
+    m = binary_metrics([True, False], [False, False])  # spam missed
+    assert m["precision"] is None and m["recall"] == 0 and m["f1"] == 0
+    with pytest.raises(ValueError):
+        binary_metrics([True], [True, False])
+
+
+def test_confusion():
+    c = confusion([(True, "block"), (True, "allow"), (False, "review"), (False, "allow"), (False, "allow")])
+    assert c == {"spam": {"allow": 1, "review": 0, "block": 1}, "ham": {"allow": 2, "review": 1, "block": 0}}
+
+
+def _decision(pid, verdict, revision=1):
+    post = {"post_id": pid, "user_id": "u"}
+    return schema.dumps(schema.decision(post=post, verdict=verdict, spam_probability=0.5, text_probability=0.5,
+                                        reasons=[], features={}, short_circuit=None, model_versions={},
+                                        received_at_ms=1000, decided_at_ms=1040, revision=revision))
+
+
+def test_collector_keeps_first_decision_counts_revisions_and_ignores_others():
+    c = DecisionCollector(consumer=None, prefix="run1-")
+    c.handle(_decision("run1-p1", "allow"), 10.0)
+    c.handle(_decision("run1-p1", "block", revision=2), 11.0)
+    c.handle(_decision("other-p1", "block"), 10.0)
+    c.handle(b"not json", 10.0)
+    d = c.snapshot()
+    assert set(d) == {"run1-p1"} and c.invalid == 1
+    assert (d["run1-p1"].verdict, d["run1-p1"].received, d["run1-p1"].count) == ("allow", 10.0, 2)
+    assert (d["run1-p1"].last_verdict, d["run1-p1"].pipeline_latency_ms) == ("block", 40)
+
+
+def test_summarize():
+    sent_at = {f"p{i}": 100.0 + i * 0.1 for i in range(10)}
+    truth = {pid: {"is_spam": i < 4, "actor": "spammer" if i < 4 else "legit", "campaign": "c0" if i < 4 else None,
+                   "scenario": "mixed", "text_label": "spam", "dataset": "sms"} for i, pid in enumerate(sent_at)}
+    verdicts = ["block", "review", "allow", "block", "allow", "allow", "review", "allow", "allow"]  # p9 lost
+    decided = {f"p{i}": Decided(sent_at[f"p{i}"] + 0.05 * (i + 1), v, 0.5, 10.0) for i, v in enumerate(verdicts)}
+    decided["unrelated"] = Decided(0.0, "block", 1.0, 1.0)
+    r = summarize(sent_at=sent_at, truth=truth, decided=decided, produce_started=100.0, produce_finished=101.0,
+                  events_by_kind={"post": 10, "report": 2}, lag_samples=[(100.5, 3), (101.5, 0)],
+                  config={"scenario": "mixed"})
+    assert r["decided"] == 9 and r["lost"] == 1 and r["sent"]["posts"] == 10
+    assert r["throughput"]["produce_posts_per_s"] == pytest.approx(10.0)
+    lat = r["latency_ms"]
+    assert lat["p50_ms"] == pytest.approx(250.0) and lat["max_ms"] == pytest.approx(450.0)
+    assert lat["p50_ms"] <= lat["p95_ms"] <= lat["p99_ms"] <= lat["max_ms"]
+    rb, blk = r["accuracy"]["review_or_block"], r["accuracy"]["block"]
+    assert (rb["tp"], rb["fp"], rb["fn"], rb["tn"]) == (3, 1, 1, 4)
+    assert (blk["tp"], blk["fp"], blk["fn"], blk["tn"]) == (2, 0, 2, 5)
+    assert r["accuracy"]["confusion"]["ham"] == {"allow": 4, "review": 1, "block": 0}
+    assert r["breakdown"]["actor=spammer"]["flagged_rate"] == 0.75
+    assert r["breakdown"]["actor=legit"]["posts"] == 6 and r["breakdown"]["actor=legit"]["decided"] == 5
+    assert r["lag"]["max"] == 3 and r["lag"]["last"] == 0
+    assert sum(row["produced"] for row in r["timeseries"]) == 10
+    assert sum(row["decided"] for row in r["timeseries"]) == 9
+    orjson.dumps(r)  # JSON-able
+    table = format_table(r)
+    assert "review_or_block" in table and "actor=spammer" in table
