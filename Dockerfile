@@ -1,0 +1,47 @@
+# syntax=docker/dockerfile:1
+# modpipe worker image: `modpipe worker` (default), `modpipe topics`, `modpipe config`, ...
+# Serving dependencies only: no `build` extra (torch, onnx export), no model weights - the model build
+# comes from the model artifact image (deploy/docker/model.Dockerfile) at pod start.
+#   docker build -t REGISTRY/modpipe/worker:$(git describe --always) .
+
+FROM python:3.11-slim AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+WORKDIR /src
+# Dependency layer first (cached while only our code changes): install the pinned requirements from
+# pyproject.toml's metadata, then the package itself.
+COPY pyproject.toml constraints.txt README.md ./
+COPY modpipe/ modpipe/
+COPY streams/ streams/
+COPY features/ features/
+COPY loadgen/ loadgen/
+RUN pip install --upgrade pip \
+ && pip install -c constraints.txt . \
+ && python -m compileall -q /opt/venv
+
+FROM python:3.11-slim
+# libgomp1: OpenMP runtime of lightgbm / onnxruntime wheels; ca-certificates: TLS to Kafka
+# (KAFKA_SSL_CAFILE=/etc/ssl/certs/ca-certificates.crt in the prod overlay).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libgomp1 ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && groupadd --system --gid 10001 modpipe \
+ && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/modpipe --shell /usr/sbin/nologin modpipe \
+ && mkdir -p /var/lib/modpipe /opt/modpipe/model \
+ && chown -R 10001:10001 /var/lib/modpipe /opt/modpipe
+COPY --from=build /opt/venv /opt/venv
+# Templates of the Triton model repository, so `modpipe triton export` works from this image too.
+COPY triton_models/ /opt/modpipe/triton_models/
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    MODPIPE_TRITON_REPO_SRC=/opt/modpipe/triton_models \
+    MODPIPE_STATE_DIR=/var/lib/modpipe \
+    MODPIPE_CACHE_DIR=/tmp/modpipe-cache \
+    MODPIPE_METRICS_HOST=0.0.0.0
+WORKDIR /var/lib/modpipe
+USER 10001:10001
+EXPOSE 9464
+ENTRYPOINT ["modpipe"]
+CMD ["worker"]
