@@ -1,0 +1,524 @@
+"""Deployment under deploy/: render every kustomize overlay, validate it offline, cross-check it with the code.
+
+Needs `kubectl` (renders with its built-in kustomize) and PyPI `kubernetes-validate` (Kubernetes JSON
+schemas, offline). A missing tool fails these tests with the install hint; it never skips them.
+`promtool` (Debian package `prometheus`) is optional: only the promtool checks skip without it.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from modpipe.serving import tensorrt
+from modpipe.settings import SETTINGS_SPEC, Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "k8s"
+OVERLAYS = ("dev", "prod")
+TARGETS = {"base": K8S / "base", **{name: K8S / "overlays" / name for name in OVERLAYS}}
+ALERTS = DEPLOY / "prometheus" / "alerts.yaml"
+PROMETHEUS_YML = DEPLOY / "prometheus" / "prometheus.yml"
+
+# Kubernetes version whose schemas the objects are validated against (kubernetes-validate ships 1.25+).
+K8S_VERSION = "1.31.0"
+KUBERNETES_VALIDATE_PIN = "kubernetes-validate==1.37.0"
+# Custom resources: kubernetes-validate has schemas for built-in kinds only; these get structural checks below.
+NO_SCHEMA = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+
+# Environment variables set in manifests that are not modpipe settings, and why they are needed.
+K8S_ONLY_ENV = {
+    "HOME": "read-only root filesystem: anything caching under ~ (CUDA's ~/.nv kernel cache, library "
+            "caches) must land on the writable /tmp emptyDir",
+}
+SETTING_ENVS = {spec.env for spec in SETTINGS_SPEC.values()}
+WORKLOAD_KINDS = ("StatefulSet", "Deployment", "Job")
+BARE_IMAGES = {"modpipe", "modpipe-model"}  # the names the base uses; every overlay maps them
+
+# Series that alert rules may use besides streams/metrics.py: Triton's own, and Prometheus' `up`.
+SYNTHETIC_SERIES = {"up"}
+
+
+# -- rendering --------------------------------------------------------------------------------------
+
+def kubectl() -> str:
+    path = shutil.which("kubectl") or ("/usr/bin/kubectl" if Path("/usr/bin/kubectl").exists() else None)
+    if path is None:
+        pytest.fail("kubectl not found: the deploy tests render the kustomize overlays with `kubectl kustomize`. "
+                    "Install it (Debian/Ubuntu: apt package `kubectl` from the Kubernetes apt repository "
+                    "pkgs.k8s.io, or from Google's cloud-sdk repository; Debian's own `kubernetes-client` "
+                    "1.20 is too old for these kustomizations).")
+    return path
+
+
+@functools.cache
+def _render(target: str) -> tuple[dict, ...]:
+    proc = subprocess.run([kubectl(), "kustomize", str(TARGETS[target])], capture_output=True, text=True,
+                          timeout=120)
+    if proc.returncode != 0:
+        pytest.fail(f"kubectl kustomize {TARGETS[target]} failed:\n{proc.stderr}")
+    return tuple(doc for doc in yaml.safe_load_all(proc.stdout) if doc)
+
+
+def render(target: str) -> list[dict]:
+    return list(_render(target))
+
+
+def objects(docs: list[dict], kind: str) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def one(docs: list[dict], kind: str, name: str) -> dict:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind}/{name}, found {len(found)}"
+    return found[0]
+
+
+def pod_spec(workload: dict) -> dict:
+    return workload["spec"]["template"]["spec"]
+
+
+def all_containers(workload: dict) -> list[dict]:
+    spec = pod_spec(workload)
+    return spec.get("initContainers", []) + spec["containers"]
+
+
+def config_maps(docs: list[dict]) -> dict[str, dict[str, str]]:
+    return {cm["metadata"]["name"]: cm.get("data", {}) for cm in objects(docs, "ConfigMap")}
+
+
+def container_env(docs: list[dict], container: dict) -> dict[str, str | None]:
+    """Env of a container as the kubelet builds it: envFrom ConfigMaps, then env (None = from a ref)."""
+    cms = config_maps(docs)
+    env: dict[str, str | None] = {}
+    for source in container.get("envFrom", []):
+        name = source["configMapRef"]["name"]
+        assert name in cms, f"container {container['name']} reads missing ConfigMap {name}"
+        env.update(cms[name])
+    for var in container.get("env", []):
+        env[var["name"]] = var.get("value")
+    return env
+
+
+def worker(docs: list[dict]) -> dict:
+    return one(docs, "StatefulSet", "modpipe-worker")
+
+
+def worker_container(docs: list[dict]) -> dict:
+    return next(c for c in pod_spec(worker(docs))["containers"] if c["name"] == "worker")
+
+
+def modpipe_containers(docs: list[dict]) -> list[tuple[dict, dict]]:
+    """(workload, container) pairs that run the modpipe image (the ones that read the settings)."""
+    out = []
+    for kind in WORKLOAD_KINDS:
+        for wl in objects(docs, kind):
+            for c in pod_spec(wl)["containers"]:
+                if c["image"] == "modpipe" or "/modpipe/worker" in c["image"]:
+                    out.append((wl, c))
+    return out
+
+
+def worker_settings(docs: list[dict]) -> Settings:
+    env = {k: v for k, v in container_env(docs, worker_container(docs)).items() if v is not None}
+    env["MODPIPE_WORKER_NAME"] = "modpipe-worker-0"
+    return Settings.from_env(env)
+
+
+# -- rendering and schemas ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_renders_every_expected_object(target):
+    docs = render(target)
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    expected = {("StatefulSet", "modpipe-worker"), ("Service", "modpipe-worker"),
+                ("PodDisruptionBudget", "modpipe-worker"), ("Job", "modpipe-topics")}
+    if target != "dev":  # dev points at an external Triton
+        expected |= {("Deployment", "triton"), ("Service", "triton")}
+    assert expected <= kinds
+    assert not objects(docs, "Secret"), "no Secret in the manifests: credentials are created out of band"
+    for d in docs:
+        assert "namespace" not in d["metadata"] or target != "base", "base must stay namespace-agnostic"
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_objects_validate_against_kubernetes_schemas(target):
+    try:
+        import kubernetes_validate
+    except ImportError:
+        pytest.fail(f"PyPI package kubernetes-validate is needed offline schema checks: pip install "
+                    f"{KUBERNETES_VALIDATE_PIN}")
+    for doc in render(target):
+        if (doc["apiVersion"], doc["kind"]) in NO_SCHEMA:
+            continue
+        try:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            path = ".".join(str(p) for p in exc.path)
+            pytest.fail(f"{target}: {doc['kind']}/{doc['metadata']['name']} invalid at {path}: {exc.message}")
+        except kubernetes_validate.SchemaNotFoundError:
+            pytest.fail(f"{target}: no schema for {doc['apiVersion']} {doc['kind']}; add it to NO_SCHEMA "
+                        "only if it is a custom resource")
+
+
+def test_example_secret_is_valid_and_holds_only_placeholders():
+    import kubernetes_validate
+
+    path = K8S / "base" / "kafka-sasl-secret.example.yaml"
+    doc = yaml.safe_load(path.read_text())
+    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    assert set(doc["stringData"]) == {"username", "password"}
+    assert set(doc["stringData"].values()) == {"REPLACE-ME"}
+    assert path.name not in (K8S / "base" / "kustomization.yaml").read_text().split("#")[0]
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_service_monitors_select_existing_service_ports(target):
+    docs = render(target)
+    for sm in objects(docs, "ServiceMonitor"):
+        selector = sm["spec"]["selector"]["matchLabels"]
+        services = [s for s in objects(docs, "Service")
+                    if selector.items() <= s["metadata"].get("labels", {}).items()]
+        assert len(services) == 1, f"ServiceMonitor {sm['metadata']['name']} selects {len(services)} Services"
+        ports = {p["name"] for p in services[0]["spec"]["ports"]}
+        for endpoint in sm["spec"]["endpoints"]:
+            assert endpoint["port"] in ports
+        # The alert rules match on job = Service name.
+        assert services[0]["metadata"]["name"] in ("modpipe-worker", "triton")
+
+
+def test_prod_uses_prometheus_operator_component():
+    assert {sm["metadata"]["name"] for sm in objects(render("prod"), "ServiceMonitor")} == {"modpipe-worker", "triton"}
+
+
+# -- settings -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_every_env_var_is_a_setting_or_a_justified_k8s_var(target):
+    docs = render(target)
+    for name, data in config_maps(docs).items():
+        if name.startswith("modpipe-config"):
+            unknown = set(data) - SETTING_ENVS
+            assert not unknown, f"{target}: ConfigMap {name} sets unknown settings {sorted(unknown)}"
+    for kind in WORKLOAD_KINDS:
+        for wl in objects(docs, kind):
+            for c in all_containers(wl):
+                for var in c.get("env", []):
+                    assert var["name"] in SETTING_ENVS or var["name"] in K8S_ONLY_ENV, (
+                        f"{target}: {kind}/{wl['metadata']['name']} container {c['name']} sets {var['name']}, "
+                        "which is neither in modpipe.settings.SETTINGS_SPEC nor justified in K8S_ONLY_ENV")
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_settings_parse_and_fit_the_cluster(target):
+    docs = render(target)
+    for _, c in modpipe_containers(docs):
+        env = container_env(docs, c)
+        # Empty = "start the embedded broker/Triton on 127.0.0.1", which does not exist in a pod.
+        assert env.get("KAFKA_BOOTSTRAP_SERVERS"), f"{target}/{c['name']}: KAFKA_BOOTSTRAP_SERVERS empty"
+        assert env.get("TRITON_URL"), f"{target}/{c['name']}: TRITON_URL empty"
+        assert not any("PASSWORD" in k and v for k, v in env.items()), "passwords come from the Secret only"
+    settings = worker_settings(docs)  # raises SettingsError on a value modpipe cannot use
+    assert settings.metrics_host == "0.0.0.0"
+    assert settings.table_store == "rocksdb"
+    if settings.security_protocol.startswith("SASL"):
+        assert settings.sasl_mechanism, f"{target}: SASL without KAFKA_SASL_MECHANISM"
+    # TRITON_URL: an in-cluster short name must be a Service of this render exposing that port.
+    host, port = settings.triton_url.rsplit(":", 1)
+    if "." not in host:
+        service = one(docs, "Service", host)
+        assert int(port) in {p["port"] for p in service["spec"]["ports"] if p["name"] == "grpc"}
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_worker_replicas_at_most_partitions(target):
+    docs = render(target)
+    replicas = worker(docs)["spec"]["replicas"]
+    partitions = worker_settings(docs).partitions
+    assert 1 <= replicas <= partitions, f"{target}: {replicas} workers for {partitions} partitions"
+
+
+def test_overlay_sizes():
+    assert worker(render("dev"))["spec"]["replicas"] == 1
+    prod = render("prod")
+    assert worker(prod)["spec"]["replicas"] == 4
+    assert worker_settings(prod).security_protocol == "SASL_SSL"
+
+
+# -- the worker StatefulSet ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_worker_identity_state_and_probes(target):
+    docs = render(target)
+    sts = worker(docs)
+    spec = pod_spec(sts)
+    c = worker_container(docs)
+    settings = worker_settings(docs)
+    # Stable name -> MODPIPE_WORKER_NAME -> static group member id and table directory.
+    name_var = next(v for v in c["env"] if v["name"] == "MODPIPE_WORKER_NAME")
+    assert name_var["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    headless = one(docs, "Service", sts["spec"]["serviceName"])
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["selector"].items() <= spec_labels(sts).items()
+    # rocksdb state on the PVC template, at MODPIPE_STATE_DIR.
+    claims = {t["metadata"]["name"] for t in sts["spec"]["volumeClaimTemplates"]}
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    assert mounts[str(settings.state_dir)] in claims
+    # The model build copied by the init container, at MODPIPE_MODEL_DIR.
+    assert settings.model_dir in mounts
+    assert any(m["mountPath"] == settings.model_dir for init in spec["initContainers"] for m in init["volumeMounts"])
+    # Metrics: container port, probes, scrape annotation and headless Service all on MODPIPE_METRICS_PORT.
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports["metrics"] == settings.metrics_port
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+    annotations = sts["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(settings.metrics_port)
+    assert {p["port"] for p in headless["spec"]["ports"]} == {settings.metrics_port}
+    # Long enough for faust to finish in-flight Triton requests, commit and close rocksdb.
+    assert spec["terminationGracePeriodSeconds"] >= settings.triton_timeout_s + 60
+    assert spec["enableServiceLinks"] is False
+    assert "memory" in c["resources"]["limits"] and "cpu" in c["resources"]["requests"]
+
+
+def spec_labels(workload: dict) -> dict:
+    return workload["spec"]["template"]["metadata"]["labels"]
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_pods_run_non_root_with_read_only_root(target):
+    docs = render(target)
+    for kind in WORKLOAD_KINDS:
+        for wl in objects(docs, kind):
+            spec = pod_spec(wl)
+            assert spec["securityContext"]["runAsNonRoot"] is True
+            assert spec["securityContext"]["runAsUser"] > 0
+            assert spec["automountServiceAccountToken"] is False
+            for c in all_containers(wl):
+                sc = c["securityContext"]
+                where = f"{target}: {kind}/{wl['metadata']['name']}/{c['name']}"
+                assert sc["readOnlyRootFilesystem"] is True, where
+                assert sc["allowPrivilegeEscalation"] is False, where
+                assert sc["capabilities"]["drop"] == ["ALL"], where
+                assert "limits" in c["resources"] and "requests" in c["resources"], where
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_pdb_selects_the_workers(target):
+    docs = render(target)
+    pdb = one(docs, "PodDisruptionBudget", "modpipe-worker")
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= spec_labels(worker(docs)).items()
+    assert pdb["spec"]["maxUnavailable"] == 1
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_topics_job_uses_the_workers_configuration(target):
+    docs = render(target)
+    job = one(docs, "Job", "modpipe-topics")
+    (c,) = pod_spec(job)["containers"]
+    assert c["args"] == ["topics"]
+    assert c["envFrom"] == worker_container(docs)["envFrom"]
+    assert pod_spec(job)["restartPolicy"] in ("OnFailure", "Never")
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_sasl_credentials_come_from_the_secret(target):
+    docs = render(target)
+    for _, c in modpipe_containers(docs):
+        refs = {v["name"]: v["valueFrom"]["secretKeyRef"] for v in c["env"] if "secretKeyRef" in v.get("valueFrom", {})}
+        assert set(refs) == {"KAFKA_SASL_USERNAME", "KAFKA_SASL_PASSWORD"}
+        assert {r["name"] for r in refs.values()} == {"modpipe-kafka-sasl"}
+        if worker_settings(docs).security_protocol.startswith("SASL"):
+            assert all(r["optional"] is False for r in refs.values()), "SASL overlays must require the Secret"
+
+
+@pytest.mark.parametrize("target", OVERLAYS)
+def test_overlay_images_are_mapped_and_pinned(target):
+    for kind in WORKLOAD_KINDS:
+        for wl in objects(render(target), kind):
+            for c in all_containers(wl):
+                image = c["image"]
+                assert image not in BARE_IMAGES, f"{target}: image {image} not mapped by the overlay's `images:`"
+                assert "/" in image and (":" in image.rsplit("/", 1)[1] or "@sha256:" in image), image
+                assert not image.endswith(":latest"), image
+
+
+# -- Triton ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("target", ["base", "prod"])
+def test_triton_matches_the_serving_code(target):
+    docs = render(target)
+    deployment = one(docs, "Deployment", "triton")
+    spec = pod_spec(deployment)
+    (server,) = spec["containers"]
+    assert server["image"] == tensorrt.TRITON_IMAGE
+    assert re.fullmatch(r"nvcr\.io/nvidia/tritonserver:\d\d\.\d\d-py3", server["image"])
+    assert server["resources"]["limits"]["nvidia.com/gpu"] == 1
+    ports = {p["name"]: p["containerPort"] for p in server["ports"]}
+    assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002}
+    assert server["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": "http"}
+    # Loads exactly the model the workers ask for.
+    assert f"--load-model={worker_settings(docs).triton_model}" in server["args"]
+    assert "--model-repository=/models" in server["args"]
+    # The engine is built in-pod with the same release's TensorRT and the project's trtexec shapes.
+    engine = next(c for c in spec["initContainers"] if c["name"] == "build-engine")
+    assert engine["image"] == tensorrt.TENSORRT_IMAGE
+    model = worker_settings(docs).triton_model
+    expected = tensorrt.trtexec_command(f"/models/{model}/1/model.onnx", f"/models/{model}/1/model.plan")[1:]
+    assert engine["args"] == expected
+    assert engine["resources"]["limits"]["nvidia.com/gpu"] == 1
+    service = one(docs, "Service", "triton")
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == ports
+    assert service["spec"]["selector"].items() <= spec_labels(deployment).items()
+
+
+def test_dev_points_at_an_external_triton():
+    docs = render("dev")
+    assert not objects(docs, "Deployment")
+    host = worker_settings(docs).triton_url.rsplit(":", 1)[0]
+    assert "." in host, "dev has no in-cluster Triton: TRITON_URL must name an external host"
+
+
+# -- Dockerfile -----------------------------------------------------------------------------------------
+
+def test_dockerfile_builds_the_serving_image_as_the_manifests_expect():
+    text = (ROOT / "Dockerfile").read_text()
+    code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    froms = re.findall(r"^FROM\s+(\S+)", text, re.M)
+    assert froms and all(f == "python:3.11-slim" for f in froms)
+    assert re.search(r"pip install -c constraints\.txt \.(\s|$)", text), "install the package, no extras"
+    assert "[build" not in code and "torch" not in code, "the worker image has no build extra and no torch"
+    assert re.search(r'^ENTRYPOINT \["modpipe"\]$', text, re.M)
+    assert re.search(r'^CMD \["worker"\]$', text, re.M)
+    user = re.findall(r"^USER\s+(\d+)", text, re.M)
+    assert user, "the image must run as a numeric non-root user"
+    uid = int(user[-1])
+    assert uid > 0
+    for target in TARGETS:
+        assert pod_spec(worker(render(target)))["securityContext"]["runAsUser"] == uid
+    # Every package pyproject installs is copied into the build stage.
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    include = re.search(r"include\s*=\s*\[([^\]]*)\]", pyproject).group(1)
+    for pattern in re.findall(r'"([^"]+)"', include):
+        assert f"COPY {pattern.rstrip('*')}/" in text, f"Dockerfile does not copy package {pattern}"
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".git", ".venv"} <= set(ignored)
+
+
+# -- Prometheus ---------------------------------------------------------------------------------------
+
+def known_metric_series() -> set[str]:
+    """Every series name streams/metrics.py exposes (counter _total/_created, histogram _bucket/_sum/...)."""
+    from prometheus_client.metrics import MetricWrapperBase
+
+    import streams.metrics
+
+    suffixes = {"counter": ("_total", "_created"), "gauge": ("",), "histogram": ("_bucket", "_count", "_sum", "_created"),
+                "summary": ("", "_count", "_sum", "_created"), "info": ("_info",), "enum": ("",)}
+    names = set()
+    for value in vars(streams.metrics).values():
+        if isinstance(value, MetricWrapperBase):
+            for metric in value.describe():
+                names.update(metric.name + s for s in suffixes[metric.type])
+    assert names, "no collectors found in streams.metrics"
+    return names
+
+
+_PROMQL_KEYWORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring", "group_left",
+                    "group_right", "inf", "nan", "atan2"}
+
+
+def promql_series(expr: str) -> set[str]:
+    """Metric names an expression selects (a small lexer: enough for rules we write ourselves)."""
+    expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)                       # string literals
+    expr = re.sub(r"\{[^}]*\}", "", expr)                                  # label matchers
+    expr = re.sub(r"\[[^\]]*\]", "", expr)                                 # ranges / subqueries
+    expr = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", expr)  # label lists
+    names = set()
+    for m in re.finditer(r"(?<![\w.:])([a-zA-Z_:][a-zA-Z0-9_:]*)(\s*\()?", expr):
+        word, call = m.group(1), m.group(2)
+        if call or word.lower() in _PROMQL_KEYWORDS:
+            continue  # function / aggregation / keyword
+        names.add(word)
+    return names
+
+
+def alert_rules() -> list[dict]:
+    doc = yaml.safe_load(ALERTS.read_text())
+    return [rule for group in doc["groups"] for rule in group["rules"]]
+
+
+def test_promql_lexer_finds_series():
+    assert promql_series('histogram_quantile(0.99, sum by (le) (rate(a_bucket{job="x"}[5m]))) > 0.5') == {"a_bucket"}
+    assert promql_series("sum by (reason) (rate(b[1m])) / ignoring (reason) group_left sum(c) > 1e6") == {"b", "c"}
+    assert promql_series("deriv(sum by (topic) (d)[15m:1m]) > 0 and absent(up == 1)") == {"d", "up"}
+
+
+def test_alert_rules_are_well_formed():
+    doc = yaml.safe_load(ALERTS.read_text())
+    names = []
+    for group in doc["groups"]:
+        assert group["name"] and group["rules"]
+        for rule in group["rules"]:
+            assert set(rule) <= {"alert", "expr", "for", "labels", "annotations", "keep_firing_for"}, rule
+            names.append(rule["alert"])
+            assert rule["labels"]["severity"] in ("warning", "critical")
+            assert rule["annotations"]["summary"] and rule["annotations"]["description"]
+            assert re.fullmatch(r"\d+[smh]", rule.get("for", "0s"))
+            assert rule["expr"].count("(") == rule["expr"].count(")"), rule["alert"]
+    assert len(names) == len(set(names)), "duplicate alert names"
+
+
+def test_alert_rules_reference_only_exported_metrics():
+    known = known_metric_series()
+    for rule in alert_rules():
+        for series in promql_series(rule["expr"]):
+            assert series in known or series.startswith("nv_") or series in SYNTHETIC_SERIES, (
+                f"alert {rule['alert']} uses {series}, which streams/metrics.py does not export")
+
+
+def test_alerts_cover_the_failure_modes():
+    by_series: dict[str, list[str]] = {}
+    for rule in alert_rules():
+        for series in promql_series(rule["expr"]):
+            by_series.setdefault(series, []).append(rule["expr"])
+    assert "modpipe_consumer_lag_messages" in by_series
+    assert "modpipe_dead_letters_total" in by_series
+    assert any("histogram_quantile(0.99" in e for e in by_series["modpipe_end_to_end_latency_seconds_bucket"])
+    assert "modpipe_triton_errors_total" in by_series
+    assert any(s.startswith("nv_inference_request_failure") for s in by_series)
+    jobs = {m for e in by_series["up"] for m in re.findall(r'job="([^"]+)"', e)}
+    assert jobs == {"modpipe-worker", "triton"}
+
+
+def test_prometheus_example_config_matches_the_alerts():
+    doc = yaml.safe_load(PROMETHEUS_YML.read_text())
+    for rule_file in doc["rule_files"]:
+        assert (PROMETHEUS_YML.parent / rule_file).exists()
+    jobs = {job["job_name"] for job in doc["scrape_configs"]}
+    assert {"modpipe-worker", "triton"} <= jobs
+
+
+def _promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.skip("promtool not installed (Debian package `prometheus`); YAML/PromQL checks above still ran")
+    return path
+
+
+def test_promtool_check_rules():
+    proc = subprocess.run([_promtool(), "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_promtool_check_config():
+    proc = subprocess.run([_promtool(), "check", "config", "--syntax-only", str(PROMETHEUS_YML)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
