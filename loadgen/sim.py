@@ -445,7 +445,7 @@ class Simulation:
             domain = _host(url)
             if domain in c.domains and domain not in c.banned:
                 c.posts_by_domain[domain] = c.posts_by_domain.get(domain, 0) + 1
-                if c.posts_by_domain[domain] == 15:
+                if c.posts_by_domain[domain] == 10:
                     c.banned.add(domain)  # decided now (whether or not it happens): later posts move on
                     if r.random() < 0.5:
                         self._seq += 1

@@ -1,0 +1,151 @@
+"""`modpipe loadgen`: simulated platform traffic through the pipeline, measured end to end.
+
+    modpipe loadgen --rate 50 --duration 20 [--count N] [--scenario mixed] [--pattern poisson]
+                    [--seed 0] [--workers 1] [--timeout 60] [--json] [--plot run.png]
+
+Uses running services when KAFKA_BOOTSTRAP_SERVERS is set (workers must be running there), otherwise
+starts the embedded stack (broker + Triton + N workers) for the duration. The decision consumer is
+positioned at the end of `decisions` before anything is produced; after the last post it waits for
+every decision (or `--timeout` seconds, or a worker dying), then prints the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+import uuid
+
+from loadgen.sim import SCENARIOS, Simulation
+from loadgen.traffic import PATTERNS, arrival_times, planned_posts
+from modpipe import log
+from modpipe.settings import Settings
+
+_log = log.get(__name__)
+
+
+def run_loadgen(settings: Settings, bootstrap: str, *, rate: float, duration_s: float | None = None,
+                count: int | None = None, scenario: str = "mixed", pattern: str = "poisson", seed: int = 0,
+                timeout_s: float = 60.0, progress: bool = True, healthy=lambda: True,
+                texts: list[dict] | None = None, lag_interval_s: float = 1.0, run_id: str | None = None) -> dict:
+    """Produce the simulated traffic, wait for the decisions, return the report (`measure.summarize`)."""
+    from tqdm import tqdm
+
+    from loadgen.measure import DecisionCollector, LagSampler, summarize
+    from loadgen.smoke import _end_consumer
+    from loadgen.traffic import ProduceStats, ensure_loadgen_topics, make_producer, produce_events
+
+    if texts is None:
+        from modpipe.textmodel.artifacts import resolve_model
+
+        texts = resolve_model(settings).heldout()
+    run_id = run_id or f"lg{uuid.uuid4().hex[:8]}"
+    ensure_loadgen_topics(settings, bootstrap)
+    collector = DecisionCollector(_end_consumer(settings, bootstrap, [settings.topic("decisions")]), f"{run_id}-")
+    collector.start()
+    sampler = LagSampler(settings, bootstrap, lag_interval_s)
+    sampler.start()
+    producer = make_producer(settings, bootstrap)
+    stats = ProduceStats()
+    # event times start now: created_at of each event is when it is scheduled to be produced
+    sim = Simulation(texts, scenario, seed, start_ms=int(time.time() * 1000), run_id=run_id)
+    arrivals = arrival_times(pattern, rate, duration_s, count, seed)
+    config = {"run_id": run_id, "scenario": scenario, "pattern": pattern, "rate": rate, "duration_s": duration_s,
+              "count": count, "seed": seed, "partitions": settings.partitions}
+    try:
+        bar = tqdm(total=planned_posts(pattern, rate, duration_s, count), desc="posts", unit="post",
+                   disable=not progress)
+        try:
+            produce_events(producer, settings, sim.events(arrivals, horizon_s=duration_s), stats=stats, progress=bar)
+        finally:
+            bar.close()
+        if producer.flush(30) != 0:
+            _log.error("not every record was delivered to the broker")
+        n = stats.posts
+        deadline = time.monotonic() + timeout_s
+        bar = tqdm(total=n, desc="decisions", unit="post", disable=not progress)
+        try:
+            done = 0
+            while True:
+                got = sum(1 for pid in collector.snapshot() if pid in stats.sent_at)
+                bar.update(got - done)
+                done = got
+                if got >= n or time.monotonic() >= deadline:
+                    break
+                if not healthy():
+                    _log.error("a worker died; stopping the wait for decisions early")
+                    break
+                time.sleep(0.1)
+        finally:
+            bar.close()
+        time.sleep(min(0.5, lag_interval_s))  # one more lag sample after the last decision
+    finally:
+        sampler.stop()
+        collector.stop()
+    if stats.delivery_errors:
+        _log.error("delivery errors", extra={"count": stats.delivery_errors})
+    return summarize(sent_at=stats.sent_at, truth=stats.truth, decided=collector.snapshot(),
+                     produce_started=stats.started or time.time(), produce_finished=stats.finished or time.time(),
+                     events_by_kind=stats.by_kind, lag_samples=sampler.samples, config=config,
+                     delivery_errors=stats.delivery_errors, behind_s_max=stats.behind_s_max)
+
+
+def loadgen(settings: Settings, *, workers: int = 1, **kwargs) -> dict:
+    """`run_loadgen` against running services (KAFKA_BOOTSTRAP_SERVERS), else on the embedded stack."""
+    if settings.bootstrap_servers:
+        return run_loadgen(settings, settings.bootstrap_servers, **kwargs)
+    from streams.stack import LocalStack
+
+    with contextlib.ExitStack() as stack:
+        local = stack.enter_context(LocalStack(settings, workers=workers))
+        return run_loadgen(settings, local.bootstrap, healthy=lambda: all(w.process.alive() for w in local.workers),
+                           **kwargs)
+
+
+def _loadgen(args: argparse.Namespace) -> int:
+    from loadgen.measure import format_table, plot
+
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("modpipe loadgen: --plot needs matplotlib (pip install 'matplotlib>=3.8,<3.11')", file=sys.stderr)
+            return 2
+    duration = args.duration
+    if duration is None and args.count is None:
+        duration = 30.0
+    report = loadgen(Settings.from_env(), workers=args.workers, rate=args.rate, duration_s=duration,
+                     count=args.count, scenario=args.scenario, pattern=args.pattern, seed=args.seed,
+                     timeout_s=args.timeout, progress=not args.json)
+    if args.plot:
+        plot(report, args.plot)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(format_table(report))
+        if args.plot:
+            print(f"plot written to {args.plot}", file=sys.stderr)
+    return 0 if report["lost"] == 0 and report["sent"]["delivery_errors"] == 0 else 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    scenarios = "; ".join(f"{s.name}: {s.description}" for s in SCENARIOS.values())
+    p = sub.add_parser("loadgen", help="simulated platform traffic (posts + reports, engagements, labels, bans) "
+                                       "through the pipeline; reports throughput, latency, lag and accuracy",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rate", type=float, default=50.0, help="mean posts per second (default 50)")
+    p.add_argument("--duration", type=float, default=None,
+                   help="seconds of traffic (default 30 when --count is not given either)")
+    p.add_argument("--count", type=int, default=None, help="posts to send (with --duration: whichever ends first)")
+    p.add_argument("--scenario", choices=sorted(SCENARIOS), default="mixed", help=scenarios)
+    p.add_argument("--pattern", choices=PATTERNS, default="poisson",
+                   help="arrivals: constant, poisson, burst (0.25x 8 s / 4x 2 s), ramp (0 -> 2x); mean = --rate")
+    p.add_argument("--seed", type=int, default=0, help="seed of the simulation and the arrivals")
+    p.add_argument("--workers", type=int, default=1, help="workers to start when the embedded stack is used")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for decisions after the last post")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object (no progress bars)")
+    p.add_argument("--plot", metavar="FILE.png", default=None,
+                   help="draw latency, throughput and lag over time (needs matplotlib)")
+    p.set_defaults(func=_loadgen)
