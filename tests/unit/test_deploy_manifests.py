@@ -153,19 +153,21 @@ def test_objects_validate_against_kubernetes_schemas(target):
     try:
         import kubernetes_validate
     except ImportError:
-        pytest.fail(f"PyPI package kubernetes-validate is needed offline schema checks: pip install "
+        pytest.fail(f"PyPI package kubernetes-validate is needed for the offline schema checks: pip install "
                     f"{KUBERNETES_VALIDATE_PIN}")
+    errors = []
     for doc in render(target):
         if (doc["apiVersion"], doc["kind"]) in NO_SCHEMA:
             continue
+        where = f"{target}: {doc['kind']}/{doc['metadata']['name']}"
         try:
             kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
         except kubernetes_validate.ValidationError as exc:
-            path = ".".join(str(p) for p in exc.path)
-            pytest.fail(f"{target}: {doc['kind']}/{doc['metadata']['name']} invalid at {path}: {exc.message}")
+            errors.append(f"{where} invalid at {'.'.join(str(p) for p in exc.path)}: {exc.message}")
         except kubernetes_validate.SchemaNotFoundError:
-            pytest.fail(f"{target}: no schema for {doc['apiVersion']} {doc['kind']}; add it to NO_SCHEMA "
-                        "only if it is a custom resource")
+            errors.append(f"{where}: no schema for {doc['apiVersion']}; add it to NO_SCHEMA only if it is a "
+                          "custom resource")
+    assert not errors, "\n".join(errors)
 
 
 def test_example_secret_is_valid_and_holds_only_placeholders():
