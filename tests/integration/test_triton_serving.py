@@ -33,7 +33,9 @@ def tok(model_build):
 
 @pytest.fixture(scope="module")
 def client(triton_url):
-    with SyncTextModelClient(triton_url) as c:
+    # generous timeout: a 128x128 batch on 2 busy cores can take seconds, and a timed-out request keeps
+    # running in the server (and then gets merged with the next test's requests)
+    with SyncTextModelClient(triton_url, timeout_s=120) as c:
         yield c
 
 
@@ -57,7 +59,8 @@ def batch_tolerance(build) -> float:
 
     fp32: float noise only. int8 (dynamic quantization): activations are quantized with ONE scale per
     tensor, computed over the whole batch, so a text's score depends on its batch neighbours (measured on
-    the demo build: up to 0.013). Decisions near a threshold can flip with batching; see the report."""
+    the demo build: up to 0.013). The dynamic batcher also merges concurrent requests, so the same text
+    can score differently under different traffic. Decisions near a threshold can flip with batching."""
     return 1e-5 if build.served.get("precision", "fp32") == "fp32" else 0.03
 
 
@@ -115,10 +118,10 @@ def test_empty_batch_and_big_batch(client, tok, labelled, model_build):
     np.testing.assert_allclose(probs[:40], probs[40:80], atol=batch_tolerance(model_build))
 
 
-def test_ensemble_matches_client_side_tokenization(client, tok, labelled):
+def test_ensemble_matches_client_side_tokenization(client, tok, labelled, model_build):
     texts = labelled[0][:10] + labelled[1][:10] + EDGE_TEXTS
     np.testing.assert_allclose(client.spam_probabilities_text(texts), client.spam_probabilities(*tok(texts)),
-                               atol=1e-5)
+                               atol=batch_tolerance(model_build))
 
 
 def test_model_versions_name_the_build(client, model_build):
@@ -136,7 +139,7 @@ def test_concurrent_requests_of_different_lengths_are_merged(triton_url, tok, la
                 for i, m in batches]
 
     async def run():
-        async with TextModelClient(triton_url) as c:
+        async with TextModelClient(triton_url, timeout_s=120) as c:
             before = (await c.client.get_inference_statistics("spam_text", as_json=True))["model_stats"][0]
             got = []
             for _ in range(3):
