@@ -13,7 +13,8 @@ from modpipe.settings import SETTINGS_SPEC, Settings, SettingsError
 COMMAND_MODULES = [
     "modpipe.textmodel.cli",     # model build | model eval
     "modpipe.serving.cli",       # triton | classify | bench model
-    "streams.cli",               # broker | topics | worker | up | smoke
+    "streams.cli",               # broker | topics | worker | up | smoke | demo
+    "loadgen.cli",               # loadgen
 ]
 
 

@@ -1,8 +1,9 @@
 """The faust agents: thin wiring between topics and the plain logic in `modpipe.schema`, `scoring`, `verdict`.
 
-ingest:   posts -> decode + validate + normalise -> posts.valid (keyed by user_id) | posts.dlq
-batching: posts.valid -> up to MODPIPE_MAX_BATCH posts or MODPIPE_MAX_WAIT_MS -> one Triton request
-          -> one decision per post -> decisions
+ingest:   posts -> decode + validate + normalise -> the first feature stage | posts.dlq
+          (the feature stages are in `feature_agents.py`; they end on posts.enriched)
+batching: posts.enriched -> up to MODPIPE_MAX_BATCH posts or MODPIPE_MAX_WAIT_MS -> one Triton request
+          -> one decision per post -> decisions (and the verdict back to the feature tables)
 
 At-least-once: an input offset is acked (and so committed) only after everything it produced is
 delivered. The batching agent keeps up to MODPIPE_MAX_INFLIGHT batches at Triton at once without
@@ -20,6 +21,9 @@ from modpipe import log, schema
 from modpipe.settings import Settings
 from streams import metrics
 from streams.app import Pipeline
+from streams.bans import BanRegistry
+from streams.dead_letters import event_source, event_timestamp_ms, send_dead_letter
+from streams.feature_agents import attach_feature_agents, feed_back_decision, start_post
 from streams.scoring import TextScorer
 from streams.verdict import Decider
 
@@ -29,37 +33,20 @@ INGEST_BATCH = 500        # records decoded per round; their forwards are awaite
 INGEST_WAIT_S = 0.005
 
 
-def _source(event) -> dict:
-    msg = event.message
-    return {"topic": msg.topic, "partition": msg.partition, "offset": msg.offset}
-
-
-def _timestamp_ms(event) -> int:
-    ts = event.message.timestamp
-    return int(ts * 1000) if ts and ts > 0 else schema.now_ms()
-
-
-async def send_dead_letter(pipe: Pipeline, event, error: Exception):
-    """Publish a dead letter for `event`; returns the delivery future."""
-    msg = event.message
-    reason = getattr(error, "reason", "processing_error")
-    metrics.DEAD_LETTERS.labels(reason).inc()
-    _log.warning("dead letter", extra={"reason": reason, "error": str(error)[:300], **_source(event)})
-    record = schema.dead_letter(topic=msg.topic, partition=msg.partition, offset=msg.offset, key=msg.key,
-                                raw=event.value if isinstance(event.value, bytes) else msg.value, error=error)
-    return await pipe.dead_letters.send(key=msg.key, value=schema.dumps(record))
-
-
 def features_for(envelope: dict, text_probability: float | None) -> dict:
-    """The feature map used for the decision. The stateful feature agents fill this in (issue: features)."""
-    return {"text_probability": None if text_probability is None else round(float(text_probability), 6)}
+    """The feature map of the decision: the feature stages' map plus the text model's probability."""
+    return {**envelope["features"],
+            "text_probability": None if text_probability is None else round(float(text_probability), 6)}
 
 
-def attach_agents(pipe: Pipeline, settings: Settings, scorer: TextScorer, decider: Decider) -> None:
+def attach_agents(pipe: Pipeline, settings: Settings, scorer: TextScorer, decider: Decider,
+                  bans: BanRegistry) -> None:
     app = pipe.app
     model_versions = {"text_model": scorer.model_version, "decider": decider.version}
     inflight = asyncio.Semaphore(settings.max_inflight)
     tasks: set[asyncio.Task] = set()
+
+    attach_feature_agents(pipe, bans)
 
     @app.agent(pipe.posts, name="ingest")
     async def ingest(stream):
@@ -72,9 +59,8 @@ def attach_agents(pipe: Pipeline, settings: Settings, scorer: TextScorer, decide
                 except schema.InvalidMessage as exc:
                     deliveries.append(await send_dead_letter(pipe, event, exc))
                     continue
-                envelope = {"post": post, "received_at_ms": _timestamp_ms(event), "source": _source(event)}
-                deliveries.append(await pipe.valid_posts.send(key=post["user_id"].encode(),
-                                                              value=schema.dumps(envelope)))
+                envelope = {"post": post, "received_at_ms": event_timestamp_ms(event), "source": event_source(event)}
+                deliveries.append(await start_post(pipe, envelope))
             # Delivered before this round's offsets are acked (take_events acks after the body).
             await asyncio.gather(*deliveries)
 
@@ -101,6 +87,7 @@ def attach_agents(pipe: Pipeline, settings: Settings, scorer: TextScorer, decide
                     short_circuit=verdict.short_circuit, model_versions=model_versions,
                     received_at_ms=env["received_at_ms"], decided_at_ms=decided_at)
                 deliveries.append(await pipe.decisions.send(key=post["post_id"].encode(), value=schema.dumps(record)))
+                deliveries.extend(await feed_back_decision(pipe, env["ctx"], verdict.verdict == "block"))
                 metrics.DECISIONS.labels(verdict.verdict).inc()
                 metrics.END_TO_END_LATENCY.observe(record["latency_ms"] / 1000)
             await asyncio.gather(*deliveries)
@@ -116,7 +103,7 @@ def attach_agents(pipe: Pipeline, settings: Settings, scorer: TextScorer, decide
             metrics.BATCHES_IN_FLIGHT.dec()
             inflight.release()
 
-    @app.agent(pipe.valid_posts, name="batching")
+    @app.agent(pipe.enriched_posts, name="batching")
     async def batching(stream):
         async for events in stream.take_events(settings.max_batch, within=settings.max_wait_ms / 1000):
             for event in events:
@@ -127,7 +114,7 @@ def attach_agents(pipe: Pipeline, settings: Settings, scorer: TextScorer, decide
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 
-    inputs = {pipe.posts.get_topic_name(), pipe.valid_posts.get_topic_name()}
+    inputs = set(pipe.topics.inputs())
 
     @app.on_partitions_assigned.connect
     async def on_assigned(app, assigned, **kwargs) -> None:

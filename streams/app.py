@@ -35,14 +35,18 @@ def broker_credentials(settings: Settings):
 
 @dataclass
 class Pipeline:
-    """The app and the topic handles the agents use."""
+    """The app and the topic and table handles the agents use."""
 
     app: faust.App
     topics: TopicNames
     posts: faust.TopicT
-    valid_posts: faust.TopicT
+    side_inputs: dict[str, faust.TopicT]   # event kind -> topic (report, engagement, label)
+    bans: faust.TopicT
+    stages: dict[str, faust.TopicT]        # table name -> its stage topic
+    enriched_posts: faust.TopicT
     decisions: faust.TopicT
     dead_letters: faust.TopicT
+    tables: dict[str, faust.Table]         # table name -> faust table (changelog-backed)
 
 
 def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker-0") -> Pipeline:
@@ -80,5 +84,14 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker-0"
         return app.topic(name, key_type=bytes, value_type=bytes, value_serializer="raw", key_serializer="raw",
                          partitions=settings.partitions)
 
-    return Pipeline(app=app, topics=names, posts=topic(names.posts), valid_posts=topic(names.valid_posts),
-                    decisions=topic(names.decisions), dead_letters=topic(names.dead_letters))
+    # Table values are the plain dicts of features.state; the changelog makes them recoverable.
+    # Keys are str and values the plain dicts of features.state: untyped, so faust keeps them as JSON.
+    tables = {name: app.Table(f"features-{name}", default=None, partitions=settings.partitions)
+              for name in names.stages}
+    return Pipeline(
+        app=app, topics=names, posts=topic(names.posts),
+        side_inputs={"report": topic(names.reports), "engagement": topic(names.engagements),
+                     "label": topic(names.labels)},
+        bans=topic(names.bans), stages={name: topic(t) for name, t in names.stages.items()},
+        enriched_posts=topic(names.enriched_posts), decisions=topic(names.decisions),
+        dead_letters=topic(names.dead_letters), tables=tables)

@@ -96,7 +96,7 @@ class LocalStack:
         """Ready = every metrics endpoint answers and the group has every input partition assigned."""
         for w in self.workers:
             w.process.wait_ready(lambda w=w: port_open("127.0.0.1", w.metrics_port), timeout)
-        wanted = 2 * self.settings.partitions  # posts + posts.valid
+        wanted = len(self.topics.inputs()) * self.settings.partitions
         live = [w for w in self.workers if w.process.alive()]
         if live:
             live[0].process.wait_ready(lambda: self.assigned_partitions() >= wanted, timeout)
@@ -119,34 +119,43 @@ class LocalStack:
         self.stop()
 
     # -- observation
+    @staticmethod
+    def scrape_worker(worker: WorkerProcess) -> dict[str, float]:
+        """One worker's samples: {'name{labels}': value}; empty when it does not answer."""
+        samples: dict[str, float] = {}
+        with contextlib.suppress(OSError):
+            text = urllib.request.urlopen(worker.metrics_url, timeout=1).read().decode()
+            for family in text_string_to_metric_families(text):
+                for s in family.samples:
+                    labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+                    samples[f"{s.name}{{{labels}}}" if labels else s.name] = s.value
+        return samples
+
     def scrape(self) -> dict[str, float]:
-        """Sum each sample over workers: {'name{labels}': value}."""
+        """Each sample summed over workers."""
         totals: dict[str, float] = {}
         for w in self.workers:
-            with contextlib.suppress(OSError):
-                text = urllib.request.urlopen(w.metrics_url, timeout=1).read().decode()
-                for family in text_string_to_metric_families(text):
-                    for s in family.samples:
-                        labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-                        key = f"{s.name}{{{labels}}}" if labels else s.name
-                        totals[key] = totals.get(key, 0.0) + s.value
+            for key, value in self.scrape_worker(w).items():
+                totals[key] = totals.get(key, 0.0) + value
         return totals
 
-    def group_lag(self) -> int | None:
-        """Records not yet committed by the consumer group on posts and posts.valid (the admin's view)."""
+    def group_lag(self, per_partition: dict | None = None) -> int | None:
+        """Records not yet committed by the consumer group on its input topics (the admin's view)."""
         from confluent_kafka import Consumer, TopicPartition
 
         conf = {**self.settings.kafka_client_config(), "bootstrap.servers": self.bootstrap,
                 "group.id": self.settings.app_id, "enable.auto.commit": False}
         consumer = Consumer(conf)
         try:
-            tps = [TopicPartition(t, p) for t in (self.topics.posts, self.topics.valid_posts)
-                   for p in range(self.settings.partitions)]
+            tps = [TopicPartition(t, p) for t in self.topics.inputs() for p in range(self.settings.partitions)]
             committed = consumer.committed(tps, timeout=5)
             lag = 0
             for tp in committed:
                 low, high = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=5)
-                lag += high - (tp.offset if tp.offset >= 0 else low)
+                behind = high - (tp.offset if tp.offset >= 0 else low)
+                lag += behind
+                if per_partition is not None and behind:
+                    per_partition[f"{tp.topic}[{tp.partition}]"] = behind
             return lag
         except Exception:  # noqa: BLE001 - a status line must not crash the stack
             return None

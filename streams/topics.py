@@ -1,10 +1,15 @@
 """Topic names and the admin step that creates them.
 
-    posts ──ingest──▶ posts.valid ──batching──▶ decisions
-      └─ invalid ──▶ posts.dlq
+    posts ──ingest──▶ features.user ─▶ features.url ─▶ features.domain ─▶ features.ip ─▶ features.post
+      │                (each stage is keyed by what its table counts: user_id, url, domain, ip, post_id)
+      │                                                                                   │
+      └─ invalid ─▶ posts.dlq                          decisions ◀──batching── posts.enriched (key post_id)
 
-`posts` is keyed by user_id and `posts.valid` keeps that key, so later per-user state stays
-co-partitioned with the stream that updates it. Names get MODPIPE_TOPIC_PREFIX in front.
+    reports, engagements, labels ──▶ the stages whose tables they update;  bans ──▶ a global table
+
+A post visits only the stages whose key it has (no URL: no url/domain stage). Every stage topic
+carries all events for its table, so each table is co-partitioned with the one stream that updates
+it. Names get MODPIPE_TOPIC_PREFIX in front; dead letters of every input topic go to posts.dlq.
 """
 
 from __future__ import annotations
@@ -18,11 +23,13 @@ _log = log.get(__name__)
 
 POSTS = "posts"
 REPORTS = "reports"
+ENGAGEMENTS = "engagements"
+LABELS = "labels"
+BANS = "bans"
 DECISIONS = "decisions"
 DEAD_LETTERS = "posts.dlq"
-VALID_POSTS = "posts.valid"  # internal: validated, normalised posts waiting to be scored
-
-ALL = (POSTS, REPORTS, DECISIONS, DEAD_LETTERS, VALID_POSTS)
+ENRICHED_POSTS = "posts.enriched"  # internal: posts with their features, waiting to be scored
+STAGE_TABLES = ("user", "url", "domain", "ip", "post")  # internal `features.<table>` topics, in visit order
 
 
 class TopicConfigError(RuntimeError):
@@ -33,17 +40,27 @@ class TopicConfigError(RuntimeError):
 class TopicNames:
     posts: str
     reports: str
+    engagements: str
+    labels: str
+    bans: str
     decisions: str
     dead_letters: str
-    valid_posts: str
+    enriched_posts: str
+    stages: dict[str, str]
 
     @classmethod
     def from_settings(cls, settings: Settings) -> TopicNames:
         t = settings.topic
-        return cls(t(POSTS), t(REPORTS), t(DECISIONS), t(DEAD_LETTERS), t(VALID_POSTS))
+        return cls(t(POSTS), t(REPORTS), t(ENGAGEMENTS), t(LABELS), t(BANS), t(DECISIONS), t(DEAD_LETTERS),
+                   t(ENRICHED_POSTS), {table: t(f"features.{table}") for table in STAGE_TABLES})
+
+    def inputs(self) -> list[str]:
+        """Topics the worker group consumes."""
+        return [self.posts, self.reports, self.engagements, self.labels, self.bans, *self.stages.values(),
+                self.enriched_posts]
 
     def all(self) -> list[str]:
-        return [self.posts, self.reports, self.decisions, self.dead_letters, self.valid_posts]
+        return [*self.inputs(), self.decisions, self.dead_letters]
 
 
 def ensure_topics(settings: Settings, bootstrap: str | None = None, timeout: float = 30.0) -> list[str]:

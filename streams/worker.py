@@ -14,6 +14,7 @@ from modpipe.textmodel.artifacts import resolve_model
 from streams import metrics
 from streams.agents import attach_agents
 from streams.app import create_app
+from streams.bans import BanRegistry
 from streams.scoring import TextScorer
 from streams.topics import ensure_topics
 from streams.verdict import ThresholdDecider
@@ -39,13 +40,14 @@ def build_worker(settings: Settings, name: str | None = None):
     scorer = TextScorer(build, default_triton_url(settings), settings.triton_model, settings.triton_timeout_s,
                         settings.max_seq_len)
     decider = ThresholdDecider(settings.review_threshold, settings.block_threshold)
-    attach_agents(pipe, settings, scorer, decider)
-    return pipe, scorer, bootstrap
+    bans = BanRegistry(settings, bootstrap, pipe.topics.bans)
+    attach_agents(pipe, settings, scorer, decider, bans)
+    return pipe, scorer, bans, bootstrap
 
 
 def run_worker(settings: Settings, name: str | None = None) -> int:
     name = name or settings.worker_name or f"{socket.gethostname()}-{os.getpid()}"
-    pipe, scorer, bootstrap = build_worker(settings, name)
+    pipe, scorer, bans, bootstrap = build_worker(settings, name)
     metrics.serve(settings.metrics_host, settings.metrics_port)
     _log.info("worker starting", extra={"worker": name, "bootstrap": bootstrap, "app_id": settings.app_id,
                                         "metrics": f"http://{settings.metrics_host}:{settings.metrics_port}/metrics",
@@ -55,7 +57,9 @@ def run_worker(settings: Settings, name: str | None = None) -> int:
 
     @pipe.app.on_before_shutdown.connect
     async def _close_client(app, **kwargs) -> None:
+        bans.stop()
         await scorer.close()
 
+    bans.start()
     worker.execute_from_commandline()  # returns via SystemExit when stopped (SIGTERM / SIGINT)
     return 0

@@ -61,10 +61,15 @@ class ModelBuild:
         return int(self.served.get("max_seq_len", 128))
 
     def heldout(self) -> list[dict]:
+        """Test-split texts as {"text", "label": "spam"|"ham", "dataset"} (labels stored as 0/1 or names)."""
         path = self.path / "heldout.jsonl"
         if not path.exists():
             return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        for row in rows:
+            if not isinstance(row["label"], str):
+                row["label"] = LABELS[int(row["label"])]
+        return rows
 
 
 def models_root(settings: Settings) -> Path:

@@ -95,7 +95,8 @@ def test_two_workers_split_partitions_and_decide_everything(local_stack, pipelin
     for w in stack.workers:
         text = __import__("urllib.request").request.urlopen(w.metrics_url, timeout=2).read().decode()
         assigned = sum(float(line.split()[-1]) for line in text.splitlines()
-                       if line.startswith("modpipe_assigned_partitions{") and "posts.valid" not in line)
+                       if line.startswith("modpipe_assigned_partitions{")
+                       and f'topic="{pipeline_settings.topic("posts")}"' in line)
         per_worker.append(assigned)
     assert all(n >= 1 for n in per_worker) and sum(per_worker) == pipeline_settings.partitions, per_worker
     result = run_smoke(pipeline_settings, stack.bootstrap, 200, timeout_s=120, progress=False)

@@ -1,0 +1,30 @@
+"""Dead letters: bad input is published to posts.dlq with its origin and reason; nothing is dropped."""
+
+from __future__ import annotations
+
+from modpipe import log, schema
+from streams import metrics
+from streams.app import Pipeline
+
+_log = log.get(__name__)
+
+
+def event_source(event) -> dict:
+    msg = event.message
+    return {"topic": msg.topic, "partition": msg.partition, "offset": msg.offset}
+
+
+def event_timestamp_ms(event) -> int:
+    ts = event.message.timestamp
+    return int(ts * 1000) if ts and ts > 0 else schema.now_ms()
+
+
+async def send_dead_letter(pipe: Pipeline, event, error: Exception):
+    """Publish a dead letter for `event`; returns the delivery future."""
+    msg = event.message
+    reason = getattr(error, "reason", "processing_error")
+    metrics.DEAD_LETTERS.labels(reason).inc()
+    _log.warning("dead letter", extra={"reason": reason, "error": str(error)[:300], **event_source(event)})
+    record = schema.dead_letter(topic=msg.topic, partition=msg.partition, offset=msg.offset, key=msg.key,
+                                raw=event.value if isinstance(event.value, bytes) else msg.value, error=error)
+    return await pipe.dead_letters.send(key=msg.key, value=schema.dumps(record))

@@ -1,0 +1,131 @@
+"""Stateful feature agents: thin wiring of `features/` (pure logic) to topics and faust tables.
+
+Each table has one stage agent reading its stage topic `features.<table>`, keyed by what that table
+counts, so the table is co-partitioned with the only stream that updates it. Messages on a stage
+topic are {"kind", "ctx"} (ctx = features.events.prepare_*), and for posts also the accumulated
+"counts", the remaining "route" and the "envelope" (the post itself). A post walks its route
+user -> url -> domain -> ip -> post; the last stage assembles the feature map (features.vector) and
+hands the post to the batching agent on `posts.enriched`.
+
+Events are processed one at a time: a table write's changelog partition is the current event's
+partition. Sends are not awaited one by one: faust flushes the producer before it commits offsets,
+so at-least-once holds, and the states in features.state ignore an event they have already counted.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from features import events as fe
+from features.state import DEFAULT_LIMITS, ban_features, load_state
+from features.vector import assemble
+from modpipe import log, schema
+from streams import metrics
+from streams.app import Pipeline
+from streams.bans import BanRegistry
+from streams.dead_letters import send_dead_letter
+
+_log = log.get(__name__)
+
+DECODERS = {"report": schema.decode_report, "engagement": schema.decode_engagement, "label": schema.decode_label}
+
+
+def post_route(ctx: dict) -> list[list[str]]:
+    """The stages a post visits, in order: only those whose key it has."""
+    return [[table, key] for table, key in fe.routes("post", ctx)]
+
+
+async def send_to_stage(pipe: Pipeline, table: str, key: str, message: dict):
+    return await pipe.stages[table].send(key=key.encode(), value=orjson.dumps(message))
+
+
+async def start_post(pipe: Pipeline, envelope: dict):
+    """Ingest hands a valid post to its first stage."""
+    ctx = fe.prepare_post(envelope["post"])
+    route = post_route(ctx)
+    table, key = route.pop(0)
+    return await send_to_stage(pipe, table, key, {"kind": "post", "ctx": ctx, "envelope": envelope,
+                                                  "counts": {}, "route": route})
+
+
+async def feed_back_decision(pipe: Pipeline, ctx: dict, spam: bool) -> list:
+    """The pipeline's own verdict counts towards user_spam_posts / ip_spam_posts of later posts."""
+    dctx = fe.prepare_decision(ctx, spam)
+    return [await send_to_stage(pipe, table, key, {"kind": "decision", "ctx": dctx})
+            for table, key in fe.routes("decision", dctx)]
+
+
+def attach_feature_agents(pipe: Pipeline, bans: BanRegistry) -> None:
+    app, limits = pipe.app, DEFAULT_LIMITS
+    is_banned = bans.is_banned
+
+    def make_stage(table_name: str):
+        table = pipe.tables[table_name]
+
+        async def stage(stream):
+            async for event in stream.events():
+                try:
+                    await process(event, orjson.loads(event.value), event.key.decode())
+                except Exception as exc:  # noqa: BLE001 - one bad event must not stall the partition
+                    _log.exception("feature stage failed on an event", extra={"table": table_name})
+                    await send_dead_letter(pipe, event, exc)
+
+        async def process(event, message: dict, key: str) -> None:
+            kind, ctx = message["kind"], message["ctx"]
+            state = load_state(table_name, table.get(key), limits)
+            update = state.apply(kind, ctx)
+            if update.changed:
+                table[key] = state.to_dict()
+            for f_table, f_key, f_kind, f_ctx in update.followups:
+                await send_to_stage(pipe, f_table, f_key, {"kind": f_kind, "ctx": f_ctx})
+            if kind != "post":
+                return
+            message["counts"].update(update.features)
+            if message["route"]:
+                next_table, next_key = message["route"].pop(0)
+                await send_to_stage(pipe, next_table, next_key, message)
+                return
+            counts = {**message["counts"], **ban_features(ctx, is_banned)}
+            envelope = message["envelope"]
+            envelope["features"] = assemble(envelope["post"], counts)
+            envelope["ctx"] = ctx
+            await pipe.enriched_posts.send(key=ctx["post_id"].encode(), value=orjson.dumps(envelope))
+
+        stage.__name__ = f"features_{table_name}"
+        return stage
+
+    for name in pipe.stages:
+        app.agent(pipe.stages[name], name=f"features-{name}")(make_stage(name))
+
+    def make_side_input(kind: str):
+        decode = DECODERS[kind]
+
+        async def side_input(stream):
+            async for event in stream.events():
+                try:
+                    raw = decode(event.value)
+                except schema.InvalidMessage as exc:
+                    await send_dead_letter(pipe, event, exc)
+                    continue
+                metrics.EVENTS_CONSUMED.labels(kind).inc()
+                ctx = fe.PREPARE[kind](raw)
+                for table, key in fe.routes(kind, ctx):
+                    await send_to_stage(pipe, table, key, {"kind": kind, "ctx": ctx})
+
+        side_input.__name__ = f"ingest_{kind}"
+        return side_input
+
+    for kind, topic in pipe.side_inputs.items():
+        app.agent(topic, name=f"ingest-{kind}")(make_side_input(kind))
+
+    @app.agent(pipe.bans, name="ingest-ban")
+    async def ingest_ban(stream):
+        """Validates bans and dead-letters bad ones; every worker's BanRegistry applies the valid ones."""
+        async for event in stream.events():
+            try:
+                raw = schema.decode_ban(event.value)
+            except schema.InvalidMessage as exc:
+                await send_dead_letter(pipe, event, exc)
+                continue
+            metrics.EVENTS_CONSUMED.labels("ban").inc()
+            _log.info("ban received", extra={"kind": raw["kind"], "value": raw["value"], "action": raw["action"]})
