@@ -55,6 +55,9 @@ SETTINGS_SPEC: dict[str, Spec] = {
     "triton_grpc_port": Spec("TRITON_GRPC_PORT", "8001", "gRPC port of the embedded Triton.", int),
     "triton_metrics_port": Spec("TRITON_METRICS_PORT", "8002", "Metrics port of the embedded Triton.", int),
     "triton_model": Spec("MODPIPE_TRITON_MODEL", "spam_text", "Name of the text model in Triton."),
+    "text_model": Spec("MODPIPE_TEXT_MODEL", "on",
+                       "`on`, or `off` to decide without the text model (no Triton; text_probability null): "
+                       "for benchmarks of the feature path."),
     "triton_timeout_s": Spec("MODPIPE_TRITON_TIMEOUT_S", "30",
                              "Timeout of one Triton request (it is retried; the posts stay uncommitted).", float),
     # -- batching and verdicts
@@ -105,6 +108,7 @@ class Settings:
     triton_grpc_port: int
     triton_metrics_port: int
     triton_model: str
+    text_model: str
     triton_timeout_s: float
     max_batch: int
     max_wait_ms: float
@@ -147,6 +151,8 @@ class Settings:
             raise SettingsError("MODPIPE_MAX_BATCH, MODPIPE_MAX_INFLIGHT and MODPIPE_PARTITIONS must be >= 1")
         if self.table_store not in ("rocksdb", "memory"):
             raise SettingsError("MODPIPE_TABLE_STORE must be `rocksdb` or `memory`")
+        if self.text_model not in ("on", "off"):
+            raise SettingsError("MODPIPE_TEXT_MODEL must be `on` or `off`")
         if self.model_profile not in ("full", "demo"):
             raise SettingsError("MODPIPE_MODEL_PROFILE must be `full` or `demo`")
 

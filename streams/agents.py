@@ -42,7 +42,7 @@ def features_for(envelope: dict, text_probability: float | None) -> dict:
 def attach_agents(pipe: Pipeline, settings: Settings, scorer: TextScorer, decider: Decider,
                   bans: BanRegistry) -> None:
     app = pipe.app
-    model_versions = {"text_model": scorer.model_version, "decider": decider.version}
+    model_versions = {"text_model": "off" if scorer.disabled else scorer.model_version, "decider": decider.version}
     inflight = asyncio.Semaphore(settings.max_inflight)
     tasks: set[asyncio.Task] = set()
 
@@ -79,11 +79,12 @@ def attach_agents(pipe: Pipeline, settings: Settings, scorer: TextScorer, decide
             decided_at = schema.now_ms()
             for env, p in zip(envelopes, probabilities, strict=True):
                 post = env["post"]
+                p = None if p != p else float(p)  # NaN: the text model is switched off
                 features = features_for(env, p)
-                verdict = decider.decide(post, features, float(p))
+                verdict = decider.decide(post, features, p)
                 record = schema.decision(
                     post=post, verdict=verdict.verdict, spam_probability=verdict.spam_probability,
-                    text_probability=float(p), reasons=verdict.reasons, features=features,
+                    text_probability=p, reasons=verdict.reasons, features=features,
                     short_circuit=verdict.short_circuit, model_versions=model_versions,
                     received_at_ms=env["received_at_ms"], decided_at_ms=decided_at)
                 deliveries.append(await pipe.decisions.send(key=post["post_id"].encode(), value=schema.dumps(record)))

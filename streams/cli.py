@@ -90,7 +90,24 @@ def _demo(args) -> int:
     return run_demo(Settings.from_env(), posts=args.posts, workers=args.workers, keep_running=args.keep_running)
 
 
+def _bench_features(args) -> int:
+    from streams.bench import run
+
+    report = run(Settings.from_env(), n_posts=args.posts, workers=args.workers, progress=not args.json)
+    print(json.dumps(report) if args.json else json.dumps(report, indent=2))
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
+    from modpipe.serving.cli import _bench_subparsers
+
+    p = _bench_subparsers(sub).add_parser(
+        "features", help="posts/s through ingest + feature stages (text model off) vs a plain Kafka loop")
+    p.add_argument("--posts", type=int, default=2000)
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_bench_features)
+
     p = sub.add_parser("broker", help="run the embedded Kafka-protocol broker (noida-db) until Ctrl-C")
     p.set_defaults(func=_broker)
 

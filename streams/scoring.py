@@ -27,7 +27,8 @@ class TextScorer:
     """
 
     def __init__(self, build: ModelBuild, triton_url: str, model_name: str, timeout_s: float = 10.0,
-                 max_seq_len: int | None = None):
+                 max_seq_len: int | None = None, disabled: bool = False):
+        self.disabled = disabled  # MODPIPE_TEXT_MODEL=off: NaN probabilities, no Triton call
         self.tokenizer = BatchTokenizer(build.tokenizer, max_seq_len or build.max_seq_len)
         self.model_version = build.version
         self.triton_url = triton_url
@@ -46,6 +47,8 @@ class TextScorer:
     async def spam_probabilities(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
             return np.zeros(0, dtype=np.float32)
+        if self.disabled:
+            return np.full(len(texts), np.nan)
         ids, mask = self.tokenizer(texts)
         delay = 0.1
         while True:

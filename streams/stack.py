@@ -54,7 +54,7 @@ class LocalStack:
                 self.broker = EmbeddedBroker(self.settings.state_dir / "broker", self.settings.broker_port,
                                              log_path=self.settings.state_dir / "logs" / "broker.log").start()
                 self.bootstrap = self.broker.bootstrap
-            if not self.triton_url:
+            if not self.triton_url and self.settings.text_model == "on":
                 from modpipe.serving.server import TritonServer
 
                 self.triton = TritonServer(self.settings).start()
@@ -71,7 +71,7 @@ class LocalStack:
     def worker_env(self, index: int) -> dict[str, str]:
         env = dict(self.settings.to_env())
         env.update({
-            "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap, "TRITON_URL": self.triton_url,
+            "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap, "TRITON_URL": self.triton_url or "",
             "MODPIPE_METRICS_PORT": str(self.settings.metrics_port + index),
             "MODPIPE_WEB_PORT": str(self.settings.web_port + index),
         })

@@ -38,7 +38,7 @@ def build_worker(settings: Settings, name: str | None = None):
     build = resolve_model(settings)
     pipe = create_app(settings, bootstrap, worker_name=name)
     scorer = TextScorer(build, default_triton_url(settings), settings.triton_model, settings.triton_timeout_s,
-                        settings.max_seq_len)
+                        settings.max_seq_len, disabled=settings.text_model == "off")
     decider = ThresholdDecider(settings.review_threshold, settings.block_threshold)
     bans = BanRegistry(settings, bootstrap, pipe.topics.bans)
     attach_agents(pipe, settings, scorer, decider, bans)
