@@ -77,8 +77,9 @@ async def bench_triton(url: str, model_name: str, tok: BatchTokenizer, texts: Se
     async with TextModelClient(url, model_name=model_name, timeout_s=timeout_s) as client:
         version = await client.model_versions()
         await client.spam_probabilities(*tok(texts[:8]))  # connection + first-call warm-up
-        for padding in PADDINGS:
-            for batch in batch_sizes:
+        # padding modes alternate within each batch size: drift in machine load hits both alike
+        for batch in batch_sizes:
+            for padding in PADDINGS:
                 chunks = _chunks(tok, texts, batch, padding)
                 inf0, exe0 = await _stats(client)
                 wall, lat = await _triton_pass(client, chunks, inflight, tick)
@@ -102,8 +103,8 @@ def bench_ort(build: ModelBuild, tok: BatchTokenizer, texts: Sequence[str], batc
     ids, mask = tok(texts[:8])
     session.run(["logits"], {"input_ids": ids, "attention_mask": mask})
     rows = []
-    for padding in PADDINGS:
-        for batch in batch_sizes:
+    for batch in batch_sizes:
+        for padding in PADDINGS:
             chunks = _chunks(tok, texts, batch, padding)
             latencies = []
             t_start = time.perf_counter()
@@ -170,7 +171,9 @@ def format_table(report: dict) -> str:
              f"tokens/text mean {report['tokens_per_text']['mean']}  triton in-flight {report['inflight']}",
              f"{'target':<7} {'padding':<7} {'batch':>5} {'texts/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
              f"{'width':>6} {'srv batch':>9}"]
-    for row in report["triton"] + report["ort"]:
+    rows = sorted(report["triton"], key=lambda r: (r["padding"], r["batch"])) + \
+        sorted(report["ort"], key=lambda r: (r["padding"], r["batch"]))
+    for row in rows:
         lines.append(f"{row['target']:<7} {row['padding']:<7} {row['batch']:>5} {row['texts_per_s']:>9.1f} "
                      f"{row['p50_ms']:>8.1f} {row['p99_ms']:>8.1f} {row['mean_width']:>6.1f} "
                      f"{row.get('server_avg_batch', ''):>9}")
