@@ -73,13 +73,18 @@ classification head (pre-classifier 384x384 + ReLU + dropout 0.2 + linear 384x2)
 - One model on the union of both train splits: AdamW (lr {cfg['lr']}, weight decay {cfg['weight_decay']}),
   linear warmup ({cfg['warmup_ratio']:.0%}) and linear decay, batch {cfg['batch_size']}, {cfg['epochs']} epochs
   planned, length-bucketed batches with dynamic padding, max {cfg['max_seq_len']} tokens, bf16 autocast
-  {'on' if train['bf16'] else 'off'} (CPU with native bf16), seed {train['seed']}, 2 threads.
+  {'on' if train['bf16'] else 'off'} (CPU with native bf16), seed {train['seed']}, 2 threads; spam class weight
+  {cfg['spam_weight']} in the cross-entropy; oversampling per data set {cfg['oversample'] or 'none'};
+  word embeddings {'frozen' if cfg['freeze_word_embeddings'] else 'trained'}; lowest {cfg['freeze_layers']}
+  layers frozen.
   Validation spam F1 (mean over the two data sets) every 1/{cfg['evals_per_epoch']} epoch; the best checkpoint
   is kept, early stopping after {cfg['patience']} evaluations without improvement, wall-clock cap
   {cfg['max_train_seconds']:.0f} s.
 - Run: {train['result']['steps']} steps in {train['result']['seconds']:.0f} s, stopped by
   `{train['result']['stopped']}`; best at epoch {best.get('epoch')} (validation F1 SMS
   {best.get('sms', float('nan')):.4f}, SpamAssassin {best.get('spamassassin', float('nan')):.4f}).
+- Decision bias calibrated on the validation split (spam-logit shift {train['result']['bias_shift']:+.2f}, folded
+  into the classifier bias so the threshold stays 0.5): {json.dumps(train['result']['bias_calibration'])}.
 
 ## Export and precision
 - ONNX opset {export['opset']} (legacy TorchScript exporter), dynamic batch and sequence axes. ONNX Runtime vs

@@ -95,3 +95,26 @@ def test_bucketed_batches_cover_everything_once():
     # within a batch lengths are close (sorted inside chunks of 320)
     spread = np.mean([max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in batches])
     assert spread < 20
+
+
+def test_bias_calibration_keeps_or_improves_validation_f1(tiny):
+    import copy
+
+    from tokenizers import Tokenizer
+
+    model, _, tok_path, _ = tiny
+    model = copy.deepcopy(model)
+    tok = Tokenizer.from_file(str(tok_path))
+    texts = ["free prize call now", "win free prize", "call now win", "hello see you", "see you at the lunch",
+             "hello", "the lunch", "see you"]
+    exs = [Example(t, int(i < 3), "sms") for i, t in enumerate(texts)]
+    seqs = train.encode(tok, texts)
+    labels = np.array([e.label for e in exs])
+    before = train.spam_f1(labels, train.predict_proba(model, seqs))
+    bias = model.classifier.bias.detach().clone()
+    shift, info = train.calibrate_bias(model, seqs, exs)
+    after = train.spam_f1(labels, train.predict_proba(model, seqs))
+    assert after >= before - 1e-9
+    assert info["shift"] == shift and shift in train.SHIFT_GRID
+    delta = model.classifier.bias.detach() - bias
+    assert float(delta[1] - delta[0]) == pytest.approx(shift, abs=1e-6)
