@@ -112,7 +112,10 @@ def assemble(dest: Path, build: ModelBuild, variant: str = "cpu", model_name: st
                 _set_params(config, onnx_file="model.onnx")
                 _place(build.onnx, version / "model.onnx", link)
             elif config.platform == "tensorrt_plan":
-                _place(build.onnx, version / "model.onnx", link)
+                # TensorRT cannot parse ONNX Runtime's dynamic-quantization ops (MatMulInteger,
+                # DynamicQuantizeLinear): the engine is built from the fp32 export, in FP16.
+                fp32 = build.path / "model.fp32.onnx"
+                _place(fp32 if fp32.exists() else build.onnx, version / "model.onnx", link)
                 if plan is not None:
                     _place(Path(plan), version / "model.plan", link=False)
         elif name == TOKENIZER_MODEL:
