@@ -68,6 +68,7 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker-0"
         # instead of waiting for its old session to expire (and noida-db never expires it, see README).
         consumer_group_instance_id=f"{settings.app_id}-{worker_name}",
         producer_acks=-1,
+        producer_linger=0.005,
         # Rebalances are quick with a short session timeout; noida-db and Kafka accept >= 6 s.
         broker_session_timeout=10,
         broker_heartbeat_interval=2,
