@@ -30,7 +30,10 @@ def make_post(rng: random.Random, post_id: str, text: str, *, user_id: str | Non
             "followers": rng.randrange(2000),
             "verified": rng.random() < 0.05,
         },
-        "journey": [{"step": s, "ms": rng.randrange(200, 5000)} for s in ("open_composer", "type", "submit")],
+        # A human journey: typing takes ~0.1-0.3 s per character (the feature agents flag faster ones).
+        "journey": [{"step": "open_composer", "ms": rng.randrange(200, 3000)},
+                    {"step": "type", "ms": min(600_000, len(text) * rng.randrange(100, 300))},
+                    {"step": "submit", "ms": rng.randrange(100, 1500)}],
     }
     if post["url"] and rng.random() < 0.5:
         post["url_reputation"] = {"age_days": rng.randrange(3000), "wot_score": rng.randrange(100),

@@ -62,9 +62,11 @@ def run_demo(settings: Settings, posts: int = 300, workers: int = 2, keep_runnin
         _say(status.render(stack))
 
         _say("\nexample decisions (verdict, spam probability, true label, text):")
-        examples = {}  # one of each verdict first, then fill up to six
-        for record in decided.values():
-            examples.setdefault(record["verdict"], record)
+        examples = {}  # post_id -> record: one of each verdict first, then fill up to six
+        for verdict in schema.VERDICTS:
+            first = next((r for r in decided.values() if r["verdict"] == verdict), None)
+            if first:
+                examples[first["post_id"]] = first
         for record in decided.values():
             if len(examples) >= 6:
                 break
