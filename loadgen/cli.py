@@ -34,7 +34,7 @@ def run_loadgen(settings: Settings, bootstrap: str, *, rate: float, duration_s: 
     from tqdm import tqdm
 
     from loadgen.measure import DecisionCollector, LagSampler, summarize
-    from loadgen.smoke import _end_consumer
+    from loadgen.smoke import end_consumer
     from loadgen.traffic import ProduceStats, ensure_loadgen_topics, make_producer, produce_events
 
     if texts is None:
@@ -43,7 +43,7 @@ def run_loadgen(settings: Settings, bootstrap: str, *, rate: float, duration_s: 
         texts = resolve_model(settings).heldout()
     run_id = run_id or f"lg{uuid.uuid4().hex[:8]}"
     ensure_loadgen_topics(settings, bootstrap)
-    collector = DecisionCollector(_end_consumer(settings, bootstrap, [settings.topic("decisions")]), f"{run_id}-")
+    collector = DecisionCollector(end_consumer(settings, bootstrap, [settings.topic("decisions")]), f"{run_id}-")
     collector.start()
     sampler = LagSampler(settings, bootstrap, lag_interval_s)
     sampler.start()

@@ -1,7 +1,7 @@
 """What a load run measured: decisions collected, consumer lag sampled, and the report computed from them.
 
 - `DecisionCollector`: a background thread on a group-less consumer positioned at the end of
-  `decisions` BEFORE anything is produced (`loadgen.smoke._end_consumer`), so it sees only this run.
+  `decisions` BEFORE anything is produced (`loadgen.smoke.end_consumer`), so it sees only this run.
 - `LagSampler`: every `interval_s`, the committed offsets of group `settings.app_id` vs the high
   watermarks of `posts` (records produced but not yet processed).
 - `summarize`: throughput, end-to-end latency (produce() call -> decision received), lag, accuracy vs

@@ -25,7 +25,7 @@ from streams.topics import TopicNames
 _log = log.get(__name__)
 
 
-def _end_consumer(settings: Settings, bootstrap: str, topics: list[str]) -> Consumer:
+def end_consumer(settings: Settings, bootstrap: str, topics: list[str]) -> Consumer:
     """A group-less consumer positioned at the current end of `topics`: it sees only this run's records."""
     conf = {**settings.kafka_client_config(), "bootstrap.servers": bootstrap,
             "group.id": f"modpipe-smoke-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False}
@@ -45,7 +45,7 @@ def run_smoke(settings: Settings, bootstrap: str, n_posts: int, timeout_s: float
     names = TopicNames.from_settings(settings)
     texts = resolve_model(settings).heldout()
     run_id = f"smoke-{uuid.uuid4().hex[:8]}"
-    consumer = _end_consumer(settings, bootstrap, [names.decisions, names.dead_letters])
+    consumer = end_consumer(settings, bootstrap, [names.decisions, names.dead_letters])
     producer = Producer({**settings.kafka_client_config(), "bootstrap.servers": bootstrap, "linger.ms": 5,
                          "enable.idempotence": True})
     sent_at: dict[str, float] = {}

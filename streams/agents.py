@@ -66,11 +66,10 @@ def attach_agents(pipe: Pipeline, settings: Settings, scorer: TextScorer, decide
 
     async def decide_batch(stream, events) -> None:
         try:
-            envelopes, good = [], []
+            envelopes = []
             for event in events:
                 try:
                     envelopes.append(orjson.loads(event.value))
-                    good.append(event)
                 except orjson.JSONDecodeError as exc:  # only if someone else writes to our internal topic
                     await (await send_dead_letter(pipe, event, exc))
             metrics.BATCH_SIZE.observe(len(envelopes))

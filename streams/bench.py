@@ -13,7 +13,7 @@ from confluent_kafka import Consumer, Producer
 from tqdm import tqdm
 
 from loadgen.posts import make_post
-from loadgen.smoke import _end_consumer
+from loadgen.smoke import end_consumer
 from modpipe import schema
 from modpipe.services.broker import EmbeddedBroker
 from modpipe.services.process import free_port
@@ -66,7 +66,7 @@ def plain_loop(settings: Settings, bootstrap: str, posts: list[dict]) -> float:
 def pipeline(settings: Settings, bootstrap: str, posts: list[dict], workers: int, progress: bool) -> float:
     """posts/s from the first post produced to the last decision received, text model off."""
     with LocalStack(settings, workers=workers) as stack:
-        consumer = _end_consumer(settings, bootstrap, [stack.topics.decisions])
+        consumer = end_consumer(settings, bootstrap, [stack.topics.decisions])
         wanted = {p["post_id"] for p in posts}
         started = time.perf_counter()
         _produce(bootstrap, stack.topics.posts, posts)

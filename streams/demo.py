@@ -9,7 +9,7 @@ import orjson
 from confluent_kafka import Producer
 
 from loadgen.posts import labelled_posts, malformed_records
-from loadgen.smoke import _end_consumer
+from loadgen.smoke import end_consumer
 from modpipe import schema
 from modpipe.settings import Settings
 from modpipe.textmodel.artifacts import resolve_model
@@ -30,7 +30,7 @@ def run_demo(settings: Settings, posts: int = 300, workers: int = 2, keep_runnin
     with LocalStack(settings, workers=workers) as stack:
         _say(f"stack ready in {time.monotonic() - t0:.1f}s: KAFKA_BOOTSTRAP_SERVERS={stack.bootstrap} "
              f"TRITON_URL={stack.triton_url}")
-        consumer = _end_consumer(settings, stack.bootstrap, [stack.topics.decisions, stack.topics.dead_letters])
+        consumer = end_consumer(settings, stack.bootstrap, [stack.topics.decisions, stack.topics.dead_letters])
         producer = Producer({**settings.kafka_client_config(), "bootstrap.servers": stack.bootstrap})
         run_id = f"demo-{int(time.time())}"
         labels = {}

@@ -7,6 +7,7 @@ Every child runs in its own process group and is stopped on exit, so Ctrl-C leav
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 import urllib.request
@@ -76,8 +77,6 @@ class LocalStack:
             "MODPIPE_WEB_PORT": str(self.settings.web_port + index),
         })
         env.update(self.extra_env)
-        import os
-
         return {**os.environ, **env}
 
     def start_worker(self, index: int) -> WorkerProcess:

@@ -13,7 +13,7 @@ from confluent_kafka import Producer
 from features.offline import compute
 from features.vector import FEATURE_NAMES
 from loadgen.posts import make_post
-from loadgen.smoke import _end_consumer
+from loadgen.smoke import end_consumer
 from modpipe import schema
 
 pytestmark = pytest.mark.integration
@@ -29,7 +29,7 @@ class Script:
     def __init__(self, stack, settings):
         self.stack, self.settings = stack, settings
         self.producer = Producer({"bootstrap.servers": stack.bootstrap, "linger.ms": 1})
-        self.consumer = _end_consumer(settings, stack.bootstrap, [stack.topics.decisions])
+        self.consumer = end_consumer(settings, stack.bootstrap, [stack.topics.decisions])
         self.events: list[tuple[str, dict]] = []
         self.decisions: dict[str, list[dict]] = {}
         self.rng = random.Random(5)

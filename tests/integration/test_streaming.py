@@ -13,7 +13,7 @@ import pytest
 from confluent_kafka import Producer
 
 from loadgen.posts import make_post
-from loadgen.smoke import _end_consumer, run_smoke
+from loadgen.smoke import end_consumer, run_smoke
 from modpipe import schema
 from streams.topics import TopicConfigError, TopicNames, ensure_topics
 
@@ -48,7 +48,7 @@ def collect_decisions(consumer, wanted: set[str], timeout_s: float, healthy=lamb
 
 def test_every_valid_post_gets_exactly_one_correct_decision(local_stack, pipeline_settings, model_build):
     stack = local_stack(workers=1)
-    consumer = _end_consumer(pipeline_settings, stack.bootstrap, [stack.topics.decisions])
+    consumer = end_consumer(pipeline_settings, stack.bootstrap, [stack.topics.decisions])
     posts = produce_posts(pipeline_settings, 150, "exact", model_build.heldout())
     got = collect_decisions(consumer, set(posts), 120)
     consumer.close()
@@ -105,7 +105,7 @@ def test_two_workers_split_partitions_and_decide_everything(local_stack, pipelin
 
 def test_worker_killed_mid_stream_loses_nothing(local_stack, pipeline_settings, model_build):
     stack = local_stack(workers=1)
-    consumer = _end_consumer(pipeline_settings, stack.bootstrap, [stack.topics.decisions])
+    consumer = end_consumer(pipeline_settings, stack.bootstrap, [stack.topics.decisions])
     posts = produce_posts(pipeline_settings, 800, "kill", model_build.heldout())
     early: dict[str, list] = {}
     deadline = time.monotonic() + 120
