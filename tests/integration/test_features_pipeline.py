@@ -179,8 +179,10 @@ def test_scripted_features_equal_offline_with_two_workers(local_stack, pipeline_
     assert_matches_offline(s)
 
 
-def test_tables_recover_after_sigkill_and_replays_count_nothing_twice(local_stack, pipeline_settings, request):
-    stack = local_stack(workers=2)
+@pytest.mark.parametrize("store", ["memory", "rocksdb"])
+def test_tables_recover_after_sigkill_and_replays_count_nothing_twice(local_stack, pipeline_settings, request,
+                                                                      store):
+    stack = local_stack(workers=2, modpipe_table_store=store)
     s = Script(stack, pipeline_settings)
     request.addfinalizer(s.close)
     run_script(s)
