@@ -11,7 +11,7 @@ import faust
 from modpipe import log
 from modpipe.settings import Settings
 from modpipe.textmodel.artifacts import resolve_model
-from streams import metrics
+from streams import kafka_compat, metrics
 from streams.agents import attach_agents
 from streams.app import create_app
 from streams.bans import BanRegistry
@@ -46,6 +46,7 @@ def build_worker(settings: Settings, name: str | None = None):
 
 
 def run_worker(settings: Settings, name: str | None = None) -> int:
+    kafka_compat.install()
     name = name or settings.worker_name or f"{socket.gethostname()}-{os.getpid()}"
     pipe, scorer, bans, bootstrap = build_worker(settings, name)
     metrics.serve(settings.metrics_host, settings.metrics_port)
