@@ -91,13 +91,13 @@ def test_smoke_malformed_records_land_in_dead_letters_and_worker_keeps_running(l
 
 def test_two_workers_split_partitions_and_decide_everything(local_stack, pipeline_settings):
     stack = local_stack(workers=2)
-    per_worker = []
-    for w in stack.workers:
-        text = __import__("urllib.request").request.urlopen(w.metrics_url, timeout=2).read().decode()
-        assigned = sum(float(line.split()[-1]) for line in text.splitlines()
-                       if line.startswith("modpipe_assigned_partitions{")
-                       and f'topic="{pipeline_settings.topic("posts")}"' in line)
-        per_worker.append(assigned)
+    posts_key = f"modpipe_assigned_partitions{{topic={pipeline_settings.topic('posts')}}}"
+    deadline = time.monotonic() + 90
+    while True:  # the group may still be settling its last rebalance
+        per_worker = [stack.scrape_worker(w).get(posts_key, 0) for w in stack.workers]
+        if all(n >= 1 for n in per_worker) or time.monotonic() > deadline:
+            break
+        time.sleep(1)
     assert all(n >= 1 for n in per_worker) and sum(per_worker) == pipeline_settings.partitions, per_worker
     result = run_smoke(pipeline_settings, stack.bootstrap, 200, timeout_s=120, progress=False)
     assert result["lost"] == 0 and result["duplicates"] == 0

@@ -88,7 +88,7 @@ def test_arbitrary_bytes_never_crash_the_decoder(raw):
 @settings(max_examples=100, deadline=None)
 @given(st.dictionaries(st.sampled_from(["post_id", "user_id", "text", "ip", "user", "journey", "created_at"]),
                        st.one_of(st.none(), st.integers(-2**63, 2**63 - 1), st.text(max_size=20), st.booleans(),
-                                 st.lists(st.integers(), max_size=2)), max_size=7))
+                                 st.lists(st.integers(-2**63, 2**63 - 1), max_size=2)), max_size=7))
 def test_decoder_accepts_only_what_the_json_schema_accepts(fields):
     raw = {**valid_post(), **fields}
     try:
