@@ -130,7 +130,77 @@ def _loadgen(args: argparse.Namespace) -> int:
     return 0 if report["lost"] == 0 and report["sent"]["delivery_errors"] == 0 else 1
 
 
+BENCH_DESCRIPTION = """\
+With no TARGET: the end-to-end comparison (issue #5), one run on this machine, the same texts for
+all three paths:
+
+  pipeline  modpipe end to end (broker -> ingest -> feature stages -> batching -> Triton -> decisions)
+            on a local stack of --workers worker processes: posts/s at saturation (every post
+            produced up front, decisions/s over the steady part), then p50/p95/p99 end-to-end
+            latency (produce -> decision received) at --load x that rate;
+  seed      one synchronous gRPC request per post to the same Triton, padded to 128, batch 1;
+  ceiling   in-process ONNX Runtime on the same model file and threads, best batch size,
+            per-batch padding.
+
+It prints posts/s of each path, the ratios pipeline/seed and pipeline/ceiling against their targets
+(>= 10 and >= 0.8 on 2 cores), where the pipeline's CPU went, and how busy the machine was with other
+work; the markdown table goes to --markdown. The stack runs on its own ports, topics and state
+directory (KAFKA_BOOTSTRAP_SERVERS / TRITON_URL, when set, are used instead of starting them).
+
+Targets: `model` (Triton vs ONNX Runtime by batch size and padding), `features` (the feature path
+with the text model off vs a plain Kafka loop).
+"""
+
+
+def _bench_e2e(args: argparse.Namespace) -> int:
+    from loadgen.bench import BenchError, format_text, run, write_markdown
+
+    settings = Settings.from_env()
+    batches = [int(b) for b in args.ceiling_batch_sizes.split(",") if b.strip()]
+    try:
+        report = run(settings, n_posts=args.posts, workers=args.workers, load=args.load, arrivals=args.arrivals,
+                     scenario=args.scenario, seed=args.seed, ceiling_batch_sizes=batches, timeout_s=args.timeout,
+                     progress=not args.json, keep_state=args.keep_state)
+    except (BenchError, ValueError) as exc:
+        print(f"modpipe bench: {exc}", file=sys.stderr)
+        return 1
+    path = write_markdown(report, args.markdown or settings.state_dir / "bench" / "e2e.md")
+    report["markdown_path"] = str(path)
+    print(json.dumps(report) if args.json else format_text(report))
+    print(f"markdown table written to {path}", file=sys.stderr)
+    return 0
+
+
+def register_bench(sub: argparse._SubParsersAction) -> None:
+    """`modpipe bench` with no target runs the end-to-end comparison; `bench model|features` stay as they are."""
+    from loadgen.bench import DEFAULT_CEILING_BATCHES, DEFAULT_LOAD, DEFAULT_POSTS
+    from modpipe.serving.cli import _bench_subparsers
+
+    _bench_subparsers(sub).metavar = "[TARGET]"  # optional: no target = the end-to-end comparison
+    p = sub.choices["bench"]
+    p.description = BENCH_DESCRIPTION
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("--posts", type=int, default=DEFAULT_POSTS,
+                   help=f"posts per pass (saturation, latency, seed, ceiling); default {DEFAULT_POSTS}")
+    p.add_argument("--workers", type=int, default=None, help="stream workers of the pipeline (default MODPIPE_WORKERS)")
+    p.add_argument("--load", type=float, default=DEFAULT_LOAD,
+                   help=f"latency pass rate as a fraction of the saturation rate (default {DEFAULT_LOAD})")
+    p.add_argument("--arrivals", choices=("poisson", "constant"), default="poisson",
+                   help="arrivals of the latency pass (default poisson)")
+    p.add_argument("--scenario", choices=sorted(SCENARIOS), default="mixed", help="simulation the posts come from")
+    p.add_argument("--seed", type=int, default=0, help="seed of the simulation and the arrivals")
+    p.add_argument("--ceiling-batch-sizes", default=",".join(map(str, DEFAULT_CEILING_BATCHES)),
+                   help="batch sizes tried for the ONNX Runtime ceiling (default %(default)s)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for a pass's decisions")
+    p.add_argument("--markdown", metavar="FILE.md", default=None,
+                   help="where to write the markdown table (default $MODPIPE_STATE_DIR/bench/e2e.md)")
+    p.add_argument("--keep-state", action="store_true", help="keep the run's broker data, tables and logs")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object (no progress bars)")
+    p.set_defaults(func=_bench_e2e)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
+    register_bench(sub)
     scenarios = "; ".join(f"{s.name}: {s.description}" for s in SCENARIOS.values())
     p = sub.add_parser("loadgen", help="simulated platform traffic (posts + reports, engagements, labels, bans) "
                                        "through the pipeline; reports throughput, latency, lag and accuracy",

@@ -136,7 +136,9 @@ def _bench_subparsers(subparsers) -> argparse._SubParsersAction:
     """`bench` may be shared with other areas (`bench pipeline`): reuse it when already registered."""
     existing = subparsers.choices.get("bench")
     if existing is None:
-        existing = subparsers.add_parser("bench", help="benchmarks")
+        existing = subparsers.add_parser(
+            "bench", help="benchmarks: with no target, pipeline vs seed vs ONNX Runtime ceiling end to end "
+                          "(`bench --help`); targets: model, features")
         existing.set_defaults(func=lambda a: (existing.print_help(), 2)[1])
     sub = getattr(existing, "_modpipe_subparsers", None)
     if sub is None:
