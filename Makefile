@@ -37,8 +37,10 @@ demo: model-demo
 lint: setup
 	$(BIN)/ruff check .
 
+# Issue #5's end-to-end comparison: pipeline vs seed vs in-process ONNX Runtime ceiling, one run, same texts.
+# Prints the table and writes it as markdown to $MODPIPE_STATE_DIR/bench/e2e.md (`bench model|features`: parts).
 bench: model
-	$(BIN)/modpipe bench model --json
+	$(BIN)/modpipe bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
