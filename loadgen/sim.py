@@ -29,6 +29,8 @@ Scenarios (`SCENARIOS`):
 - `campaign_burst`: ~3% background spam; every 20 s a campaign bursts to ~60% of traffic for 5 s.
 - `stealth_campaign`: ~20% spam, every campaign posts held-out HAM texts: only behaviour, links and
   the side streams give it away.
+- `hijacked_accounts`: like `mixed`, but every campaign account is a taken-over aged account with real
+  friends and followers (its owner keeps posting too): account age and profile no longer separate spam.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ class Scenario:
     burst_every_s: float = 0.0  # 0: no bursts
     burst_len_s: float = 0.0
     burst_spam_share: float = 0.0
+    hijacked_share: float = 0.0  # fraction of campaign accounts that are taken-over aged legitimate accounts
 
     def spam_share_at(self, t: float) -> float:
         if self.burst_every_s and (t % self.burst_every_s) >= self.burst_every_s - self.burst_len_s:
@@ -89,6 +92,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              0.03, 2, 0.0, burst_every_s=20.0, burst_len_s=5.0, burst_spam_share=0.6),
     Scenario("stealth_campaign", "~20% spam whose texts are all held-out HAM: only behaviour gives it away",
              0.20, 3, 1.0),
+    Scenario("hijacked_accounts", "~15% spam from 3 campaigns posting through taken-over aged accounts with real "
+             "friends (one campaign with ham texts): the profile looks legitimate", 0.15, 3, 1 / 3,
+             hijacked_share=1.0),
 )}
 
 # Realistic link targets of legitimate posts: (domain, kind).
@@ -249,6 +255,15 @@ class Simulation:
 
     def _spam_account(self, c: Campaign, at_ms: int) -> Account:
         r = self.rng
+        if self.scenario.hijacked_share and r.random() < self.scenario.hijacked_share:
+            # A taken-over account: its age, friends and e-mail stay; the campaign posts from its own
+            # addresses half the time. The owner's own (legitimate) posts carry on under the same id.
+            victim = self._pick_legit()
+            ip = f"{c.subnet}.{r.randrange(2, 254)}" if r.random() < 0.5 else victim.home_ip
+            acct = Account(victim.user_id, "spammer", victim.created_at_ms, victim.email_domain, victim.friends,
+                           victim.followers, victim.verified, ip, c.campaign_id)
+            c.accounts.append(acct)
+            return acct
         acct = Account(self._user_id(), "spammer", at_ms - int(r.uniform(0.01, 3.0) * DAY_MS),
                        r.choice(SPAM_EMAIL), r.choice((0, 0, 0, 1, 2, 3, 5)), r.choice((0, 0, 0, 1, 2)),
                        False, f"{c.subnet}.{r.randrange(2, 254)}", c.campaign_id)

@@ -193,3 +193,23 @@ def test_unknown_scenario_and_label_forms():
         Simulation(TEXTS, "nope")
     spam, ham = split_texts([{"text": "a", "label": "spam"}, {"text": "b", "label": 0}, {"text": "", "label": 1}])
     assert [r["text"] for r in spam] == ["a"] and [r["text"] for r in ham] == ["b"]
+
+
+def test_hijacked_accounts_look_legitimate_but_post_campaign_links():
+    events = simulate(TEXTS, 3000, "hijacked_accounts", seed=4)
+    posts = posts_of(events)
+    spam = [e for e in posts if e.truth["is_spam"]]
+    legit = [e for e in posts if not e.truth["is_spam"]]
+    assert 0.08 < len(spam) / len(posts) < 0.25
+
+    def age_days(e):
+        return (parse_ts(e.payload["created_at"]) - parse_ts(e.payload["user"]["created_at"])) / 86_400_000
+
+    # aged accounts with friends: the profile no longer gives the spammer away ...
+    assert statistics.median(age_days(e) for e in spam) > 30
+    assert statistics.median(e.payload["user"]["friends"] for e in spam) > 5
+    # ... and their owners keep posting legitimately under the same ids
+    assert {e.payload["user_id"] for e in spam} & {e.payload["user_id"] for e in legit}
+    # the campaign's behaviour still shows: scripted journeys and campaign links
+    assert statistics.median(len(e.payload["journey"]) for e in spam) <= 2
+    assert sum(e.payload["url"] is not None for e in spam) / len(spam) > 0.5
