@@ -13,6 +13,7 @@ from modpipe.settings import SETTINGS_SPEC, Settings, SettingsError
 COMMAND_MODULES = [
     "modpipe.textmodel.cli",     # model build | model eval
     "modpipe.serving.cli",       # triton | classify | bench model
+    "modpipe.decision.cli",      # decision train | decision eval
     "streams.cli",               # broker | topics | worker | up | smoke | demo
     "loadgen.cli",               # loadgen
 ]
@@ -57,8 +58,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"modpipe: configuration error: {exc}", file=sys.stderr)
         return 2
     log.configure(settings.log_level, settings.log_format)
+    from modpipe.decision.model import DecisionModelMissing, FeatureListMismatch
+    from modpipe.textmodel.artifacts import ModelNotBuilt
+
     try:
         return int(args.func(args) or 0)
+    except (FeatureListMismatch, DecisionModelMissing, ModelNotBuilt) as exc:  # a missing or unusable build
+        print(f"modpipe: error: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

@@ -70,6 +70,16 @@ SETTINGS_SPEC: dict[str, Spec] = {
                              float),
     "block_threshold": Spec("MODPIPE_BLOCK_THRESHOLD", "0.9", "spam_probability at or above which a post is blocked.",
                             float),
+    # -- decision engine
+    "decider": Spec("MODPIPE_DECIDER", "lightgbm",
+                    "`lightgbm` (the decision model over every signal) or `text-only` (the text probability alone "
+                    "through the two thresholds). Bans short-circuit either."),
+    "decision_model": Spec("MODPIPE_DECISION_MODEL", "",
+                           "Decision model directory (model.txt + model.json). Empty: the model trained for the "
+                           "served text model in $MODPIPE_CACHE_DIR/decision, else the newest one there."),
+    "redecide_reports": Spec("MODPIPE_REDECIDE_REPORTS", "3",
+                             "Reports on a post that trigger a re-decision (a new decision, revision + 1); 0: never.",
+                             int),
     # -- worker runtime
     "worker_name": Spec("MODPIPE_WORKER_NAME", "",
                         "Stable, unique name of a worker (e.g. the StatefulSet pod name): its consumer-group "
@@ -117,6 +127,9 @@ class Settings:
     max_text_chars: int
     review_threshold: float
     block_threshold: float
+    decider: str
+    decision_model: str
+    redecide_reports: int
     worker_name: str
     workers: int
     metrics_host: str
@@ -153,6 +166,10 @@ class Settings:
             raise SettingsError("MODPIPE_TABLE_STORE must be `rocksdb` or `memory`")
         if self.text_model not in ("on", "off"):
             raise SettingsError("MODPIPE_TEXT_MODEL must be `on` or `off`")
+        if self.decider not in ("lightgbm", "text-only"):
+            raise SettingsError("MODPIPE_DECIDER must be `lightgbm` or `text-only`")
+        if self.redecide_reports < 0:
+            raise SettingsError("MODPIPE_REDECIDE_REPORTS must be >= 0")
         if self.model_profile not in ("full", "demo"):
             raise SettingsError("MODPIPE_MODEL_PROFILE must be `full` or `demo`")
 

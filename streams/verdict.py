@@ -1,12 +1,15 @@
 """From scores to a verdict. The seam where the decision model plugs in.
 
-A `Decider` gets the post, its feature map and the text model's probability, and returns the
-verdict with its reasons. `ThresholdDecider` maps the text probability through two thresholds;
-the LightGBM decision engine replaces it without touching the agents.
+A `Decider` gets feature maps (each including the text model's `text_probability`) and returns one
+verdict per map, with its reasons. `modpipe.decision.engine.DecisionEngine` (LightGBM over every
+signal) is the production decider; `ThresholdDecider` maps the text probability alone through the
+two thresholds: the text-only baseline of `modpipe decision eval`, and `MODPIPE_DECIDER=text-only`.
+Shortcuts (bans) are applied before any decider by `modpipe.decision.engine.cascade`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -22,7 +25,7 @@ class Verdict:
 class Decider(Protocol):
     version: str
 
-    def decide(self, post: dict, features: dict, text_probability: float | None) -> Verdict: ...
+    def decide_many(self, features_list: Sequence[dict]) -> list[Verdict]: ...
 
 
 def verdict_for(probability: float, review_threshold: float, block_threshold: float) -> str:
@@ -41,8 +44,12 @@ class ThresholdDecider:
     block_threshold: float = 0.9
     version: str = "thresholds-v1"
 
-    def decide(self, post: dict, features: dict, text_probability: float | None) -> Verdict:
-        p = float(text_probability or 0.0)
-        reasons = [{"feature": "text_probability", "value": round(p, 6), "contribution": round(p, 6),
-                    "description": f"the text classifier rates the text {p:.0%} likely spam"}]
-        return Verdict(verdict_for(p, self.review_threshold, self.block_threshold), p, reasons)
+    def decide_many(self, features_list: Sequence[dict]) -> list[Verdict]:
+        out = []
+        for features in features_list:
+            p = float(features.get("text_probability") or 0.0)
+            reasons = [{"feature": "text_probability", "value": round(p, 6), "contribution": round(p, 6),
+                        "direction": "spam" if p >= 0.5 else "ham",
+                        "description": f"the text classifier rates the text {p:.0%} likely spam"}]
+            out.append(Verdict(verdict_for(p, self.review_threshold, self.block_threshold), p, reasons))
+        return out

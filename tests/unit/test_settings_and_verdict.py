@@ -53,7 +53,7 @@ def test_readme_documents_every_setting():
                                         (0.9, "block"), (1.0, "block")])
 def test_thresholds(p, expected):
     assert verdict_for(p, 0.5, 0.9) == expected
-    v = ThresholdDecider(0.5, 0.9).decide({}, {}, p)
+    v = ThresholdDecider(0.5, 0.9).decide_many([{"text_probability": p}])[0]
     assert v.verdict == expected and v.spam_probability == p and v.reasons[0]["feature"] == "text_probability"
 
 

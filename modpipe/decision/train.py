@@ -1,0 +1,217 @@
+"""`modpipe decision train`: labelled load-generator traffic -> LightGBM decision model, cached by key.
+
+Data: each training scenario is simulated (seeded) from the training half of the held-out texts, at a
+few rates, and replayed through the feature code (`dataset.replay`). Split by time within each run: the
+first `train_fraction` of its posts train, the rest validate (early stopping), so the model is judged
+on traffic that comes after what it learned from, as in production.
+
+Feedback: the tables count the pipeline's own blocks, so the features depend on the decider. Round 0
+replays with the text-only decider feeding back; the model trained on it is then the feedback of
+round 1, whose model is the result. Both rounds are deterministic given the seed.
+
+The build is `$MODPIPE_CACHE_DIR/decision/<key>/` (key: this package's code, the features code, the
+text-model version, the config and the seed) and `decision/current` points at the newest one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from modpipe import log
+from modpipe.decision import dataset
+from modpipe.decision.engine import cascade
+from modpipe.decision.model import DECISION_FEATURES, DecisionModel, decision_vector
+from modpipe.settings import Settings
+from modpipe.textmodel.artifacts import ModelBuild
+from streams.verdict import Decider, ThresholdDecider
+
+_log = log.get(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    scenarios: tuple[str, ...] = ("mixed", "campaign_burst", "stealth_campaign", "hijacked_accounts", "ham_only")
+    rates: tuple[float, ...] = (20.0, 50.0, 100.0)
+    posts_per_run: int = 1500
+    train_fraction: float = 0.8
+    rounds: int = 2
+    num_boost_round: int = 600
+    early_stopping: int = 40
+    params: tuple[tuple[str, object], ...] = (
+        ("objective", "binary"), ("learning_rate", 0.05), ("num_leaves", 31), ("min_data_in_leaf", 20),
+        ("feature_fraction", 0.9), ("bagging_fraction", 0.9), ("bagging_freq", 1), ("lambda_l2", 1.0),
+        ("deterministic", True), ("force_row_wise", True), ("num_threads", 2), ("verbose", -1),
+    )
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "params": dict(self.params)}
+
+
+PROFILES = {"full": TrainConfig(), "demo": TrainConfig(rates=(50.0,), posts_per_run=1200, rounds=2)}
+
+
+def decision_root(settings: Settings) -> Path:
+    return settings.cache_dir / "decision"
+
+
+def source_hash() -> str:
+    """The code that shapes the model: this package, the feature logic, the simulation."""
+    root = Path(__file__).resolve().parents[2]
+    h = hashlib.sha256()
+    for folder in ("modpipe/decision", "features", "loadgen"):
+        for p in sorted((root / folder).glob("*.py")):
+            h.update(f"{folder}/{p.name}".encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def cache_key(config: TrainConfig, text_model_version: str, seed: int) -> str:
+    doc = json.dumps({"sources": source_hash(), "config": config.to_dict(), "text_model": text_model_version,
+                      "seed": seed}, sort_keys=True, default=str)
+    return hashlib.sha256(doc.encode()).hexdigest()[:16]
+
+
+def feedback_of(decider: Decider, block_threshold: float):
+    """The verdict the pipeline feeds back: blocked by a shortcut or by the decider's probability."""
+    def feedback(features: dict) -> bool:
+        return cascade(decider, [features])[0].spam_probability >= block_threshold
+    return feedback
+
+
+class _Fast:
+    """A DecisionEngine without reasons for the replay feedback (one row at a time: no TreeSHAP needed)."""
+    def __init__(self, model: DecisionModel):
+        self.model, self.version = model, model.version
+
+    def decide_many(self, features_list):
+        from streams.verdict import Verdict
+        probs = self.model.predict(np.asarray([decision_vector(f) for f in features_list]))
+        return [Verdict("allow", float(p)) for p in probs]
+
+
+def simulated_runs(texts: list[dict], config: TrainConfig, seed: int):
+    for scenario in config.scenarios:
+        for k, rate in enumerate(config.rates):
+            run_seed = seed * 1000 + k
+            yield f"{scenario}@{rate:g}/s#{run_seed}", dataset.simulate(texts, scenario, run_seed,
+                                                                        config.posts_per_run, rate)
+
+
+def time_split(rows: list[dataset.Row], fraction: float) -> tuple[list[dataset.Row], list[dataset.Row]]:
+    """Per run, the first `fraction` of posts by event time train; the rest validate."""
+    train, valid = [], []
+    by_run: dict[str, list[dataset.Row]] = {}
+    for r in rows:
+        by_run.setdefault(r.run, []).append(r)
+    for run_rows in by_run.values():
+        run_rows.sort(key=lambda r: (r.at_ms, r.post_id))
+        cut = int(len(run_rows) * fraction)
+        train += run_rows[:cut]
+        valid += run_rows[cut:]
+    return train, valid
+
+
+def fit(train: list[dataset.Row], valid: list[dataset.Row], config: TrainConfig, seed: int) -> tuple[object, dict]:
+    import lightgbm as lgb
+
+    # The model never sees a shortcut post: the cascade decides those before it.
+    train = [r for r in train if r.features.get("text_probability") is not None]
+    valid = [r for r in valid if r.features.get("text_probability") is not None]
+    xt = np.asarray([decision_vector(r.features) for r in train])
+    xv = np.asarray([decision_vector(r.features) for r in valid])
+    yt = np.asarray([r.spam for r in train], dtype=np.float64)
+    yv = np.asarray([r.spam for r in valid], dtype=np.float64)
+    params = {**dict(config.params), "seed": seed, "metric": "binary_logloss"}
+    dtrain = lgb.Dataset(xt, yt, feature_name=list(DECISION_FEATURES), free_raw_data=False)
+    dvalid = lgb.Dataset(xv, yv, reference=dtrain)
+    booster = lgb.train(params, dtrain, num_boost_round=config.num_boost_round, valid_sets=[dvalid],
+                        valid_names=["valid"], callbacks=[lgb.early_stopping(config.early_stopping, verbose=False)])
+    booster = lgb.Booster(model_str=booster.model_to_string(num_iteration=booster.best_iteration))
+    pv = booster.predict(xv)
+    report = {"train_rows": len(train), "valid_rows": len(valid), "train_spam": int(yt.sum()),
+              "valid_spam": int(yv.sum()), "best_iteration": int(booster.current_iteration()),
+              "valid_logloss": round(float(-np.mean(yv * np.log(np.clip(pv, 1e-9, 1)) +
+                                                    (1 - yv) * np.log(np.clip(1 - pv, 1e-9, 1)))), 5)}
+    return booster, report
+
+
+def train(settings: Settings, build: ModelBuild, *, profile: str = "full", seed: int = 0, force: bool = False,
+          progress: bool = True) -> Path:
+    config = PROFILES[profile]
+    root = decision_root(settings)
+    key = cache_key(config, build.version, seed)
+    out = root / key
+    if (out / "model.json").exists() and not force:
+        _log.info("decision model is cached", extra={"path": str(out)})
+        _point_current(root, out, build.version)
+        return out
+    started = time.monotonic()
+    texts = dataset.heldout_half(build.heldout(), "train")
+    runs = list(tqdm(simulated_runs(texts, config, seed), desc="simulate", unit="run", disable=not progress,
+                     total=len(config.scenarios) * len(config.rates)))
+    probs = dataset.TextProbabilities(build, root)
+    probs.ensure(t for _, events in runs for t in dataset.post_texts(events))
+
+    decider: Decider = ThresholdDecider(settings.review_threshold, settings.block_threshold)
+    rounds = []
+    booster = None
+    for rnd in range(config.rounds):
+        feedback = feedback_of(decider, settings.block_threshold)
+        rows = [row for name, events in tqdm(runs, desc=f"replay round {rnd}", unit="run", disable=not progress)
+                for row in dataset.replay(events, probs, feedback, run=name)]
+        booster, report = fit(*time_split(rows, config.train_fraction), config, seed)
+        rounds.append({"round": rnd, "feedback": decider.version, **report})
+        model = DecisionModel(booster, list(DECISION_FEATURES), DecisionModel.version_of(booster))
+        decider = _Fast(model)
+
+    model = DecisionModel(booster, list(DECISION_FEATURES), DecisionModel.version_of(booster), meta={
+        "text_model_version": build.version, "profile": profile, "seed": seed, "config": config.to_dict(),
+        "rounds": rounds, "train_seconds": round(time.monotonic() - started, 1), "key": key,
+        "importance_gain": _importance(booster)})
+    tmp = root / f".{key}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    _point_current(root, out, build.version)
+    _log.info("decision model trained", extra={"path": str(out), "version": model.version, **rounds[-1]})
+    return out
+
+
+def _importance(booster) -> dict[str, float]:
+    gain = booster.feature_importance("gain")
+    total = float(gain.sum()) or 1.0
+    ranked = sorted(zip(DECISION_FEATURES, gain, strict=True), key=lambda kv: -kv[1])
+    return {name: round(float(g) / total, 4) for name, g in ranked[:15] if g > 0}
+
+
+def _point_current(root: Path, target: Path, text_model_version: str) -> None:
+    """`current` -> the newest model; `for-<text model version>` -> the newest trained on that text model."""
+    for name in ("current", f"for-{text_model_version}"):
+        tmp = root / f".{name}-{os.getpid()}"
+        if tmp.is_symlink() or tmp.exists():
+            tmp.unlink()
+        tmp.symlink_to(target.name)
+        tmp.replace(root / name)
+
+
+def resolve_decision_model(settings: Settings, text_model_version: str | None = None) -> Path:
+    """MODPIPE_DECISION_MODEL if set, else the model trained on the served text model, else the newest one.
+
+    A decision model learned how the text model's probabilities relate to spam: one trained on another
+    text model still loads (the feature list is the same) but its calibration is off, so prefer a match."""
+    if settings.decision_model:
+        return Path(settings.decision_model).expanduser()
+    root = decision_root(settings)
+    if text_model_version and (root / f"for-{text_model_version}" / "model.json").exists():
+        return root / f"for-{text_model_version}"
+    return root / "current"
