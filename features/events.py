@@ -8,8 +8,9 @@ derived keys. Table names and keys:
   url     url key         posts, engagements (by the engagement's url)
   domain  registrable dom posts, reports (by the report's url, or routed from the post table)
   ip      ip              posts, decisions, labels (routed from the post table: labels carry no ip)
-  post    post_id         posts, reports, engagements, labels, decisions
+  post    post_id         posts, reports, engagements, labels, decisions, bans (routed from the domain table)
   bans    ban key         bans (a small GlobalTable: a post needs several domain keys at once)
+  domain                  also domain bans, to find the recent posts a ban covers
 """
 
 from __future__ import annotations
@@ -152,9 +153,13 @@ def ban_key(kind: Any, value: Any) -> str | None:
 
 def prepare_ban(ban: dict) -> dict:
     action = str(ban.get("action") or "").lower()
+    key = ban_key(ban.get("kind"), ban.get("value"))
+    host = key.partition(":")[2] if key and key.startswith("domain:") else None
     return {
         "ban_id": _id(ban.get("ban_id")) or "",
-        "key": ban_key(ban.get("kind"), ban.get("value")),
+        "key": key,
+        "host": host,  # a domain ban's host, and its registrable domain (the domain table's key)
+        "domain": _domain(host) if host else None,
         "banned": True if action == "ban" else False if action == "unban" else None,
         "ts": parse_ts(ban.get("created_at")) or 0,
     }
@@ -197,7 +202,8 @@ def routes(kind: str, ctx: dict) -> list[tuple[str, str]]:
     elif kind == "decision":
         out = [(USER, ctx["user_id"]), (IP, ctx["ip"]), (POST, ctx["post_id"])]
     elif kind == "ban":
-        out = [(BANS, ctx["key"])]
+        # The domain table lists its recent posts: a ban after the fact re-decides those it covers.
+        out = [(BANS, ctx["key"]), (DOMAIN, ctx.get("domain") if ctx.get("banned") else None)]
     else:
         raise ValueError(f"unknown event kind {kind!r}")
     return [(t, k) for t, k in out if k]

@@ -42,6 +42,7 @@ class Limits:
     per_user_keys: int = 512
     spam_marks: int = 1_024
     pending: int = 32
+    recent_posts: int = 256  # per domain: the posts a later ban re-decides
 
 
 DEFAULT_LIMITS = Limits()
@@ -402,16 +403,32 @@ class DomainState(_State):
         super().__init__(limits)
         self.posts = DedupCounter(limits.dedup_ids)
         self.reports = DedupCounter(limits.dedup_ids)
+        self.recent: list[list[str]] = []  # [post_id, host] of the newest `recent_posts` posts
+        self.bans: list[list] = []  # [ts, key] of bans already applied: a redelivered ban is a no-op
 
     def apply_post(self, ctx: dict) -> Update:
         changed = self.posts.add(ctx["post_id"], ctx["ts"])
+        if changed and ctx.get("host"):
+            self.recent.append([ctx["post_id"], ctx["host"]])
+            del self.recent[:-self.limits.recent_posts]
         return Update(changed, {"domain_post_count": self.posts.count, "domain_report_count": self.reports.count})
 
     def apply_report(self, ctx: dict) -> Update:
         return Update(self.reports.add(ctx["report_id"], ctx["ts"]))
 
+    def apply_ban(self, ctx: dict) -> Update:
+        """A domain ban: tell each recent post it covers (the post table re-decides a decided post)."""
+        host, mark = ctx.get("host"), [ctx["ts"], ctx["key"]]
+        if not ctx.get("banned") or not host or mark in self.bans:
+            return Update(False)
+        self.bans.append(mark)
+        del self.bans[:-self.limits.pending]
+        covered = [pid for pid, h in self.recent if h == host or h.endswith("." + host)]
+        return Update(True, followups=[(POST, pid, "ban", {"key": ctx["key"], "ts": ctx["ts"]}) for pid in covered])
+
     def to_dict(self) -> dict:
-        return {"posts": self.posts.to_dict(), "reports": self.reports.to_dict()}
+        return {"posts": self.posts.to_dict(), "reports": self.reports.to_dict(), "recent": self.recent,
+                "bans": self.bans}
 
     @classmethod
     def from_dict(cls, d: dict | None, limits: Limits = DEFAULT_LIMITS) -> DomainState:
@@ -419,6 +436,7 @@ class DomainState(_State):
         if d:
             s.posts = DedupCounter.from_dict(d["posts"], limits.dedup_ids)
             s.reports = DedupCounter.from_dict(d["reports"], limits.dedup_ids)
+            s.recent, s.bans = d.get("recent", []), d.get("bans", [])
         return s
 
 
@@ -477,6 +495,10 @@ class PostState(_State):
         self.label: list | None = None  # [ts, spam]
         self.decision: list | None = None
         self.pending: list[list] = []  # [kind, ctx]
+        # What the latest decision was made from: {"post", "received_at_ms", "features", "revision",
+        # "redecided": [reasons]}; a re-decision starts from it (see `redecision`).
+        self.snapshot: dict | None = None
+        self.ban: str | None = None  # ban key of a domain ban that covers the post's link
 
     def _route(self, kind: str, ctx: dict) -> list[tuple[str, str, str, dict]]:
         if self.info is None:
@@ -520,12 +542,44 @@ class PostState(_State):
         changed = self.decision is None or tuple(new) > tuple(self.decision)
         if changed:
             self.decision = new
+        snap = ctx.get("snapshot")
+        if snap and (self.snapshot is None or snap["revision"] > self.snapshot["revision"]):
+            self.snapshot = {**snap, "redecided": sorted(set(snap.get("redecided", [])) |
+                                                          set((self.snapshot or {}).get("redecided", [])))}
+            changed = True
         return Update(changed)
+
+    def apply_ban(self, ctx: dict) -> Update:
+        changed = self.ban is None
+        if changed:
+            self.ban = ctx["key"]
+        return Update(changed)
+
+    def redecision(self, report_threshold: int) -> dict | None:
+        """A request to decide the post again, at most once per reason, from the stored snapshot:
+        `domain_banned` when a ban now covers its link, `reports` when its reports reached the threshold
+        (0: never). Marks the reason done and bumps the revision; the caller stores the state."""
+        snap = self.snapshot
+        if snap is None:
+            return None
+        features, done = snap["features"], snap.setdefault("redecided", [])
+        if self.ban and "domain_banned" not in done and features.get("domain_banned") is not True:
+            reason, changes = "domain_banned", {"domain_banned": True}
+        elif (report_threshold and "reports" not in done and self.reports.count >= report_threshold
+              and self.reports.count > (features.get("post_report_count") or 0)):
+            reason, changes = "reports", {"post_report_count": self.reports.count}
+        else:
+            return None
+        done.append(reason)
+        snap["revision"] += 1
+        snap["features"] = {**features, **changes}
+        return {"reason": reason, "revision": snap["revision"], "features": snap["features"], "post": snap["post"],
+                "received_at_ms": snap["received_at_ms"]}
 
     def to_dict(self) -> dict:
         return {"info": self.info, "reports": self.reports.to_dict(), "shares": self.shares.to_dict(),
                 "comments": self.comments.to_dict(), "label": self.label, "decision": self.decision,
-                "pending": self.pending}
+                "pending": self.pending, "snapshot": self.snapshot, "ban": self.ban}
 
     @classmethod
     def from_dict(cls, d: dict | None, limits: Limits = DEFAULT_LIMITS) -> PostState:
@@ -537,6 +591,7 @@ class PostState(_State):
             s.comments = DedupCounter.from_dict(d["comments"], limits.dedup_ids)
             s.label, s.decision = d["label"], d["decision"]
             s.pending = [list(p) for p in d["pending"]]
+            s.snapshot, s.ban = d.get("snapshot"), d.get("ban")
         return s
 
 

@@ -2,8 +2,9 @@
 
 ingest:   posts -> decode + validate + normalise -> the first feature stage | posts.dlq
           (the feature stages are in `feature_agents.py`; they end on posts.enriched)
-batching: posts.enriched -> up to MODPIPE_MAX_BATCH posts or MODPIPE_MAX_WAIT_MS -> one Triton request
-          -> one decision per post -> decisions (and the verdict back to the feature tables)
+batching: posts.enriched -> up to MODPIPE_MAX_BATCH posts or MODPIPE_MAX_WAIT_MS -> bans short-circuit
+          -> one Triton request for the rest -> the decider (modpipe.decision) -> one decision per post
+          -> decisions (and the verdict, with the snapshot it was made from, back to the feature tables)
 
 At-least-once: an input offset is acked (and so committed) only after everything it produced is
 delivered. The batching agent keeps up to MODPIPE_MAX_INFLIGHT batches at Triton at once without
@@ -18,12 +19,13 @@ import asyncio
 import orjson
 
 from modpipe import log, schema
+from modpipe.decision.engine import cascade, shortcut
 from modpipe.settings import Settings
 from streams import metrics
 from streams.app import Pipeline
 from streams.bans import BanRegistry
 from streams.dead_letters import event_source, event_timestamp_ms, send_dead_letter
-from streams.feature_agents import attach_feature_agents, feed_back_decision, start_post
+from streams.feature_agents import attach_feature_agents, publish_decision, start_post
 from streams.scoring import TextScorer
 from streams.verdict import Decider
 
@@ -46,7 +48,7 @@ def attach_agents(pipe: Pipeline, settings: Settings, scorer: TextScorer, decide
     inflight = asyncio.Semaphore(settings.max_inflight)
     tasks: set[asyncio.Task] = set()
 
-    attach_feature_agents(pipe, bans)
+    attach_feature_agents(pipe, bans, decider, model_versions, settings.redecide_reports)
 
     @app.agent(pipe.posts, name="ingest")
     async def ingest(stream):
@@ -72,23 +74,24 @@ def attach_agents(pipe: Pipeline, settings: Settings, scorer: TextScorer, decide
                     envelopes.append(orjson.loads(event.value))
                 except orjson.JSONDecodeError as exc:  # only if someone else writes to our internal topic
                     await (await send_dead_letter(pipe, event, exc))
-            metrics.BATCH_SIZE.observe(len(envelopes))
-            probabilities = await scorer.spam_probabilities([env["post"]["text"] for env in envelopes])
+            # Cascade: a post a ban decides never reaches the text model.
+            scored = [i for i, env in enumerate(envelopes) if shortcut(env["features"]) is None]
+            if scored:
+                metrics.BATCH_SIZE.observe(len(scored))
+            probabilities = await scorer.spam_probabilities([envelopes[i]["post"]["text"] for i in scored])
+            text_p = {i: None if p != p else float(p)  # NaN: the text model is switched off
+                      for i, p in zip(scored, probabilities, strict=True)}
+            features_list = [features_for(env, text_p.get(i)) for i, env in enumerate(envelopes)]
+            verdicts = cascade(decider, features_list)
             deliveries = []
             decided_at = schema.now_ms()
-            for env, p in zip(envelopes, probabilities, strict=True):
-                post = env["post"]
-                p = None if p != p else float(p)  # NaN: the text model is switched off
-                features = features_for(env, p)
-                verdict = decider.decide(post, features, p)
+            for env, features, verdict in zip(envelopes, features_list, verdicts, strict=True):
                 record = schema.decision(
-                    post=post, verdict=verdict.verdict, spam_probability=verdict.spam_probability,
-                    text_probability=p, reasons=verdict.reasons, features=features,
+                    post=env["post"], verdict=verdict.verdict, spam_probability=verdict.spam_probability,
+                    text_probability=features["text_probability"], reasons=verdict.reasons, features=features,
                     short_circuit=verdict.short_circuit, model_versions=model_versions,
                     received_at_ms=env["received_at_ms"], decided_at_ms=decided_at)
-                deliveries.append(await pipe.decisions.send(key=post["post_id"].encode(), value=schema.dumps(record)))
-                deliveries.extend(await feed_back_decision(pipe, env["ctx"], verdict.verdict == "block"))
-                metrics.DECISIONS.labels(verdict.verdict).inc()
+                deliveries.extend(await publish_decision(pipe, record, env["ctx"], env["received_at_ms"]))
                 metrics.END_TO_END_LATENCY.observe(record["latency_ms"] / 1000)
             await asyncio.gather(*deliveries)
             for event in events:

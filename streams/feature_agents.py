@@ -7,6 +7,10 @@ topic are {"kind", "ctx"} (ctx = features.events.prepare_*), and for posts also 
 user -> url -> domain -> ip -> post; the last stage assembles the feature map (features.vector) and
 hands the post to the batching agent on `posts.enriched`.
 
+Re-decision: the post table keeps the snapshot each decision was made from. When a report brings the
+post's reports to MODPIPE_REDECIDE_REPORTS, or a domain ban reaches it through the domain table's list
+of recent posts, the post stage decides again from the snapshot and publishes revision + 1.
+
 Events are processed one at a time: a table write's changelog partition is the current event's
 partition. Sends are not awaited one by one: faust flushes the producer before it commits offsets,
 so at-least-once holds, and the states in features.state ignore an event they have already counted.
@@ -20,10 +24,12 @@ from features import events as fe
 from features.state import DEFAULT_LIMITS, ban_features, load_state
 from features.vector import assemble
 from modpipe import log, schema
+from modpipe.decision.engine import cascade
 from streams import metrics
 from streams.app import Pipeline
 from streams.bans import BanRegistry
 from streams.dead_letters import send_dead_letter
+from streams.verdict import Decider
 
 _log = log.get(__name__)
 
@@ -48,16 +54,46 @@ async def start_post(pipe: Pipeline, envelope: dict):
                                                   "counts": {}, "route": route})
 
 
-async def feed_back_decision(pipe: Pipeline, ctx: dict, spam: bool) -> list:
-    """The pipeline's own verdict counts towards user_spam_posts / ip_spam_posts of later posts."""
+async def feed_back_decision(pipe: Pipeline, ctx: dict, spam: bool, snapshot: dict | None = None) -> list:
+    """The pipeline's own verdict counts towards user_spam_posts / ip_spam_posts of later posts; the post
+    table also keeps the snapshot the verdict was made from, for a re-decision."""
     dctx = fe.prepare_decision(ctx, spam)
-    return [await send_to_stage(pipe, table, key, {"kind": "decision", "ctx": dctx})
+    return [await send_to_stage(pipe, table, key, {"kind": "decision",
+                                                   "ctx": {**dctx, "snapshot": snapshot} if table == fe.POST else dctx})
             for table, key in fe.routes("decision", dctx)]
 
 
-def attach_feature_agents(pipe: Pipeline, bans: BanRegistry) -> None:
+async def publish_decision(pipe: Pipeline, record: dict, ctx: dict, received_at_ms: int) -> list:
+    """Publish a decision record and feed it back to the tables; returns the pending deliveries."""
+    snapshot = {"post": {"post_id": record["post_id"], "user_id": record["user_id"]},
+                "received_at_ms": received_at_ms, "features": record["features"], "revision": record["revision"]}
+    deliveries = [await pipe.decisions.send(key=record["post_id"].encode(), value=schema.dumps(record))]
+    deliveries += await feed_back_decision(pipe, ctx, record["verdict"] == "block", snapshot)
+    metrics.DECISIONS.labels(record["verdict"]).inc()
+    if record["short_circuit"]:
+        metrics.SHORTCUTS.labels(record["short_circuit"]).inc()
+    return deliveries
+
+
+def attach_feature_agents(pipe: Pipeline, bans: BanRegistry, decider: Decider, model_versions: dict,
+                          redecide_reports: int) -> None:
     app, limits = pipe.app, DEFAULT_LIMITS
     is_banned = bans.is_banned
+
+    async def redecide(key: str, state, request: dict) -> None:
+        """Decide a post again from its stored snapshot (reports crossed the threshold, or a later ban)."""
+        features = request["features"]
+        verdict = cascade(decider, [features])[0]
+        record = schema.decision(
+            post=request["post"], verdict=verdict.verdict, spam_probability=verdict.spam_probability,
+            text_probability=features.get("text_probability"), reasons=verdict.reasons, features=features,
+            short_circuit=verdict.short_circuit, model_versions=model_versions,
+            received_at_ms=request["received_at_ms"], decided_at_ms=schema.now_ms(), revision=request["revision"])
+        ctx = {"post_id": key, "user_id": state.info["user_id"], "ip": state.info["ip"], "ts": state.info["ts"]}
+        await publish_decision(pipe, record, ctx, request["received_at_ms"])
+        metrics.REDECISIONS.labels(request["reason"]).inc()
+        _log.info("post decided again", extra={"post_id": key, "reason": request["reason"],
+                                               "revision": request["revision"], "verdict": verdict.verdict})
 
     def make_stage(table_name: str):
         table = pipe.tables[table_name]
@@ -74,8 +110,11 @@ def attach_feature_agents(pipe: Pipeline, bans: BanRegistry) -> None:
             kind, ctx = message["kind"], message["ctx"]
             state = load_state(table_name, table.get(key), limits)
             update = state.apply(kind, ctx)
-            if update.changed:
+            request = state.redecision(redecide_reports) if table_name == fe.POST and kind != "post" else None
+            if update.changed or request:
                 table[key] = state.to_dict()
+            if request:
+                await redecide(key, state, request)
             for f_table, f_key, f_kind, f_ctx in update.followups:
                 await send_to_stage(pipe, f_table, f_key, {"kind": f_kind, "ctx": f_ctx})
             if kind != "post":
@@ -129,3 +168,9 @@ def attach_feature_agents(pipe: Pipeline, bans: BanRegistry) -> None:
                 continue
             metrics.EVENTS_CONSUMED.labels("ban").inc()
             _log.info("ban received", extra={"kind": raw["kind"], "value": raw["value"], "action": raw["action"]})
+            # Every worker's BanRegistry applies it to new posts; the domain table finds the posts decided
+            # before it, so they are decided again.
+            ctx = fe.prepare_ban(raw)
+            for table, key in fe.routes("ban", ctx):
+                if table != fe.BANS:
+                    await send_to_stage(pipe, table, key, {"kind": "ban", "ctx": ctx})

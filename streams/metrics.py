@@ -10,6 +10,11 @@ POSTS_CONSUMED = Counter("modpipe_posts_consumed_total", "Records read from the 
 EVENTS_CONSUMED = Counter("modpipe_events_consumed_total", "Valid side-stream events read, by kind.", ["kind"])
 BAN_EVENTS_APPLIED = Counter("modpipe_ban_events_applied_total", "Valid ban records applied from the ban log.")
 DECISIONS = Counter("modpipe_decisions_total", "Decisions published, by verdict.", ["verdict"])
+SHORTCUTS = Counter("modpipe_shortcuts_total",
+                    "Posts decided by a shortcut (a ban) without the text model or the decision model, by reason.",
+                    ["reason"])
+REDECISIONS = Counter("modpipe_redecisions_total", "Decisions published again (revision + 1), by trigger.",
+                      ["reason"])
 DEAD_LETTERS = Counter("modpipe_dead_letters_total", "Records sent to the dead-letter topic, by reason.", ["reason"])
 END_TO_END_LATENCY = Histogram(
     "modpipe_end_to_end_latency_seconds",

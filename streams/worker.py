@@ -17,7 +17,7 @@ from streams.app import create_app
 from streams.bans import BanRegistry
 from streams.scoring import TextScorer
 from streams.topics import ensure_topics
-from streams.verdict import ThresholdDecider
+from streams.verdict import Decider, ThresholdDecider
 
 _log = log.get(__name__)
 
@@ -31,6 +31,20 @@ def default_triton_url(settings: Settings) -> str:
     return settings.triton_url or f"127.0.0.1:{settings.triton_grpc_port}"
 
 
+def make_decider(settings: Settings, text_model_version: str) -> Decider:
+    """MODPIPE_DECIDER: the LightGBM engine (refuses a model trained on another feature list) or text-only."""
+    if settings.decider == "text-only":
+        return ThresholdDecider(settings.review_threshold, settings.block_threshold)
+    from modpipe.decision.cli import load_engine
+
+    engine = load_engine(settings, text_model_version)
+    trained_on = engine.model.meta.get("text_model_version")
+    if trained_on != text_model_version:
+        _log.warning("the decision model was trained on another text model; its calibration may be off",
+                     extra={"decision_model": engine.version, "trained_on": trained_on, "served": text_model_version})
+    return engine
+
+
 def build_worker(settings: Settings, name: str | None = None):
     name = name or settings.worker_name or f"{socket.gethostname()}-{os.getpid()}"
     bootstrap = default_bootstrap(settings)
@@ -39,7 +53,7 @@ def build_worker(settings: Settings, name: str | None = None):
     pipe = create_app(settings, bootstrap, worker_name=name)
     scorer = TextScorer(build, default_triton_url(settings), settings.triton_model, settings.triton_timeout_s,
                         settings.max_seq_len, disabled=settings.text_model == "off")
-    decider = ThresholdDecider(settings.review_threshold, settings.block_threshold)
+    decider = make_decider(settings, build.version)
     bans = BanRegistry(settings, bootstrap, pipe.topics.bans)
     attach_agents(pipe, settings, scorer, decider, bans)
     return pipe, scorer, bans, bootstrap

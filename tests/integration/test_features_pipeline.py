@@ -147,11 +147,23 @@ def run_script(s: Script) -> None:
     s.settle()
 
 
-def assert_matches_offline(s: Script) -> None:
-    # Every decision of a post is fed back (a replayed post is decided again), so a post counts as
-    # decided spam when any of its decisions blocked it.
-    blocked = {pid: any(d["verdict"] == "block" for d in ds) for pid, ds in s.decisions.items()}
-    offline = compute(s.events, decide=lambda raw, f: blocked[raw["post_id"]])
+def assert_matches_offline(s: Script, replayed_before: str | None = None) -> None:
+    """Every feature of every first decision equals features.offline over the same events.
+
+    Every decision of a post is fed back. A replayed post is decided again, and the second verdict can
+    differ from the first (e.g. its IP was banned in between: the cascade blocks it), so offline feeds
+    back each post's first verdict where it was made, and the later blocks just before the post
+    `replayed_before` (the first post sent after the replay)."""
+    first = {pid: ds[0]["verdict"] == "block" for pid, ds in s.decisions.items()}
+    later = {pid for pid, ds in s.decisions.items() if not first[pid] and any(d["verdict"] == "block" for d in ds)}
+    posts = {p["post_id"]: p for kind, p in s.events if kind == "post"}
+    events = []
+    for kind, payload in s.events:
+        if kind == "post" and payload["post_id"] == replayed_before:
+            events += [("decision", {**{k: posts[pid].get(k) for k in ("post_id", "user_id", "ip", "created_at")},
+                                     "spam": True}) for pid in sorted(later)]
+        events.append((kind, payload))
+    offline = compute(events, decide=lambda raw, f: first[raw["post_id"]])
     for post_id, expected in offline.features.items():
         got = {k: v for k, v in s.features(post_id).items() if k != "text_probability"}
         assert set(got) == set(FEATURE_NAMES), f"{post_id}: feature names differ"
@@ -208,4 +220,4 @@ def test_tables_recover_after_sigkill_and_replays_count_nothing_twice(local_stac
     assert p8["user_posts"] == 4 and p8["user_post_count"] == 4 and p8["url_post_count"] == 5
     assert p8["ip_posts"] == 6 and p8["user_report_count"] == 2 and p8["post_share_count"] == 1
     assert p8["ip_banned"] is True
-    assert_matches_offline(s)
+    assert_matches_offline(s, replayed_before="p8")

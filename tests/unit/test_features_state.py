@@ -211,3 +211,87 @@ def test_limits_are_respected_by_table_states():
     d = s.to_dict()
     assert s.posts.count == 20 and len(d["posts"]["recent"]) == 4 and len(d["links"]) == 3
     assert len(d["texts"]) == 1  # all texts share a fingerprint (digits folded)
+
+
+# ------------------------------------------------------------------ re-decision (snapshot in the post table)
+
+def _decided(pid="p1", report_count=0, domain_banned=False):
+    """A post table holding the post and the snapshot of its first decision."""
+    from features.events import POST, prepare_decision
+    from features.offline import DictStore, apply_event
+
+    store = DictStore()
+    ctx = post(pid, url="http://login.evil.com/x")
+    apply_event("post", ctx, store)
+    snapshot = {"post": {"post_id": pid, "user_id": "u1"}, "received_at_ms": 5, "revision": 1,
+                "features": {"post_report_count": report_count, "domain_banned": domain_banned, "user_age": 3.0}}
+    apply_event("decision", {**prepare_decision(ctx, False), "snapshot": snapshot}, store)
+    return store, store.get(POST, pid)
+
+
+def _report(i, pid="p1"):
+    return prepare_report({"report_id": f"r{i}", "post_id": pid, "created_at": f"2024-05-01T10:0{i}:00Z"})
+
+
+def test_reports_reaching_the_threshold_redecide_once():
+    store, state = _decided()
+    for i in range(2):
+        state.apply("report", _report(i))
+        assert state.redecision(3) is None
+    state.apply("report", _report(2))
+    req = state.redecision(3)
+    assert req["reason"] == "reports" and req["revision"] == 2
+    assert req["features"] == {"post_report_count": 3, "domain_banned": False, "user_age": 3.0}
+    assert req["post"] == {"post_id": "p1", "user_id": "u1"} and req["received_at_ms"] == 5
+    state.apply("report", _report(3))
+    assert state.redecision(3) is None  # once per reason
+    state = load_state("post", json.loads(json.dumps(state.to_dict())))
+    state.apply("report", _report(2))  # a redelivered report after a restart
+    assert state.redecision(3) is None
+    assert state.redecision(0) is None  # 0 disables report re-decisions
+
+
+def test_threshold_already_reached_when_the_decision_arrives():
+    from features.events import POST, prepare_decision
+    from features.offline import DictStore, apply_event
+
+    store = DictStore()
+    ctx = post("p2")
+    apply_event("post", ctx, store)
+    for i in range(3):
+        apply_event("report", _report(i, "p2"), store)
+    state = store.get(POST, "p2")
+    assert state.redecision(3) is None  # nothing decided yet: nothing to decide again
+    snap = {"post": {"post_id": "p2", "user_id": "u1"}, "received_at_ms": 1, "revision": 1,
+            "features": {"post_report_count": 0}}
+    state.apply("decision", {**prepare_decision(ctx, False), "snapshot": snap})
+    assert state.redecision(3)["features"]["post_report_count"] == 3
+
+
+def test_a_later_domain_ban_reaches_the_posts_it_covers():
+    from features.events import DOMAIN, POST
+    from features.offline import apply_event
+
+    store, _ = _decided("p1")
+    other = post("p3", url="http://www.evil.com/y")
+    apply_event("post", other, store)
+    ban = prepare_ban({"ban_id": "b1", "kind": "domain", "value": "login.evil.com", "action": "ban",
+                       "created_at": "2024-05-01T11:00:00Z"})
+    assert ban["domain"] == "evil.com" and ban["host"] == "login.evil.com"
+    apply_event("ban", ban, store)
+    assert store.get(POST, "p1").ban == "domain:login.evil.com"
+    assert store.get(POST, "p3").ban is None  # www.evil.com is not under login.evil.com
+    req = store.get(POST, "p1").redecision(3)
+    assert req["reason"] == "domain_banned" and req["features"]["domain_banned"] is True
+    # applying the same ban again reaches no post: a redelivery re-decides nothing twice
+    assert store.get(DOMAIN, "evil.com").apply("ban", ban).followups == []
+
+
+def test_a_post_decided_with_its_domain_already_banned_is_not_redecided():
+    from features.events import POST
+    from features.offline import apply_event
+
+    store, _ = _decided("p1", domain_banned=True)
+    apply_event("ban", prepare_ban({"ban_id": "b1", "kind": "domain", "value": "evil.com", "action": "ban",
+                                    "created_at": "2024-05-01T11:00:00Z"}), store)
+    assert store.get(POST, "p1").redecision(3) is None
