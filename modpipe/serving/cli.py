@@ -60,8 +60,14 @@ def _export(args: argparse.Namespace) -> int:
 
     settings = Settings.from_env()
     build = resolve_model(settings)
+    decision = None
+    if args.variant == "gpu":  # the FIL backend serves the decision model trained for this text model
+        from modpipe.decision.train import resolve_decision_model
+
+        candidate = resolve_decision_model(settings, build.version)
+        decision = candidate if (candidate / "model.txt").exists() else None
     out = repository.assemble(Path(args.out), build, variant=args.variant, model_name=settings.triton_model,
-                              link=False, plan=Path(args.plan) if args.plan else None)
+                              link=False, plan=Path(args.plan) if args.plan else None, decision_model=decision)
     if args.variant == "gpu":
         script = out.parent / f"{out.name}-build_engine.sh"
         script.write_text(tensorrt.build_script())

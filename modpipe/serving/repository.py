@@ -4,7 +4,7 @@
 
 - `common/`  spam_tokenizer, spam_postprocess, spam_text_ensemble (the same for both deployments)
 - `cpu/`     spam_text as ONNX Runtime inside the python backend (what runs here)
-- `gpu/`     spam_text as a TensorRT plan (NVIDIA's Triton container)
+- `gpu/`     spam_text as a TensorRT plan, spam_decision on the FIL backend (NVIDIA's Triton container)
 
 Weights never enter git. `assemble()` copies a variant's templates into a directory, links (or
 copies) the build's `model.onnx` / `tokenizer.json` into the version directories, and writes the
@@ -30,6 +30,7 @@ TEXT_MODEL = "spam_text"
 TOKENIZER_MODEL = "spam_tokenizer"
 POSTPROCESS_MODEL = "spam_postprocess"
 ENSEMBLE_MODEL = "spam_text_ensemble"
+DECISION_MODEL = "spam_decision"
 VARIANTS = {"cpu": ("common", "cpu"), "gpu": ("common", "gpu")}
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "MODEL_CARD.md", ".gitkeep")
 
@@ -83,13 +84,14 @@ def _place(src: Path, dest: Path, link: bool) -> None:
 
 
 def assemble(dest: Path, build: ModelBuild, variant: str = "cpu", model_name: str = TEXT_MODEL,
-             link: bool = True, plan: Path | None = None) -> Path:
+             link: bool = True, plan: Path | None = None, decision_model: Path | None = None) -> Path:
     """Write a complete Triton model repository for `build` into `dest` (replaced if it exists).
 
     `model_name` renames the text model (MODPIPE_TRITON_MODEL); the ensemble follows it.
     `link=False` copies weights instead of symlinking them (a repository to ship elsewhere).
     For the gpu variant, `model.onnx` is placed beside the (absent) `model.plan` for trtexec,
-    or `plan` is copied in when already built.
+    or `plan` is copied in when already built; `decision_model` (a `modpipe decision train` directory)
+    provides spam_decision's model.txt.
     """
     dest = Path(dest)
     if dest.exists():
@@ -118,6 +120,9 @@ def assemble(dest: Path, build: ModelBuild, variant: str = "cpu", model_name: st
                 _place(fp32 if fp32.exists() else build.onnx, version / "model.onnx", link)
                 if plan is not None:
                     _place(Path(plan), version / "model.plan", link=False)
+        elif name == DECISION_MODEL:
+            if decision_model is not None:
+                _place(Path(decision_model) / "model.txt", version / "model.txt", link)
         elif name == TOKENIZER_MODEL:
             _set_params(config, **identity)
             _place(build.tokenizer, version / "tokenizer.json", link)

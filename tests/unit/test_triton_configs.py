@@ -31,7 +31,7 @@ def io(config: mc.ModelConfig) -> tuple:
 
 def test_templates_found_from_the_package():
     assert repository.source_dir() == ROOT
-    assert len(CONFIGS) == 5
+    assert len(CONFIGS) == 6
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))
@@ -39,7 +39,7 @@ def test_every_config_parses_and_names_its_directory(path):
     config = parse(path)
     assert config.name == path.parent.name
     assert config.max_batch_size == 128
-    assert config.backend == "python" or config.platform in ("tensorrt_plan", "ensemble")
+    assert config.backend in ("python", "fil") or config.platform in ("tensorrt_plan", "ensemble")
     if config.backend == "python":
         assert (path.parent / "1" / "model.py").exists()
     assert (path.parent / "MODEL_CARD.md").exists()
@@ -152,3 +152,20 @@ def test_trt_build_script_is_valid_bash_and_matches_the_config():
     assert f"input_ids:{gpu.max_batch_size}x128" in script
     assert "spam_text/1/model.plan" in script and "--fp16" in script
     assert tensorrt.TRITON_RELEASE in script
+
+
+def test_fil_decision_config_matches_the_feature_list(tmp_path, fake_build):
+    from modpipe.decision.model import DECISION_FEATURES
+
+    config = parse(ROOT / "gpu" / "spam_decision" / "config.pbtxt")
+    assert config.backend == "fil" and config.parameters["model_type"].string_value == "lightgbm"
+    assert config.parameters["predict_proba"].string_value == "true"
+    assert [(i.name, i.data_type, list(i.dims)) for i in config.input] == [
+        ("input__0", T.TYPE_FP32, [len(DECISION_FEATURES)])]
+    assert [(o.name, o.data_type, list(o.dims)) for o in config.output] == [("output__0", T.TYPE_FP32, [2])]
+    assert "spam_decision" not in repository.template_models("cpu")  # the local stack decides in process
+    trained = tmp_path / "decision"
+    trained.mkdir()
+    (trained / "model.txt").write_text("tree\n")
+    repo = repository.assemble(tmp_path / "repo", fake_build, variant="gpu", link=False, decision_model=trained)
+    assert (repo / "spam_decision" / "1" / "model.txt").read_text() == "tree\n"
