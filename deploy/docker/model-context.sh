@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Writes the build context of deploy/docker/model.Dockerfile for one text-model build:
 #   OUT/build/       model.onnx, tokenizer.json, served.json (+ MODEL_CARD.md): MODPIPE_MODEL_DIR of workers
+#   OUT/build/decision/  the LightGBM decision model trained on that text model (model.txt + model.json):
+#                    MODPIPE_DECISION_MODEL of workers
 #   OUT/triton-gpu/  `modpipe triton export --variant gpu`: Triton repository, spam_text/1/model.onnx;
 #                    Triton's init container builds model.plan from it on the serving GPU (from the
 #                    fp32 export: TensorRT cannot parse the int8 one).
@@ -18,6 +20,15 @@ rm -rf "$OUT"
 mkdir -p "$OUT/build"
 cp -L "$BUILD/model.onnx" "$BUILD/tokenizer.json" "$BUILD/served.json" "$OUT/build/"
 [ -f "$BUILD/MODEL_CARD.md" ] && cp -L "$BUILD/MODEL_CARD.md" "$OUT/build/"
+DECISION="$("$PY" -c 'import sys
+from modpipe.settings import Settings
+from modpipe.decision.train import resolve_decision_model
+print(resolve_decision_model(Settings.from_env(), sys.argv[1]))' "$VERSION")"
+if [ ! -f "$DECISION/model.txt" ]; then
+  echo "no decision model at $DECISION: run \`modpipe decision train\` first" >&2; exit 1
+fi
+mkdir -p "$OUT/build/decision"
+cp -L "$DECISION/model.txt" "$DECISION/model.json" "$OUT/build/decision/"
 MODPIPE_MODEL_DIR="$BUILD" "$MODPIPE" triton export --variant gpu --out "$OUT/triton-gpu"
 rm -f "$OUT/triton-gpu-build_engine.sh"   # the Triton pod's init container runs trtexec itself
 # TensorRT cannot parse the dynamically quantized int8 export (MatMulInteger, DynamicQuantizeLinear):
