@@ -124,19 +124,24 @@ def assemble(post: dict, counts: dict[str, Any]) -> dict[str, Any]:
     return {name: merged.get(name) for name in FEATURE_NAMES}
 
 
-def to_numeric_vector(features: dict[str, Any]) -> list[float]:
-    """NUMERIC_FEATURES as floats: True/False -> 1.0/0.0, None (or non-numeric) -> NaN."""
+def to_vector(features: dict[str, Any], names: tuple[str, ...]) -> list[float]:
+    """`names` as floats: True/False -> 1.0/0.0, None (or non-numeric, or infinite) -> NaN (missing)."""
     out = []
-    for name in NUMERIC_FEATURES:
+    for name in names:
         v = features.get(name)
         if isinstance(v, bool):
             out.append(1.0 if v else 0.0)
-        elif isinstance(v, int | float) and v == v:
+        elif isinstance(v, int | float) and v == v and not math.isinf(v):
             out.append(float(v))
         else:
             out.append(math.nan)
     return out
 
 
+def to_numeric_vector(features: dict[str, Any]) -> list[float]:
+    """NUMERIC_FEATURES as floats (see `to_vector`)."""
+    return to_vector(features, NUMERIC_FEATURES)
+
+
 __all__ = ["FEATURE_NAMES", "NUMERIC_FEATURES", "STRING_FEATURES", "CATEGORICAL", "COUNT_FEATURES",
-           "assemble", "static_features", "url_features", "profile_features", "to_numeric_vector"]
+           "assemble", "static_features", "url_features", "profile_features", "to_numeric_vector", "to_vector"]

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from features.vector import NUMERIC_FEATURES
+from features.vector import NUMERIC_FEATURES, to_vector
 
 # Column order of the model's input: the text model's probability, then every numeric feature.
 DECISION_FEATURES: tuple[str, ...] = ("text_probability",) + NUMERIC_FEATURES
@@ -34,16 +33,7 @@ class DecisionModelMissing(FileNotFoundError):
 
 def decision_vector(features: dict[str, Any]) -> list[float]:
     """DECISION_FEATURES as floats: True/False -> 1/0, None or non-numeric -> NaN (LightGBM's missing)."""
-    out = []
-    for name in DECISION_FEATURES:
-        v = features.get(name)
-        if isinstance(v, bool):
-            out.append(1.0 if v else 0.0)
-        elif isinstance(v, int | float) and not math.isinf(v):
-            out.append(float(v))
-        else:
-            out.append(math.nan)
-    return out
+    return to_vector(features, DECISION_FEATURES)
 
 
 def check_feature_list(found: list[str], source: str) -> None:
