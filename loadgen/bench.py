@@ -7,7 +7,8 @@ from the served build's held-out split):
    decisions) on a local stack of N worker processes. Saturation: every post is produced up front and
    decisions/s are measured over the steady part (the first and last 10% of decisions left out:
    pipeline fill and drain). Then the same texts again (fresh ids) at `load` x that rate (Poisson or
-   constant arrivals) for the end-to-end latency: produce() call -> decision received.
+   constant arrivals) for the end-to-end latency: produce() call -> decision published (the decision
+   record's timestamp; see `DecisionLog`).
 2. **seed**: the approach modpipe replaces: one synchronous gRPC request per post to the same Triton
    server, inputs padded to 128 tokens, batch 1, tokenization in the loop (the workers are stopped
    first, so the seed has the machine the pipeline had).
@@ -672,7 +673,7 @@ def format_markdown(report: dict) -> str:
         f"-> batching (avg batch {_f(sat['workers']['avg_batch'])}) -> Triton -> decisions, {workers} | "
         f"**{_f(pipe['posts_per_s'])}** | | |",
         f"| pipeline at {cfg['load']:.0%} load | {lat['arrivals']} arrivals at {_f(lat['offered_posts_per_s'])}/s; "
-        f"produce -> decision received | {_f(lat['decided_posts_per_s'])} | {_f(lat['p50_ms'], 0)} | "
+        f"produce -> decision published | {_f(lat['decided_posts_per_s'])} | {_f(lat['p50_ms'], 0)} | "
         f"**{_f(lat['p99_ms'], 0)}** |",
         f"| **seed** | one blocking gRPC request per post to the same Triton, batch 1, padded to {seed['width']} | "
         f"**{_f(seed['posts_per_s'])}** | {_f(seed['p50_ms'])} | {_f(seed['p99_ms'])} |",

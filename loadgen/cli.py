@@ -137,7 +137,7 @@ all three paths:
   pipeline  modpipe end to end (broker -> ingest -> feature stages -> batching -> Triton -> decisions)
             on a local stack of --workers worker processes: posts/s at saturation (every post
             produced up front, decisions/s over the steady part), then p50/p95/p99 end-to-end
-            latency (produce -> decision received) at --load x that rate;
+            latency (produce -> decision published) at --load x that rate;
   seed      one synchronous gRPC request per post to the same Triton, padded to 128, batch 1;
   ceiling   in-process ONNX Runtime on the same model file and threads, best batch size,
             per-batch padding.
