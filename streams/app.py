@@ -51,7 +51,9 @@ class Pipeline:
 
 def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker-0") -> Pipeline:
     names = TopicNames.from_settings(settings)
-    datadir = settings.state_dir / "faust" / worker_name
+    # Per app id: faust's RocksDB store keeps one offset per partition database whatever the topic, so an
+    # app reusing another app's table directory (new topics) died with ConsistencyError at recovery.
+    datadir = settings.state_dir / "faust" / settings.app_id / worker_name
     datadir.parent.mkdir(parents=True, exist_ok=True)
     app = faust.App(
         settings.app_id,

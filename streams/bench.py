@@ -73,6 +73,8 @@ def pipeline(settings: Settings, bootstrap: str, posts: list[dict], workers: int
         seen: set[str] = set()
         with tqdm(total=len(posts), desc="decisions", disable=not progress) as bar:
             while seen < wanted and time.perf_counter() - started < 600:
+                if not all(w.process.alive() for w in stack.workers):
+                    raise RuntimeError(f"a worker died; see {stack.workers[0].process.log_path.parent}")
                 msg = consumer.poll(0.2)
                 if msg is not None and not msg.error():
                     pid = schema.decode_decision(msg.value())["post_id"]
@@ -90,7 +92,8 @@ def run(settings: Settings, n_posts: int = 2000, workers: int = 1, progress: boo
     own_broker = None
     bootstrap = settings.bootstrap_servers
     if not bootstrap:
-        own_broker = EmbeddedBroker(settings.state_dir / "bench-broker", free_port()).start()
+        # A directory per run: a run killed without cleanup must not block the next one.
+        own_broker = EmbeddedBroker(settings.state_dir / f"bench-broker-{uuid.uuid4().hex[:8]}", free_port()).start()
         bootstrap = own_broker.bootstrap
     try:
         settings = dataclasses.replace(settings, bootstrap_servers=bootstrap, text_model="off",
@@ -103,5 +106,6 @@ def run(settings: Settings, n_posts: int = 2000, workers: int = 1, progress: boo
     finally:
         if own_broker:
             own_broker.stop()
+            own_broker.wipe()
     return {"posts": n_posts, "workers": workers, "plain_loop_posts_per_s": round(plain, 1),
             "feature_path_posts_per_s": round(ours, 1), "ratio_feature_path_over_plain": round(ours / plain, 4)}
