@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from loadgen.posts import make_post, malformed_records
 from modpipe import schema
+from streams.verdict import ThresholdDecider
 
 
 def valid_post(**changes):
@@ -100,8 +101,10 @@ def test_decoder_accepts_only_what_the_json_schema_accepts(fields):
 
 def test_decision_and_dead_letter_match_their_schemas():
     post = schema.decode_post(orjson.dumps(valid_post()))
+    # The reasons as a real decider writes them, so the schema is checked against what is published.
+    reasons = ThresholdDecider().decide_many([{"text_probability": 0.7}])[0].reasons
     record = schema.decision(post=post, verdict="review", spam_probability=0.7, text_probability=0.7,
-                             reasons=[{"feature": "text_probability", "value": 0.7, "contribution": 0.7}],
+                             reasons=reasons,
                              features={"text_probability": 0.7}, short_circuit=None,
                              model_versions={"text_model": "abc"}, received_at_ms=1000, decided_at_ms=1012)
     validator("decision").validate(record)
