@@ -44,10 +44,13 @@ class TrainConfig:
     posts_per_run: int = 1500
     train_fraction: float = 0.8
     rounds: int = 2
-    num_boost_round: int = 600
-    early_stopping: int = 40
+    # Small trees, few of them: every decision's reasons cost one TreeSHAP pass, which grows with trees x
+    # leaves x depth^2. 600 trees of 31 leaves took 2.8 ms per post (40% of a worker's event loop with the
+    # text model off); 100 trees of 7 leaves take 0.08 ms at the same held-out F1 (measured side by side).
+    num_boost_round: int = 100
+    early_stopping: int = 20
     params: tuple[tuple[str, object], ...] = (
-        ("objective", "binary"), ("learning_rate", 0.05), ("num_leaves", 31), ("min_data_in_leaf", 20),
+        ("objective", "binary"), ("learning_rate", 0.2), ("num_leaves", 7), ("min_data_in_leaf", 50),
         ("feature_fraction", 0.9), ("bagging_fraction", 0.9), ("bagging_freq", 1), ("lambda_l2", 1.0),
         ("deterministic", True), ("force_row_wise", True), ("num_threads", 2), ("verbose", -1),
     )
