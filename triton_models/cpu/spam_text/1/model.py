@@ -1,8 +1,13 @@
 """spam_text on CPU: the build's ONNX model run by ONNX Runtime inside Triton's python backend.
 
 Triton hands `execute` every request the dynamic batcher grouped together, each with its own
-sequence length (clients pad per batch). We pad them all to the longest, drop columns that are
-padding in every row, run ONNX Runtime ONCE for the whole group and split the logits back.
+sequence length (clients pad per batch). We gather their rows, sort them by true length (the mask)
+and run ONNX Runtime on runs of similar length, each padded only to its own longest row and holding
+at most `bucket_tokens` padded tokens, then put the logits back in request order.
+
+Why: a streamed batch mixes 20-token chat lines with 128-token e-mails. Padding all of them to 128
+computes mostly padding; sorted sub-batches compute (almost) only real tokens. On a CPU, runs of
+~16 long rows are also where ONNX Runtime is fastest (bigger batches spill its caches).
 
 The weights are not in git: the launcher (modpipe.serving.repository) links the build's
 `model.onnx` into this version directory, next to this file.
@@ -14,6 +19,31 @@ import os
 import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
+
+
+def real_lengths(mask):
+    """Tokens per row up to its last unmasked position (rows are left-aligned; 0 for an empty row)."""
+    present = mask != 0
+    last = present.shape[1] - np.argmax(present[:, ::-1], axis=1)
+    return np.where(present.any(axis=1), last, 0)
+
+
+def length_runs(lengths, bucket_tokens):
+    """Row indices grouped into runs of similar length, shortest first: each run is padded to its own
+    longest row (at least 1) and holds at most `bucket_tokens` padded tokens (at least one row).
+    Yields (row indices, width)."""
+    order = np.argsort(lengths, kind="stable")
+    start = 0
+    while start < len(order):
+        end = start + 1
+        width = max(1, int(lengths[order[start]]))
+        while end < len(order):
+            w = max(width, int(lengths[order[end]]))
+            if w * (end - start + 1) > bucket_tokens:
+                break
+            width, end = w, end + 1
+        yield order[start:end], width
+        start = end
 
 
 def _param(config, key, default):
@@ -39,6 +69,9 @@ class TritonPythonModel:
         self.pad_id = int(_param(config, "pad_id", "0"))
         self.max_seq_len = int(_param(config, "max_seq_len", "0"))  # 0: no cap
         self.trim_padding = _param(config, "trim_padding", "true").lower() == "true"
+        # 0: one ORT run over the whole merged batch (padded to its longest row, or to the widest request
+        # when trim_padding is off).
+        self.bucket_tokens = int(_param(config, "bucket_tokens", "2048"))
         self.logits_dtype = pb_utils.triton_string_to_numpy(
             pb_utils.get_output_config_by_name(config, "logits")["data_type"])
 
@@ -67,16 +100,17 @@ class TritonPythonModel:
             mask[start:start + n, :w] = a_mask[:, :w]
             start += n
 
-        if total:
+        logits = np.zeros((total, 2), dtype=np.float32)
+        if total and self.bucket_tokens > 0:
+            for rows_of_run, run_width in length_runs(real_lengths(mask), self.bucket_tokens):
+                logits[rows_of_run] = self._run(ids[rows_of_run, :run_width], mask[rows_of_run, :run_width])
+        elif total:
             if self.trim_padding:
                 # Columns that are padding in every row change nothing (they are masked): a client that
                 # pads to 128 then costs what per-batch padding costs.
-                used = np.flatnonzero(mask.any(axis=0))
-                keep = int(used[-1]) + 1 if used.size else 1
-                ids, mask = ids[:, :keep], mask[:, :keep]
-            logits = self.session.run(["logits"], {"input_ids": ids, "attention_mask": mask})[0]
-        else:
-            logits = np.zeros((0, 2), dtype=np.float32)
+                width = max(1, int(real_lengths(mask).max()))
+                ids, mask = ids[:, :width], mask[:, :width]
+            logits = self._run(ids, mask)
         logits = logits.astype(self.logits_dtype, copy=False)
 
         responses, start = [], 0
@@ -89,6 +123,10 @@ class TritonPythonModel:
                 responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
             start += n
         return responses
+
+    def _run(self, ids, mask):
+        return self.session.run(["logits"], {"input_ids": np.ascontiguousarray(ids),
+                                             "attention_mask": np.ascontiguousarray(mask)})[0]
 
     def finalize(self):
         self.session = None

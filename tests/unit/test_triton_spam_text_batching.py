@@ -1,0 +1,56 @@
+"""The CPU spam_text model's length bucketing (triton_models/cpu/spam_text/1/model.py), without Triton.
+
+model.py imports Triton's `triton_python_backend_utils`, which exists only inside the python backend;
+the pure helpers under test do not use it, so an empty stand-in module is enough to import the file."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+MODEL_PY = Path(__file__).resolve().parents[2] / "triton_models" / "cpu" / "spam_text" / "1" / "model.py"
+
+
+def _load():
+    sys.modules.setdefault("triton_python_backend_utils", types.ModuleType("triton_python_backend_utils"))
+    spec = importlib.util.spec_from_file_location("spam_text_cpu_model", MODEL_PY)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+model = _load()
+
+
+def test_real_lengths_reads_the_mask():
+    mask = np.array([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]])
+    assert model.real_lengths(mask).tolist() == [3, 1, 0, 4]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 128), min_size=1, max_size=200), st.sampled_from([1, 64, 512, 2048, 10_000]))
+def test_length_runs_cover_every_row_once_within_budget(lengths, budget):
+    lengths = np.array(lengths)
+    runs = list(model.length_runs(lengths, budget))
+    rows = np.concatenate([r for r, _ in runs])
+    assert sorted(rows.tolist()) == list(range(len(lengths)))  # every row exactly once
+    previous_width = 0
+    for run_rows, width in runs:
+        assert width >= max(1, int(lengths[run_rows].max()))  # nobody is truncated
+        assert width == max(1, int(lengths[run_rows].max()))  # and nobody pays for a longer run's padding
+        assert len(run_rows) == 1 or width * len(run_rows) <= budget
+        assert width >= previous_width  # shortest first
+        previous_width = width
+
+
+def test_mixed_batch_computes_far_fewer_tokens_than_padding_to_the_longest():
+    lengths = np.array([20] * 48 + [128] * 16)  # chat lines and e-mails in one streamed batch
+    padded = sum(len(r) * w for r, w in model.length_runs(lengths, 2048))
+    assert padded == 48 * 20 + 16 * 128
+    assert padded < 0.4 * len(lengths) * 128
