@@ -15,6 +15,8 @@ SHORTCUTS = Counter("modpipe_shortcuts_total",
                     ["reason"])
 REDECISIONS = Counter("modpipe_redecisions_total", "Decisions published again (revision + 1), by trigger.",
                       ["reason"])
+STATE_WRITES = Counter("modpipe_state_writes_total",
+                       "Feature-table states written (one changelog record each; one per key per batch).", ["table"])
 DEAD_LETTERS = Counter("modpipe_dead_letters_total", "Records sent to the dead-letter topic, by reason.", ["reason"])
 END_TO_END_LATENCY = Histogram(
     "modpipe_end_to_end_latency_seconds",
