@@ -6,6 +6,7 @@ import random
 import shutil
 import subprocess
 import time
+import urllib.request
 
 import jsonschema
 import orjson
@@ -78,6 +79,11 @@ def test_every_valid_post_gets_exactly_one_correct_decision(local_stack, pipelin
     assert metrics["modpipe_batch_size_posts_sum"] / metrics["modpipe_batch_size_posts_count"] > 1, \
         "posts were not batched"
     assert metrics["modpipe_triton_request_duration_seconds_count"] >= 1
+    # Prometheus's own linter on what a worker really serves (naming, units, help, types).
+    exposition = urllib.request.urlopen(stack.workers[0].metrics_url, timeout=5).read()
+    lint = subprocess.run([shutil.which("promtool") or "promtool", "check", "metrics"], input=exposition,
+                          capture_output=True, timeout=60)
+    assert lint.returncode == 0, (lint.stdout + lint.stderr).decode()
 
 
 def test_smoke_malformed_records_land_in_dead_letters_and_worker_keeps_running(local_stack, pipeline_settings):

@@ -510,8 +510,7 @@ def test_prometheus_example_config_matches_the_alerts():
 
 def _promtool() -> str:
     path = shutil.which("promtool")
-    if path is None:
-        pytest.skip("promtool not installed (Debian package `prometheus`); YAML/PromQL checks above still ran")
+    assert path, "promtool is not installed; `make setup` installs it (Debian package prometheus)"
     return path
 
 
@@ -520,7 +519,18 @@ def test_promtool_check_rules():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_promtool_check_config():
+def test_promtool_check_config(tmp_path):
     proc = subprocess.run([_promtool(), "check", "config", "--syntax-only", str(PROMETHEUS_YML)],
                           capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0 and "field kubernetes_sd_configs not found" in proc.stdout + proc.stderr:
+        # Debian builds Prometheus without Kubernetes discovery. Check everything else (relabelling,
+        # rule files, the rules themselves) on a copy whose pods come from a static target instead.
+        doc = yaml.safe_load(PROMETHEUS_YML.read_text())
+        for job in doc["scrape_configs"]:
+            assert job.pop("kubernetes_sd_configs") == [{"role": "pod"}]
+            job["static_configs"] = [{"targets": ["127.0.0.1:9464"]}]
+        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(doc))
+        shutil.copy(PROMETHEUS_YML.parent / "alerts.yaml", tmp_path / "alerts.yaml")
+        proc = subprocess.run([_promtool(), "check", "config", str(tmp_path / "prometheus.yml")],
+                              capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
