@@ -44,6 +44,11 @@ def test_bench_reports_three_paths_and_consistent_ratios(pipeline_settings, tmp_
     assert [r["batch"] for r in ceil["by_batch"]] == [8, 16]
     assert ceil["posts_per_s"] == max(r["posts_per_s"] for r in ceil["by_batch"])
     assert ceil["best_batch"] in (8, 16) and ceil["threads"] >= 1
+    # the sorted ceiling ran the same texts, sorted by length: no batch is wider than the arrival-order one
+    srt = report["ceiling_sorted"]
+    assert [r["batch"] for r in srt["by_batch"]] == [8, 16]
+    for a, b in zip(srt["by_batch"], ceil["by_batch"], strict=True):
+        assert a["mean_width"] <= b["mean_width"]
 
     # the pipeline really went through Triton, in batches
     assert sat["triton"]["rows"] == POSTS and sat["workers"]["batches"] >= 1
