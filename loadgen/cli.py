@@ -201,7 +201,8 @@ def register_bench(sub: argparse._SubParsersAction) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     register_bench(sub)
-    scenarios = "; ".join(f"{s.name}: {s.description}" for s in SCENARIOS.values())
+    # argparse expands %-formats in help texts: the descriptions say things like "10% spam"
+    scenarios = "; ".join(f"{s.name}: {s.description}" for s in SCENARIOS.values()).replace("%", "%%")
     p = sub.add_parser("loadgen", help="simulated platform traffic (posts + reports, engagements, labels, bans) "
                                        "through the pipeline; reports throughput, latency, lag and accuracy",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

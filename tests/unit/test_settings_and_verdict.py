@@ -63,3 +63,26 @@ def test_histogram_quantile_interpolates_like_promql():
     assert histogram_quantile(samples, name, 0.5) == pytest.approx(0.1)
     assert histogram_quantile(samples, name, 0.75) == pytest.approx(0.15)
     assert histogram_quantile({}, name, 0.5) is None
+
+
+def _subcommand_paths(parser, prefix=()):
+    """Every command path of the CLI: (), ("model",), ("model", "build"), ..."""
+    import argparse
+
+    yield prefix
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _subcommand_paths(sub, (*prefix, name))
+
+
+def test_every_command_has_working_help(capsys):
+    from modpipe.cli import build_parser
+
+    paths = list(_subcommand_paths(build_parser()))
+    assert ("loadgen",) in paths and ("bench", "features") in paths and ("decision", "eval") in paths
+    for path in paths:
+        with pytest.raises(SystemExit) as exc:
+            build_parser().parse_args([*path, "--help"])
+        assert exc.value.code == 0, path
+        assert "usage: modpipe" in capsys.readouterr().out, path
