@@ -1,0 +1,16 @@
+"""The client-side fixes of streams/kafka_compat.py that are pure logic."""
+
+from __future__ import annotations
+
+from streams.kafka_compat import EMPTY_FETCH_BACKOFF_MAX_S, EMPTY_FETCH_BACKOFF_S, empty_fetch_backoff
+
+
+def test_no_wait_while_fetches_bring_records():
+    assert empty_fetch_backoff(0) == 0.0
+
+
+def test_wait_doubles_with_each_empty_fetch_up_to_the_cap():
+    waits = [empty_fetch_backoff(n) for n in range(1, 12)]
+    assert waits[0] == EMPTY_FETCH_BACKOFF_S
+    assert all(b == min(2 * a, EMPTY_FETCH_BACKOFF_MAX_S) for a, b in zip(waits, waits[1:]))
+    assert max(waits) == EMPTY_FETCH_BACKOFF_MAX_S  # an idle worker still looks ~12 times a second
