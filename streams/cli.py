@@ -103,9 +103,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = _bench_subparsers(sub).add_parser(
         "features", help="posts/s through ingest + feature stages (text model off) vs a plain Kafka loop")
-    p.add_argument("--posts", type=int, default=2000)
-    p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--posts", type=int, default=2000, help="posts sent through each path (default 2000)")
+    p.add_argument("--workers", type=int, default=1, help="stream workers of the feature path (default 1)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
     p.set_defaults(func=_bench_features)
 
     p = sub.add_parser("broker", help="run the embedded Kafka-protocol broker (noida-db) until Ctrl-C")
@@ -125,14 +125,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_up)
 
     p = sub.add_parser("smoke", help="send N held-out posts + malformed records and check every one is handled")
-    p.add_argument("--posts", type=int, default=200)
+    p.add_argument("--posts", type=int, default=200, help="held-out posts to send (default 200)")
     p.add_argument("--workers", type=int, default=1, help="workers to start when the embedded stack is used")
     p.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for all verdicts")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_smoke)
 
     p = sub.add_parser("demo", help="start the local stack, send a burst of posts, show verdicts flowing")
-    p.add_argument("--posts", type=int, default=300)
-    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--posts", type=int, default=300, help="held-out posts to send (default 300)")
+    p.add_argument("--workers", type=int, default=2, help="stream workers to start (default 2)")
     p.add_argument("--keep-running", action="store_true", help="keep the stack up with its status line")
     p.set_defaults(func=_demo)
