@@ -5,7 +5,8 @@
       │                                                                                   │
       └─ invalid ─▶ posts.dlq                          decisions ◀──batching── posts.enriched (key post_id)
 
-    reports, engagements, labels ──▶ the stages whose tables they update;  bans ──▶ a global table
+    reports, engagements, labels ──▶ the stages whose tables they update
+    bans ──▶ read in full by every worker (streams/bans.py), and to the domain stage for re-decisions
 
 A post visits only the stages whose key it has (no URL: no url/domain stage). Every stage topic
 carries all events for its table, so each table is co-partitioned with the one stream that updates
