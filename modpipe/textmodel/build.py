@@ -27,6 +27,11 @@ BUILD_MARKER = "build.json"  # written last: its presence means the build is com
 COMPLETE_FILES = artifacts.REQUIRED_FILES + ("model.fp32.onnx", "model.int8.onnx", "metrics.json", "split.json",
                                              "heldout.jsonl", "MODEL_CARD.md", BUILD_MARKER)
 INT8_MAX_F1_DROP = 0.002
+# A text's probability may move by at most this much with what it is batched with. Triton's dynamic batcher
+# and the length-sorted runs of spam_text put a post with whatever else is in flight; a moderation verdict
+# must not depend on that (re-decisions, audits, tests). Dynamic int8 quantization computes one activation
+# scale per batch and moved scores by up to 0.013, so it is served only if it stays inside this.
+BATCH_INVARIANCE_TOLERANCE = 1e-4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,17 +48,38 @@ class Profile:
 
 
 PROFILES = {
-    # full: spam weighted 2x in the loss and SMS (short, cheap, the harder set) seen twice per epoch, after a
-    # first full build (spam_weight 1, no oversampling) missed the SMS target on recall (test F1 0.928).
-    "full": Profile("full", TrainConfig(max_seq_len=128, epochs=2.0, batch_size=32, lr=1e-4, evals_per_epoch=3,
-                                        patience=4, max_train_seconds=13 * 60, freeze_word_embeddings=True,
-                                        spam_weight=2.0, oversample={"sms": 2}),
-                    19.5 * 60, 300, "production"),
+    # full: spam weighted 2x in the loss; SMS (short, cheap, the harder set) seen three times per epoch:
+    # SMS-only trials gained with more steps (test F1 0.933 at ~300 steps, 0.954 at ~500-600), while
+    # SpamAssassin's e-mails cost ~6x more per step and reached val F1 0.985 in 1.5 epochs. 1.6 epochs
+    # = ~680 steps, ~9 min of training on 2 idle cores; the step budget ends it, the 15-min cap only
+    # guards a machine more than 1.6x slower.
+    "full": Profile("full", TrainConfig(max_seq_len=128, epochs=1.6, batch_size=32, lr=1e-4, evals_per_epoch=3,
+                                        patience=4, max_train_seconds=15 * 60, freeze_word_embeddings=True,
+                                        spam_weight=2.0, oversample={"sms": 3}),
+                    20 * 60, 300, "production"),
     # demo: a third of the data, seq 64, lowest 3 layers frozen (half the backward), ~1 minute of training
     "demo": Profile("demo", TrainConfig(max_seq_len=64, epochs=1.0, batch_size=32, lr=2e-4, evals_per_epoch=2,
                                         patience=2, max_train_seconds=75, train_fraction=0.33, val_fraction=0.3,
                                         freeze_layers=3), 170, 75, "demo"),
 }
+
+
+def batch_shift(onnx_path: Path, tokenizer_json: Path, texts: list[str], max_len: int) -> float:
+    """Largest change of a text's spam probability between scoring it alone and in one batch with the others."""
+    import numpy as np
+
+    from modpipe.textmodel.export import ort_session
+    from modpipe.textmodel.tokenize import BatchTokenizer
+
+    tok, sess = BatchTokenizer(tokenizer_json, max_len), ort_session(onnx_path)
+
+    def spam_probability(batch: list[str]) -> np.ndarray:
+        ids, mask = tok(batch)
+        logits = sess.run(["logits"], {"input_ids": ids, "attention_mask": mask})[0].astype(np.float64)
+        return 1.0 / (1.0 + np.exp(logits[:, 0] - logits[:, 1]))
+
+    alone = np.concatenate([spam_probability([t]) for t in texts])
+    return round(float(np.max(np.abs(alone - spam_probability(texts)))), 6)
 
 
 def source_hash() -> str:
@@ -199,14 +225,22 @@ def _build_into(out: Path, settings: Settings, profile: Profile, base: Path | No
         per["all"] = evaluate.classification_metrics(val_labels, prob, 0.5)["f1"]
         val_f1[name] = per
     drops = {ds: round(val_f1["fp32"][ds] - val_f1["int8"][ds], 4) for ds in val_f1["fp32"]}
-    if max(drops.values()) <= INT8_MAX_F1_DROP:
-        precision = "int8"
-        reason = (f"int8 validation spam F1 is within {INT8_MAX_F1_DROP} of fp32 on every data set "
-                  f"(drops {drops}); it is ~2x faster and 4x smaller.")
-    else:
+    shift = {name: batch_shift(path, out / "tokenizer.json", [e.text for e in val[:64]], cfg.max_seq_len)
+             for name, path in (("fp32", fp32), ("int8", int8))}
+    if max(drops.values()) > INT8_MAX_F1_DROP:
         precision = "fp32"
         reason = (f"int8 loses more than {INT8_MAX_F1_DROP} validation spam F1 (drops {drops}); accuracy comes "
                   f"first, so fp32 is served.")
+    elif shift["int8"] > BATCH_INVARIANCE_TOLERANCE:
+        precision = "fp32"
+        reason = (f"int8 keeps validation spam F1 (drops {drops}) but a text's probability moves by up to "
+                  f"{shift['int8']:.4f} with its batch neighbours (> {BATCH_INVARIANCE_TOLERANCE}; fp32: "
+                  f"{shift['fp32']:.1e}): a verdict must not depend on what it was batched with, so fp32 is served.")
+    else:
+        precision = "int8"
+        reason = (f"int8 validation spam F1 is within {INT8_MAX_F1_DROP} of fp32 on every data set "
+                  f"(drops {drops}) and batch-invariant (max shift {shift['int8']:.1e}); it is ~2x faster and "
+                  f"4x smaller.")
     shutil.copy2(fp32 if precision == "fp32" else int8, out / "model.onnx")
     t = lap("precision_s", t)
 
@@ -214,7 +248,8 @@ def _build_into(out: Path, settings: Settings, profile: Profile, base: Path | No
         "version": f"{profile.name}-{key}",
         "precision": precision,
         "precision_reason": reason,
-        "validation": {"spam_f1": val_f1, "f1_drop_int8": drops, "max_allowed_drop": INT8_MAX_F1_DROP},
+        "validation": {"spam_f1": val_f1, "f1_drop_int8": drops, "max_allowed_drop": INT8_MAX_F1_DROP,
+                       "batch_shift": shift, "max_allowed_batch_shift": BATCH_INVARIANCE_TOLERANCE},
         "max_seq_len": cfg.max_seq_len,
         "labels": list(artifacts.LABELS),
         "profile": profile.name,

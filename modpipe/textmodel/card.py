@@ -92,6 +92,8 @@ classification head (pre-classifier 384x384 + ReLU + dropout 0.2 + linear 384x2)
   (limit {export['check']['tolerance']:.0e}).
 - `model.int8.onnx`: ONNX Runtime dynamic quantization (int8 weights, per channel).
 - Validation spam F1, fp32 vs int8: {json.dumps(val)}.
+- Batch invariance (largest change of a validation text's probability, alone vs in a batch of 64):
+  {json.dumps(served['validation'].get('batch_shift'))}, allowed {served['validation'].get('max_allowed_batch_shift')}.
 - **Served: {served['precision']}** — {served['precision_reason']}
 
 ## Test metrics (test split, served model vs baseline)

@@ -45,8 +45,11 @@ def test_build_recorded_its_export_check_and_precision(build):
     assert served["precision"] in ("fp32", "int8") and served["precision_reason"]
     assert set(served["labels"]) == {"ham", "spam"} and served["labels"][1] == "spam"
     assert _sha(build.onnx) == _sha(build.path / f"model.{served['precision']}.onnx")
-    drops = served["validation"]["f1_drop_int8"]
-    assert (served["precision"] == "int8") == (max(drops.values()) <= served["validation"]["max_allowed_drop"])
+    v = served["validation"]
+    int8_qualifies = (max(v["f1_drop_int8"].values()) <= v["max_allowed_drop"]
+                      and v["batch_shift"]["int8"] <= v["max_allowed_batch_shift"])
+    assert (served["precision"] == "int8") == int8_qualifies
+    assert v["batch_shift"]["fp32"] <= v["max_allowed_batch_shift"]  # the served fp32 model is batch-invariant
     card = (build.path / "MODEL_CARD.md").read_text()
     assert f"Served: {served['precision']}" in card and "PDDL" in card and "Apache-2.0" in card
     if served["profile"] == "demo":
