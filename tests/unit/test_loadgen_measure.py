@@ -14,6 +14,7 @@ from loadgen.measure import (
     format_table,
     latency_summary,
     percentile,
+    record_time,
     summarize,
 )
 from modpipe import schema
@@ -74,6 +75,20 @@ def test_collector_keeps_first_decision_counts_revisions_and_ignores_others():
     assert set(d) == {"run1-p1"} and c.invalid == 1
     assert (d["run1-p1"].verdict, d["run1-p1"].received, d["run1-p1"].count) == ("allow", 10.0, 2)
     assert (d["run1-p1"].last_verdict, d["run1-p1"].pipeline_latency_ms) == ("block", 40)
+
+
+class _Msg:
+    def __init__(self, kind: int, ts_ms: int):
+        self._ts = (kind, ts_ms)
+
+    def timestamp(self):
+        return self._ts
+
+
+def test_a_decision_is_timed_by_its_record_timestamp():
+    assert record_time(_Msg(1, 1_700_000_000_250), clock=lambda: 0.0) == 1_700_000_000.25  # CreateTime
+    assert record_time(_Msg(2, 5_000), clock=lambda: 0.0) == 5.0  # LogAppendTime
+    assert record_time(_Msg(0, -1), clock=lambda: 42.0) == 42.0  # none: the collector's clock
 
 
 def test_summarize():
