@@ -705,10 +705,10 @@ def format_markdown(report: dict) -> str:
     untrimmed = seed.get("untrimmed_compute", {}).get("posts_per_s")
     lines += [
         "",
-        f"The seed's requests go to the same Triton, whose model drops columns that are padding in every row: "
-        f"there its padding to {seed['width']} costs bytes, not compute. On a server that computes the padding, "
-        f"batch 1 at width {seed['width']} runs at {_f(untrimmed)} posts/s even in process (ONNX Runtime, "
-        f"same threads).",
+        f"The seed's requests go to the same Triton, whose model computes each row only up to its last real "
+        f"token: there its padding to {seed['width']} costs bytes, not compute. Computing the padding (batch 1 "
+        f"at width {seed['width']}, ONNX Runtime in process, same threads, {seed.get('untrimmed_compute', {}).get('texts')} "
+        f"texts): {_f(untrimmed)} posts/s.",
         f"Machine: {m['cpus_usable']} CPUs ({m['cpu_model'] or 'unknown'}), no GPU; model build "
         f"{model.get('build_version')} ({model.get('precision')}), {report['texts']['posts']} posts of the "
         f"`{cfg['scenario']}` simulation, {report['texts']['tokens_mean']} tokens/text on average. "
