@@ -66,13 +66,17 @@ def decision_root(settings: Settings) -> Path:
     return settings.cache_dir / "decision"
 
 
+# The code that shapes the model: this package, the feature logic and the simulation of the traffic it
+# learns from (not the load generator's producing, measuring or benchmarking code, which it never runs).
+SOURCES = ("modpipe/decision/*.py", "features/*.py", "loadgen/sim.py")
+
+
 def source_hash() -> str:
-    """The code that shapes the model: this package, the feature logic, the simulation."""
     root = Path(__file__).resolve().parents[2]
     h = hashlib.sha256()
-    for folder in ("modpipe/decision", "features", "loadgen"):
-        for p in sorted((root / folder).glob("*.py")):
-            h.update(f"{folder}/{p.name}".encode())
+    for pattern in SOURCES:
+        for p in sorted(root.glob(pattern)):
+            h.update(str(p.relative_to(root)).encode())
             h.update(p.read_bytes())
     return h.hexdigest()
 

@@ -118,3 +118,17 @@ def test_a_model_with_another_feature_list_is_refused(model, tmp_path):
 def test_missing_model_says_how_to_build_one(tmp_path):
     with pytest.raises(DecisionModelMissing, match="modpipe decision train"):
         DecisionModel.load(tmp_path / "nothing")
+
+
+def test_decision_cache_key_follows_the_code_that_shapes_the_model():
+    from pathlib import Path
+
+    from modpipe.decision import train as T
+
+    root = Path(T.__file__).resolve().parents[2]
+    hashed = {str(p.relative_to(root)) for pattern in T.SOURCES for p in root.glob(pattern)}
+    # the model's own code, the feature logic it replays and the simulation it learns from ...
+    assert {"modpipe/decision/train.py", "features/state.py", "features/vector.py", "loadgen/sim.py"} <= hashed
+    # ... but not the load generator's measuring and benchmarking code, which never runs in training
+    assert not hashed & {"loadgen/bench.py", "loadgen/measure.py", "loadgen/cli.py"}
+    assert T.source_hash() == T.source_hash()
