@@ -18,10 +18,10 @@ from modpipe.settings import Settings
 from modpipe.textmodel.artifacts import ModelNotBuilt, resolve_model
 
 TARGET_F1 = {"sms": 0.96, "spamassassin": 0.97}
-# Floors: slightly below what full builds measured on the shared 2-core dev machine, where other work kept the
-# load at 3-10 and the 13-minute training cap stopped training early (0.66-1.6 of the planned 2 epochs):
-# test spam F1 SMS 0.908-0.928, SpamAssassin 0.956-0.965. The targets above were NOT met there; see the
-# xfail test below, which turns into a pass once a build (e.g. on an idle CI machine) reaches them.
+# Floors: below every full build measured so far (test spam F1 SMS 0.908-0.949, SpamAssassin 0.954-0.973,
+# on busy and idle machines alike): a build under them is broken, not unlucky. The targets above are NOT met
+# by this model (issue #2 stays open; README "The text model"); the xfail test below reports them every run
+# and turns into an XPASS once a build reaches them.
 FLOOR_F1 = {"sms": 0.89, "spamassassin": 0.94}
 
 
@@ -94,8 +94,9 @@ def test_full_build_meets_floor(build, evaluated):
         assert entry["model"]["roc_auc"] >= 0.98, (ds, entry["model"]["roc_auc"])
 
 
-@pytest.mark.xfail(reason="targets not reached on the busy shared dev machine (time-capped training); "
-                          "expected to pass on an idle 2-core machine", strict=False)
+@pytest.mark.xfail(reason="issue #2 targets not met by this model: the full build on an idle 2-core machine "
+                          "measured SMS 0.949 and SpamAssassin 0.954 test spam F1 (targets 0.96 / 0.97)",
+                   strict=False)
 def test_full_build_meets_targets(build, evaluated):
     if build.served["profile"] != "full":
         pytest.skip("demo build: accuracy targets apply to the full profile")
