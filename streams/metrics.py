@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
-_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 30)
+# Up to a minute: a backlog (a burst, a restart) shows as seconds of queueing, not as one +Inf bucket.
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 15, 20, 30, 60)
 
 POSTS_CONSUMED = Counter("modpipe_posts_consumed_total", "Records read from the posts topic.")
 EVENTS_CONSUMED = Counter("modpipe_events_consumed_total", "Valid side-stream events read, by kind.", ["kind"])
