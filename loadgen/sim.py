@@ -31,6 +31,10 @@ Scenarios (`SCENARIOS`):
   the side streams give it away.
 - `hijacked_accounts`: like `mixed`, but every campaign account is a taken-over aged account with real
   friends and followers (its owner keeps posting too): account age and profile no longer separate spam.
+- `human_spammers`: ~15% spam from campaigns run by people (a click farm) on aged accounts with friends,
+  home ISP addresses and human UI journeys: behaviour no longer separates spam; the text and the links
+  still do. Without it the simulated spammers were all bots, and a decision model trained on them
+  learned to read the journey and ignore the text model.
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ class Scenario:
     burst_len_s: float = 0.0
     burst_spam_share: float = 0.0
     hijacked_share: float = 0.0  # fraction of campaign accounts that are taken-over aged legitimate accounts
+    human_share: float = 0.0  # fraction of campaign accounts operated by people (human journeys and profiles)
 
     def spam_share_at(self, t: float) -> float:
         if self.burst_every_s and (t % self.burst_every_s) >= self.burst_every_s - self.burst_len_s:
@@ -95,6 +100,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("hijacked_accounts", "~15% spam from 3 campaigns posting through taken-over aged accounts with real "
              "friends (one campaign with ham texts): the profile looks legitimate", 0.15, 3, 1 / 3,
              hijacked_share=1.0),
+    Scenario("human_spammers", "~15% spam from 3 campaigns run by people on aged accounts with human journeys: "
+             "only the text and the links give it away", 0.15, 3, 0.0, human_share=1.0),
 )}
 
 # Realistic link targets of legitimate posts: (domain, kind).
@@ -151,6 +158,7 @@ class Account:
     verified: bool
     home_ip: str
     campaign: str | None = None
+    human: bool = False  # posts through the UI like a person (legitimate users, click-farm spammers)
 
     def public(self) -> dict:
         return {"created_at": schema.rfc3339(self.created_at_ms), "email_domain": self.email_domain,
@@ -233,7 +241,7 @@ class Simulation:
         verified = r.random() < (0.3 if followers > 50_000 else 0.005)
         home = f"{r.choice(ISP_BLOCKS).format(r.randrange(256), r.randrange(256))}.{r.randrange(1, 255)}"
         return Account(self._user_id(), "legit", self.start_ms - int(age_days * DAY_MS), r.choice(LEGIT_EMAIL),
-                       friends, followers, verified, home)
+                       friends, followers, verified, home, human=True)
 
     def _campaign(self, i: int) -> Campaign:
         r = self.rng
@@ -262,6 +270,14 @@ class Simulation:
             ip = f"{c.subnet}.{r.randrange(2, 254)}" if r.random() < 0.5 else victim.home_ip
             acct = Account(victim.user_id, "spammer", victim.created_at_ms, victim.email_domain, victim.friends,
                            victim.followers, victim.verified, ip, c.campaign_id)
+            c.accounts.append(acct)
+            return acct
+        if self.scenario.human_share and r.random() < self.scenario.human_share:
+            # A click-farm account: months to years old, some friends, a home ISP address, a person at the UI.
+            home = f"{r.choice(ISP_BLOCKS).format(r.randrange(256), r.randrange(256))}.{r.randrange(1, 255)}"
+            acct = Account(self._user_id(), "spammer", at_ms - int(r.uniform(30, 1500) * DAY_MS),
+                           r.choice(LEGIT_EMAIL), r.randint(10, 400), r.randint(5, 300), False, home, c.campaign_id,
+                           human=True)
             c.accounts.append(acct)
             return acct
         acct = Account(self._user_id(), "spammer", at_ms - int(r.uniform(0.01, 3.0) * DAY_MS),
@@ -379,8 +395,8 @@ class Simulation:
             acct = self._pick_spammer(c, at_ms)
             row = self._campaign_text(c)
             url = self._spam_url(c)
-            journey = self._bot_journey(row["text"])
-            ip = acct.home_ip if r.random() < 0.9 else f"{c.subnet}.{r.randrange(2, 254)}"
+            journey = self._human_journey(row["text"]) if acct.human else self._bot_journey(row["text"])
+            ip = acct.home_ip if acct.human or r.random() < 0.9 else f"{c.subnet}.{r.randrange(2, 254)}"
         else:
             c = None
             acct = self._pick_legit()

@@ -20,7 +20,7 @@ def register(subparsers) -> None:
                                    "replay it through the agents' feature code, train LightGBM with a time-based "
                                    "split. Cached in $MODPIPE_CACHE_DIR/decision/<key>/ (decision/current).")
     t.add_argument("--profile", choices=("full", "demo"), default=None,
-                   help="full: 5 scenarios x 3 rates; demo: 5 scenarios x 1 rate (default: $MODPIPE_MODEL_PROFILE)")
+                   help="full: 6 scenarios x 3 rates; demo: 6 scenarios x 1 rate (default: $MODPIPE_MODEL_PROFILE)")
     t.add_argument("--seed", type=int, default=0, help="seed of the simulations and of LightGBM (default 0)")
     t.add_argument("--force", action="store_true", help="retrain even if a model with the same key exists")
     t.add_argument("--no-progress", action="store_true", help="no progress bars")

@@ -22,7 +22,7 @@ from modpipe.settings import Settings
 from modpipe.textmodel.artifacts import ModelBuild
 from streams.verdict import Decider, ThresholdDecider
 
-EVAL_SCENARIOS = ("mixed", "campaign_burst", "stealth_campaign", "hijacked_accounts", "ham_only")
+EVAL_SCENARIOS = ("mixed", "campaign_burst", "stealth_campaign", "hijacked_accounts", "human_spammers", "ham_only")
 EVAL_SEED_OFFSET = 7_919  # seeds disjoint from training's (seed * 1000 + k, k < 1000)
 F1_TARGET = 0.97
 

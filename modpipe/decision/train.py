@@ -39,7 +39,8 @@ _log = log.get(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    scenarios: tuple[str, ...] = ("mixed", "campaign_burst", "stealth_campaign", "hijacked_accounts", "ham_only")
+    scenarios: tuple[str, ...] = ("mixed", "campaign_burst", "stealth_campaign", "hijacked_accounts", "human_spammers",
+                                  "ham_only")
     rates: tuple[float, ...] = (20.0, 50.0, 100.0)
     posts_per_run: int = 1500
     train_fraction: float = 0.8

@@ -213,3 +213,27 @@ def test_hijacked_accounts_look_legitimate_but_post_campaign_links():
     # the campaign's behaviour still shows: scripted journeys and campaign links
     assert statistics.median(len(e.payload["journey"]) for e in spam) <= 2
     assert sum(e.payload["url"] is not None for e in spam) / len(spam) > 0.5
+
+
+def test_human_spammers_behave_like_people_and_post_spam_texts():
+    from features.journey import journey_features
+
+    events = simulate(TEXTS, 3000, "human_spammers", seed=5)
+    posts = posts_of(events)
+    spam = [e for e in posts if e.truth["is_spam"]]
+    legit = [e for e in posts if not e.truth["is_spam"]]
+    assert 0.08 < len(spam) / len(posts) < 0.25
+
+    def min_step(e):
+        return journey_features(e.payload["journey"], len(e.payload["text"]))["journey_min_step_ms"]
+
+    # the journey no longer separates them: people at the UI, as slow as the legitimate users ...
+    assert statistics.median(min_step(e) for e in spam) > 100
+    assert statistics.median(min_step(e) for e in spam) > 0.3 * statistics.median(min_step(e) for e in legit)
+    # ... on aged accounts with friends, from home addresses outside any campaign subnet
+    assert min((parse_ts(e.payload["created_at"]) - parse_ts(e.payload["user"]["created_at"])) / 86_400_000
+               for e in spam) >= 29
+    assert statistics.median(e.payload["user"]["friends"] for e in spam) >= 10
+    # what still gives them away is what they post: spam texts, campaign links
+    assert all(e.truth["text_label"] == "spam" for e in spam)
+    assert sum(e.payload["url"] is not None for e in spam) / len(spam) > 0.5
