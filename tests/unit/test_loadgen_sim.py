@@ -195,15 +195,20 @@ def test_unknown_scenario_and_label_forms():
     assert [r["text"] for r in spam] == ["a"] and [r["text"] for r in ham] == ["b"]
 
 
-def test_hijacked_accounts_look_legitimate_but_post_campaign_links():
-    events = simulate(TEXTS, 3000, "hijacked_accounts", seed=4)
-    posts = posts_of(events)
+def spam_and_legit_posts(scenario: str, seed: int) -> tuple[list, list]:
+    """The scenario's posts split by truth; spam is 8-25% of them in every campaign scenario."""
+    posts = posts_of(simulate(TEXTS, 3000, scenario, seed=seed))
     spam = [e for e in posts if e.truth["is_spam"]]
-    legit = [e for e in posts if not e.truth["is_spam"]]
     assert 0.08 < len(spam) / len(posts) < 0.25
+    return spam, [e for e in posts if not e.truth["is_spam"]]
 
-    def age_days(e):
-        return (parse_ts(e.payload["created_at"]) - parse_ts(e.payload["user"]["created_at"])) / 86_400_000
+
+def age_days(e) -> float:
+    return (parse_ts(e.payload["created_at"]) - parse_ts(e.payload["user"]["created_at"])) / 86_400_000
+
+
+def test_hijacked_accounts_look_legitimate_but_post_campaign_links():
+    spam, legit = spam_and_legit_posts("hijacked_accounts", seed=4)
 
     # aged accounts with friends: the profile no longer gives the spammer away ...
     assert statistics.median(age_days(e) for e in spam) > 30
@@ -218,11 +223,7 @@ def test_hijacked_accounts_look_legitimate_but_post_campaign_links():
 def test_human_spammers_behave_like_people_and_post_spam_texts():
     from features.journey import journey_features
 
-    events = simulate(TEXTS, 3000, "human_spammers", seed=5)
-    posts = posts_of(events)
-    spam = [e for e in posts if e.truth["is_spam"]]
-    legit = [e for e in posts if not e.truth["is_spam"]]
-    assert 0.08 < len(spam) / len(posts) < 0.25
+    spam, legit = spam_and_legit_posts("human_spammers", seed=5)
 
     def min_step(e):
         return journey_features(e.payload["journey"], len(e.payload["text"]))["journey_min_step_ms"]
@@ -231,8 +232,7 @@ def test_human_spammers_behave_like_people_and_post_spam_texts():
     assert statistics.median(min_step(e) for e in spam) > 100
     assert statistics.median(min_step(e) for e in spam) > 0.3 * statistics.median(min_step(e) for e in legit)
     # ... on aged accounts with friends, from home addresses outside any campaign subnet
-    assert min((parse_ts(e.payload["created_at"]) - parse_ts(e.payload["user"]["created_at"])) / 86_400_000
-               for e in spam) >= 29
+    assert min(age_days(e) for e in spam) >= 29
     assert statistics.median(e.payload["user"]["friends"] for e in spam) >= 10
     # what still gives them away is what they post: spam texts, campaign links
     assert all(e.truth["text_label"] == "spam" for e in spam)
