@@ -31,7 +31,7 @@ def test_cache_key_changes_with_each_input(change):
 
 def test_profiles_fit_their_time_budgets():
     full, demo = B.PROFILES["full"], B.PROFILES["demo"]
-    assert full.build_budget_s <= 20 * 60 and demo.build_budget_s <= 3 * 60
+    assert full.build_budget_s <= 25 * 60 and demo.build_budget_s <= 3 * 60  # issue #2: <= 25 min on 2 cores
     assert full.train.max_seq_len == 128 and demo.train.max_seq_len == 64
     assert full.train.max_train_seconds + full.post_train_reserve_s <= full.build_budget_s
 
