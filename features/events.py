@@ -128,13 +128,14 @@ def prepare_label(label: dict) -> dict:
     }
 
 
-def prepare_decision(post_ctx: dict, spam: bool, decided_at: Any = None) -> dict:
+def prepare_decision(post_ctx: dict, spam: bool, decided_at: Any = None, revision: int | None = None) -> dict:
     """The pipeline's own verdict on a post, fed back so `user_spam_posts`/`ip_spam_posts` include it.
 
-    `decided_at` defaults to the post's created_at: event time keeps replays deterministic."""
+    `decided_at` defaults to the post's created_at: event time keeps replays deterministic. `revision` is the
+    decision's (None: unknown, e.g. a scripted decision event); see `routes` for what a first one skips."""
     ts = parse_ts(decided_at) if decided_at is not None else None
     return {"post_id": post_ctx["post_id"], "user_id": post_ctx["user_id"], "ip": post_ctx["ip"],
-            "spam": bool(spam), "ts": ts if ts is not None else post_ctx["ts"]}
+            "spam": bool(spam), "ts": ts if ts is not None else post_ctx["ts"], "revision": revision}
 
 
 def ban_key(kind: Any, value: Any) -> str | None:
@@ -200,7 +201,12 @@ def routes(kind: str, ctx: dict) -> list[tuple[str, str]]:
     elif kind == "label":
         out = [(USER, ctx["user_id"]), (POST, ctx["post_id"])]
     elif kind == "decision":
-        out = [(USER, ctx["user_id"]), (IP, ctx["ip"]), (POST, ctx["post_id"])]
+        # A post's first decision that is not spam changes nothing in the user and ip tables (SpamMarks keep a
+        # ham decision only to override an earlier spam one): it goes to the post table alone. Most posts are
+        # ham, so this saves two of their three feedback records.
+        first_ham = ctx.get("revision") == 1 and not ctx["spam"]
+        out = [(USER, None if first_ham else ctx["user_id"]), (IP, None if first_ham else ctx["ip"]),
+               (POST, ctx["post_id"])]
     elif kind == "ban":
         # The domain table lists its recent posts: a ban after the fact re-decides those it covers.
         out = [(BANS, ctx["key"]), (DOMAIN, ctx.get("domain") if ctx.get("banned") else None)]

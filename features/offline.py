@@ -93,5 +93,5 @@ def compute(events: Iterable[tuple[str, dict]], *, limits: Limits = DEFAULT_LIMI
         if decide is not None:
             verdict = decide(raw, features)
             if verdict is not None:
-                apply_event("decision", prepare_decision(ctx, verdict), store)
+                apply_event("decision", prepare_decision(ctx, verdict, revision=1), store)
     return OfflineResult(results, store)

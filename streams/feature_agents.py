@@ -59,18 +59,14 @@ async def start_post(pipe: Pipeline, envelope: dict):
                                                   "counts": {}, "route": route})
 
 
-async def feed_back_decision(pipe: Pipeline, ctx: dict, spam: bool, snapshot: dict | None = None,
-                             first: bool = True) -> list:
+async def feed_back_decision(pipe: Pipeline, ctx: dict, spam: bool, revision: int,
+                             snapshot: dict | None = None) -> list:
     """The pipeline's own verdict counts towards user_spam_posts / ip_spam_posts of later posts; the post
-    table also keeps the snapshot the verdict was made from, for a re-decision.
-
-    A post's first decision that is not spam changes nothing in the user and ip tables (their SpamMarks
-    keep a ham decision only to override an earlier spam one), so it goes to the post table alone:
-    most posts are ham, and this saves two of their three feedback records."""
-    dctx = fe.prepare_decision(ctx, spam)
+    table also keeps the snapshot the verdict was made from, for a re-decision."""
+    dctx = fe.prepare_decision(ctx, spam, revision=revision)
     return [await send_to_stage(pipe, table, key, {"kind": "decision",
                                                    "ctx": {**dctx, "snapshot": snapshot} if table == fe.POST else dctx})
-            for table, key in fe.routes("decision", dctx) if spam or not first or table == fe.POST]
+            for table, key in fe.routes("decision", dctx)]
 
 
 async def publish_decision(pipe: Pipeline, record: dict, ctx: dict, received_at_ms: int) -> list:
@@ -78,8 +74,7 @@ async def publish_decision(pipe: Pipeline, record: dict, ctx: dict, received_at_
     snapshot = {"post": {"post_id": record["post_id"], "user_id": record["user_id"]},
                 "received_at_ms": received_at_ms, "features": record["features"], "revision": record["revision"]}
     deliveries = [await pipe.decisions.send(key=record["post_id"].encode(), value=schema.dumps(record))]
-    deliveries += await feed_back_decision(pipe, ctx, record["verdict"] == "block", snapshot,
-                                           first=record["revision"] == 1)
+    deliveries += await feed_back_decision(pipe, ctx, record["verdict"] == "block", record["revision"], snapshot)
     metrics.DECISIONS.labels(record["verdict"]).inc()
     if record["short_circuit"]:
         metrics.SHORTCUTS.labels(record["short_circuit"]).inc()

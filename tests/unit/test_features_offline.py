@@ -311,3 +311,14 @@ def test_numeric_vector():
     assert v[idx["url_brand_lookalike"]] == 1.0 and v[idx["user_verified"]] == 0.0
     assert v[idx["url_post_count"]] == 4.0 and math.isnan(v[idx["ip_posts"]])
     json.dumps(f)  # the features map goes into a JSON decision record as is
+
+
+def test_a_first_ham_decision_goes_to_the_post_table_only():
+    from features.events import IP, POST, USER, prepare_decision, routes
+
+    ctx = {"post_id": "p1", "user_id": "u1", "ip": "10.0.0.1", "ts": 1}
+    assert routes("decision", prepare_decision(ctx, False, revision=1)) == [(POST, "p1")]
+    everywhere = [(USER, "u1"), (IP, "10.0.0.1"), (POST, "p1")]
+    assert routes("decision", prepare_decision(ctx, True, revision=1)) == everywhere  # spam counts
+    assert routes("decision", prepare_decision(ctx, False, revision=2)) == everywhere  # may override spam
+    assert routes("decision", prepare_decision(ctx, False)) == everywhere  # revision unknown
