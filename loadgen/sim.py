@@ -239,9 +239,13 @@ class Simulation:
             followers = min(2_000_000, int(r.paretovariate(0.9) * 30) - 15)
         followers, friends = max(0, followers), max(0, friends)
         verified = r.random() < (0.3 if followers > 50_000 else 0.005)
-        home = f"{r.choice(ISP_BLOCKS).format(r.randrange(256), r.randrange(256))}.{r.randrange(1, 255)}"
+        home = self._home_ip()
         return Account(self._user_id(), "legit", self.start_ms - int(age_days * DAY_MS), r.choice(LEGIT_EMAIL),
                        friends, followers, verified, home, human=True)
+
+    def _home_ip(self) -> str:
+        r = self.rng
+        return f"{r.choice(ISP_BLOCKS).format(r.randrange(256), r.randrange(256))}.{r.randrange(1, 255)}"
 
     def _campaign(self, i: int) -> Campaign:
         r = self.rng
@@ -274,7 +278,7 @@ class Simulation:
             return acct
         if self.scenario.human_share and r.random() < self.scenario.human_share:
             # A click-farm account: months to years old, some friends, a home ISP address, a person at the UI.
-            home = f"{r.choice(ISP_BLOCKS).format(r.randrange(256), r.randrange(256))}.{r.randrange(1, 255)}"
+            home = self._home_ip()
             acct = Account(self._user_id(), "spammer", at_ms - int(r.uniform(30, 1500) * DAY_MS),
                            r.choice(LEGIT_EMAIL), r.randint(10, 400), r.randint(5, 300), False, home, c.campaign_id,
                            human=True)
