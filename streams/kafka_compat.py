@@ -49,8 +49,7 @@ def empty_fetch_backoff(empty_in_a_row: int) -> float:
 
 async def _proc_fetch_request(self, assignment, node_id, request):
     has_new_data = await _original_fetch(self, assignment, node_id, request)
-    empties = getattr(self, "_modpipe_empty_fetches", {})
-    self._modpipe_empty_fetches = empties
+    empties = self.__dict__.setdefault("_modpipe_empty_fetches", {})  # node id -> empty fetches in a row
     empties[node_id] = 0 if has_new_data else empties.get(node_id, 0) + 1
     delay = empty_fetch_backoff(empties[node_id])
     if delay:
