@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from tokenizers import Tokenizer
+from tokenizers import Regex, Tokenizer, normalizers
+
+# WordPiece makes one token of each punctuation character, so an ASCII rule ("=====...", "-----...") or
+# "!!!!!!!!" can fill the 128-token window. Runs of 4+ are cut to 3 (the emphasis stays visible):
+# SpamAssassin e-mails lose ~10% of their tokens and the window sees more of their text.
+COLLAPSED_PUNCTUATION = "-=_*~#+.!?/\\|<>:;^%$&@,'\"`()[]{}"
+RUN_KEEP = 3
+
+
+def collapse_punctuation_runs(tokenizer: Tokenizer) -> Tokenizer:
+    """Prepend run-collapsing rules to the tokenizer's normalizer (in place; saved with tokenizer.json, so
+    training, the client, and Triton's tokenizer model all read the same)."""
+    rules = [normalizers.Replace(Regex(f"{re.escape(c)}{{{RUN_KEEP + 1},}}"), c * RUN_KEEP)
+             for c in COLLAPSED_PUNCTUATION]
+    current = tokenizer.normalizer
+    tokenizer.normalizer = normalizers.Sequence(rules + ([current] if current is not None else []))
+    return tokenizer
 
 
 class BatchTokenizer:
