@@ -25,6 +25,10 @@ def render(*, key: str, profile: str, served: dict, metrics: dict, split: dict, 
     demo = profile == "demo"
     sizes = split["sizes"]
     cfg = train["config"]
+    runs = ("\n  Its normalizer first cuts runs of 4+ of one punctuation character to 3 (ASCII rules would fill "
+            "the window)." if cfg.get("collapse_punctuation") else "")
+    averaging = (f"validated, kept and served: an exponential moving average of the weights (decay "
+                 f"{cfg['ema_decay']})" if cfg.get("ema_decay") else "validated and served: the raw weights")
     best = train["result"]["best"]
     val = served["validation"]
     warn = ("\n> **Demo-quality model.** Built by the `demo` profile in minutes on a fraction of the data "
@@ -38,7 +42,7 @@ Binary text classifier (`ham` = 0, `spam` = 1) for short user posts, served as O
 ## Interface
 - Inputs: `input_ids`, `attention_mask`, int64 `[batch, sequence]` (dynamic axes), from the uncased WordPiece
   tokenizer in `tokenizer.json` (30,522 tokens), at most {served['max_seq_len']} tokens, `[CLS] text [SEP]`;
-  pad each batch only to its longest text (`modpipe.textmodel.tokenize.BatchTokenizer`).
+  pad each batch only to its longest text (`modpipe.textmodel.tokenize.BatchTokenizer`).{runs}
 - Output: `logits`, float32 `[batch, 2]`; softmax index 1 is the spam probability.
 
 ## Sources and licenses
@@ -76,7 +80,8 @@ classification head (pre-classifier 384x384 + ReLU + dropout 0.2 + linear 384x2)
   {'on' if train['bf16'] else 'off'} (CPU with native bf16), seed {train['seed']}, 2 threads; spam class weight
   {cfg['spam_weight']} in the cross-entropy; oversampling per data set {cfg['oversample'] or 'none'};
   word embeddings {'frozen' if cfg['freeze_word_embeddings'] else 'trained'}; lowest {cfg['freeze_layers']}
-  layers frozen.
+  layers frozen; learning rate x{cfg.get('layer_lr_decay', 1.0)} per transformer layer down from the top;
+  {averaging}.
   Validation spam F1 (mean over the two data sets) every 1/{cfg['evals_per_epoch']} epoch; the best checkpoint
   is kept, early stopping after {cfg['patience']} evaluations without improvement, wall-clock cap
   {cfg['max_train_seconds']:.0f} s.

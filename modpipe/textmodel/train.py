@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -27,6 +28,7 @@ class TrainConfig:
     batch_size: int = 32
     lr: float = 1e-4
     head_lr: float | None = None  # None: same as lr
+    layer_lr_decay: float = 1.0  # < 1: lower transformer layers learn slower (param_groups)
     weight_decay: float = 0.01
     warmup_ratio: float = 0.06
     evals_per_epoch: int = 3
@@ -42,6 +44,8 @@ class TrainConfig:
     freeze_layers: int = 0  # freeze the embeddings and the lowest N transformer layers (cheaper backward; demo)
     oversample: dict = field(default_factory=dict)  # {"sms": 2}: each SMS seen twice per epoch (cheap: short)
     calibrate_bias: bool = True  # shift the spam logit so validation spam F1 (mean over data sets) is best
+    collapse_punctuation: bool = False  # tokenizer.json cuts runs of one punctuation character (tokenize.py)
+    ema_decay: float = 0.0  # > 0: validate, keep and serve an exponential moving average of the weights
     bucket_chunk: int = 50  # batches per sort chunk of the length bucketing
     extra: dict = field(default_factory=dict)
 
@@ -121,6 +125,36 @@ def spam_f1(labels: np.ndarray, prob: np.ndarray) -> float:
     return 0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn)
 
 
+class WeightAverage:
+    """Exponential moving average of a model's trainable weights (Polyak averaging).
+
+    Validation F1 of the raw weights jumps by ~0.01 between evaluations (one SMS spam text is 0.006), so
+    the checkpoint kept is partly luck; the average of the last ~1/(1-decay) steps is smoother and
+    usually generalises better. The effective decay ramps up, (1+n)/(10+n), so early averages are not
+    dominated by the initial weights."""
+
+    def __init__(self, model, decay: float):
+        self.decay = decay
+        self.updates = 0
+        self.params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        self.shadow = {n: p.detach().clone() for n, p in self.params.items()}
+
+    @torch.no_grad()
+    def update(self) -> None:
+        self.updates += 1
+        d = min(self.decay, (1 + self.updates) / (10 + self.updates))
+        for n, p in self.params.items():
+            self.shadow[n].lerp_(p.detach(), 1.0 - d)
+
+    @torch.no_grad()
+    def swap(self) -> None:
+        """Exchange the live weights and the average (call twice to restore)."""
+        for n, p in self.params.items():
+            tmp = p.detach().clone()
+            p.copy_(self.shadow[n])
+            self.shadow[n].copy_(tmp)
+
+
 @dataclass
 class TrainResult:
     history: list[dict]
@@ -162,6 +196,26 @@ def validation_score(model, val_seqs, val_examples: list[Example], batch_size: i
     return scores
 
 
+def param_groups(model, cfg: TrainConfig) -> list[dict]:
+    """AdamW groups: no weight decay on biases and LayerNorms; with `layer_lr_decay` < 1 each transformer
+    layer below the top learns `layer_lr_decay` times slower than the one above it (the embeddings slower
+    still), so fine-tuning moves the general lower layers less than the task-specific upper ones."""
+    n_layers = len(model.distilbert.transformer.layer)
+    groups: dict[tuple[float, float], list] = {}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if not name.startswith("distilbert."):
+            lr, wd = cfg.head_lr or cfg.lr, cfg.weight_decay
+        else:
+            m = re.match(r"distilbert\.transformer\.layer\.(\d+)\.", name)
+            depth = n_layers - 1 - int(m.group(1)) if m else n_layers  # 0 for the top layer
+            no_decay = name.endswith("bias") or "norm" in name.lower()  # sa_layer_norm, LayerNorm
+            lr, wd = cfg.lr * cfg.layer_lr_decay ** depth, 0.0 if no_decay else cfg.weight_decay
+        groups.setdefault((lr, wd), []).append(p)
+    return [{"params": ps, "lr": lr, "weight_decay": wd} for (lr, wd), ps in groups.items()]
+
+
 def train(model, tokenizer, train_examples: list[Example], val_examples: list[Example], cfg: TrainConfig,
           seed: int, on_eval: Callable[[dict], None] | None = None, device: str = "cpu") -> TrainResult:
     """Fine-tune `model` in place; at the end it holds the best validation checkpoint."""
@@ -189,18 +243,7 @@ def train(model, tokenizer, train_examples: list[Example], val_examples: list[Ex
         model.distilbert.embeddings.requires_grad_(False)
         for layer in model.distilbert.transformer.layer[:cfg.freeze_layers]:
             layer.requires_grad_(False)
-    head = [p for n, p in model.named_parameters() if not n.startswith("distilbert.")]
-    def _no_decay(name: str) -> bool:
-        return name.endswith("bias") or "layer_norm" in name.lower()
-
-    enc = [(n, p) for n, p in model.distilbert.named_parameters() if p.requires_grad]
-    no_decay = [p for n, p in enc if _no_decay(n)]
-    decay = [p for n, p in enc if not _no_decay(n)]
-    optim = torch.optim.AdamW([
-        {"params": decay, "weight_decay": cfg.weight_decay, "lr": cfg.lr},
-        {"params": no_decay, "weight_decay": 0.0, "lr": cfg.lr},
-        {"params": head, "weight_decay": cfg.weight_decay, "lr": cfg.head_lr or cfg.lr},
-    ])
+    optim = torch.optim.AdamW(param_groups(model, cfg))
     base_lrs = [g["lr"] for g in optim.param_groups]
 
     def lr_factor(step: int) -> float:
@@ -211,6 +254,7 @@ def train(model, tokenizer, train_examples: list[Example], val_examples: list[Ex
         return max(0.02, 1.0 - (step - warmup) / max(1, total_steps - warmup))
 
     model.to(device)
+    average = WeightAverage(model, cfg.ema_decay) if cfg.ema_decay > 0 else None
     labels = labels.to(device)
     loss_fn = torch.nn.CrossEntropyLoss(weight=torch.tensor([1.0, cfg.spam_weight], device=device))
     model.train()
@@ -239,12 +283,16 @@ def train(model, tokenizer, train_examples: list[Example], val_examples: list[Ex
             loss.backward()
             torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
             optim.step()
+            if average:
+                average.update()
             step += 1
             running = 0.9 * running + 0.1 * loss.item() if step > 1 else loss.item()
             bar.update(1)
             bar.set_postfix(loss=f"{running:.4f}")
             over_time = time.monotonic() - t0 > cfg.max_train_seconds
             if step % eval_every == 0 or step == total_steps or over_time:
+                if average:
+                    average.swap()  # validate (and keep) the averaged weights
                 scores = validation_score(model, val_seqs, val_examples, device=device, bf16=use_bf16)
                 entry = {"step": step, "epoch": round(step / steps_per_epoch, 3), "loss": round(running, 5),
                          "seconds": round(time.monotonic() - t0, 1), **scores}
@@ -258,6 +306,8 @@ def train(model, tokenizer, train_examples: list[Example], val_examples: list[Ex
                     since_best = 0
                 else:
                     since_best += 1
+                if average:
+                    average.swap()
                 if since_best >= cfg.patience:
                     stopped, done = "early_stopping", True
                 elif over_time:
