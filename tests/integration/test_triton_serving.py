@@ -124,6 +124,17 @@ def test_ensemble_matches_client_side_tokenization(client, tok, labelled, model_
                                atol=batch_tolerance(model_build))
 
 
+def test_server_side_tokenizer_applies_the_builds_normalizer(client, tok, model_build):
+    """The client and spam_tokenizer both read the build's tokenizer.json: in a full build it cuts runs of one
+    punctuation character to three, so the ensemble scores a text with long runs as the client scores it cut."""
+    if "Replace" not in json.dumps(json.loads(model_build.tokenizer.read_text())["normalizer"]):
+        pytest.skip("this build's tokenizer has no punctuation-run rules (demo profile)")
+    long, cut = "WIN!!!!!!!!!!!! " + "=" * 60 + " claim your prize....... now", "WIN!!! === claim your prize... now"
+    np.testing.assert_array_equal(tok([long])[0], tok([cut])[0])
+    np.testing.assert_allclose(client.spam_probabilities_text([long]), client.spam_probabilities(*tok([cut])),
+                               atol=batch_tolerance(model_build))
+
+
 def test_model_versions_name_the_build(client, model_build):
     assert client.model_versions() == {"model": "spam_text", "triton_version": "1",
                                        "build_version": model_build.version}
