@@ -50,7 +50,10 @@ def _up(args) -> int:
     from streams.stack import LocalStack, StatusLine
 
     settings = Settings.from_env()
+    # SIGINT too, explicitly: a process started in the background by a non-interactive shell inherits
+    # SIGINT ignored, and Python then never raises KeyboardInterrupt: Ctrl-C from a supervisor is lost
     signal.signal(signal.SIGTERM, _raise_stop)
+    signal.signal(signal.SIGINT, _raise_stop)
     print("starting broker, Triton and workers (logs in "
           f"{settings.state_dir / 'logs'}) ...", file=sys.stderr, flush=True)
     try:

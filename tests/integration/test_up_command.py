@@ -65,7 +65,12 @@ def test_up_starts_everything_and_ctrl_c_stops_it_all(tmp_path, triton_env):
         assert len(children) >= 2, "broker and worker should be running"
         proc.send_signal(signal.SIGINT)
         # keep reading: the workers' shutdown logs share this pipe, and a full pipe would block their exit
-        _, rest = proc.communicate(timeout=90)
+        try:
+            _, rest = proc.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, rest = proc.communicate()
+            pytest.fail(f"'up' did not stop within 90 s of Ctrl-C; its last output:\n{rest[-3000:]}")
         assert proc.returncode == 0, rest[-3000:]
     finally:
         if proc.poll() is None:
