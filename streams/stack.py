@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import sys
 import time
 import urllib.request
@@ -18,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from modpipe import log
 from modpipe.services.broker import EmbeddedBroker
-from modpipe.services.process import ManagedProcess, port_open
+from modpipe.services.process import ManagedProcess, free_port, port_open
 from modpipe.settings import Settings
 from streams.topics import TopicNames, ensure_topics
 
@@ -73,8 +74,8 @@ class LocalStack:
         env = dict(self.settings.to_env())
         env.update({
             "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap, "TRITON_URL": self.triton_url or "",
-            "MODPIPE_METRICS_PORT": str(self.settings.metrics_port + index),
-            "MODPIPE_WEB_PORT": str(self.settings.web_port + index),
+            "MODPIPE_METRICS_PORT": str(worker_port(self.settings.metrics_port, index)),
+            "MODPIPE_WEB_PORT": str(worker_port(self.settings.web_port, index)),
         })
         env.update(self.extra_env)
         return {**os.environ, **env}
@@ -160,6 +161,29 @@ class LocalStack:
             return None
         finally:
             consumer.close()
+
+
+def worker_port(base: int, index: int) -> int:
+    """Worker `index` listens on base + index, or on a free port when another process holds that one.
+
+    A worker whose port is taken dies at start (faust's web server, the metrics server); ports next to
+    a free base port are often taken by the ephemeral ports of client connections. The status line and
+    `LocalStack.workers` carry the port actually used."""
+    port = base + index
+    if index == 0 or port_free(port):
+        return port
+    chosen = free_port()
+    _log.warning("worker port taken, using a free one", extra={"wanted": port, "port": chosen})
+    return chosen
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def histogram_quantile(samples: dict[str, float], name: str, q: float) -> float | None:

@@ -1,0 +1,24 @@
+"""Worker ports of the local stack: base + index, or a free port when that one is held."""
+
+import socket
+
+from modpipe.services.process import free_port
+from streams.stack import port_free, worker_port
+
+
+def test_worker_port_is_base_plus_index_when_free():
+    base = free_port()
+    assert worker_port(base, 0) == base
+    if port_free(base + 2):
+        assert worker_port(base, 2) == base + 2
+
+
+def test_worker_port_moves_when_the_next_port_is_held():
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        assert not port_free(taken)
+        chosen = worker_port(taken - 1, 1)
+        assert chosen != taken and port_free(chosen)
+        assert worker_port(taken, 0) == taken  # worker 0 keeps the configured port: a clash there is the user's
