@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import sys
 import time
 import urllib.request
@@ -19,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from modpipe import log
 from modpipe.services.broker import EmbeddedBroker
-from modpipe.services.process import ManagedProcess, free_port, port_open
+from modpipe.services.process import ManagedProcess, free_port, port_free, port_open
 from modpipe.settings import Settings
 from streams.topics import TopicNames, ensure_topics
 
@@ -175,15 +174,6 @@ def worker_port(base: int, index: int) -> int:
     chosen = free_port()
     _log.warning("worker port taken, using a free one", extra={"wanted": port, "port": chosen})
     return chosen
-
-
-def port_free(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def histogram_quantile(samples: dict[str, float], name: str, q: float) -> float | None:

@@ -25,6 +25,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True when `port` can be bound now (nothing listens on it and no connection holds it)."""
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout):

@@ -2,8 +2,8 @@
 
 import socket
 
-from modpipe.services.process import free_port
-from streams.stack import port_free, worker_port
+from modpipe.services.process import free_port, port_free
+from streams.stack import worker_port
 
 
 def test_worker_port_is_base_plus_index_when_free():
