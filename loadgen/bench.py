@@ -577,8 +577,8 @@ def run(settings: Settings, n_posts: int = DEFAULT_POSTS, workers: int | None = 
     post_texts = [ev.payload["text"] for ev in saturation]
     if post_texts != [ev.payload["text"] for ev in latency_events]:
         raise BenchError("the latency pass would not use the saturation pass's texts")  # a Simulation change
-    tok = BatchTokenizer(build.tokenizer, max_len=build.max_seq_len)
-    lengths = [len(e.ids) for e in tok._tok.encode_batch(post_texts)]
+    tok = BatchTokenizer.for_build(build)
+    lengths = [len(ids) for ids in tok.ids(post_texts)]
 
     state_root = settings.state_dir / "bench" / f"e2e-{tag}"
     settings = _isolated(settings, build, tag, state_root)

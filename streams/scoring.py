@@ -29,7 +29,7 @@ class TextScorer:
     def __init__(self, build: ModelBuild, triton_url: str, model_name: str, timeout_s: float = 10.0,
                  max_seq_len: int | None = None, disabled: bool = False):
         self.disabled = disabled  # MODPIPE_TEXT_MODEL=off: NaN probabilities, no Triton call
-        self.tokenizer = BatchTokenizer(build.tokenizer, max_seq_len or build.max_seq_len)
+        self.tokenizer = BatchTokenizer.for_build(build, max_seq_len)
         self.model_version = build.version
         self.triton_url = triton_url
         self.model_name = model_name

@@ -62,13 +62,13 @@ class TextProbabilities:
 
     def ensure(self, texts: Iterable[str]) -> None:
         from modpipe.textmodel.evaluate import onnx_spam_proba
+        from modpipe.textmodel.tokenize import BatchTokenizer
 
         missing = sorted({t for t in texts if self._key(t) not in self.cache})
         if not missing:
             return
         _log.info("scoring texts with the text model in process", extra={"texts": len(missing)})
-        probs = onnx_spam_proba(self.build.onnx, self.build.tokenizer, missing, self.build.max_seq_len,
-                                threads=self.threads, desc="text model")
+        probs = onnx_spam_proba(self.build.onnx, BatchTokenizer.for_build(self.build), missing, threads=self.threads, desc="text model")
         self.cache.update({self._key(t): round(float(p), 6) for t, p in zip(missing, probs, strict=True)})
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")

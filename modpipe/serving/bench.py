@@ -145,11 +145,11 @@ def run(url: str, build: ModelBuild, model_name: str, n_texts: int = 256,
     from tqdm import tqdm
 
     texts = bench_texts(build, n_texts)
-    tok = BatchTokenizer(build.tokenizer, max_len=build.max_seq_len)
+    tok = BatchTokenizer.for_build(build)
     t0 = time.perf_counter()
     tok(texts)
     tokenize_s = time.perf_counter() - t0
-    lengths = [min(len(e.ids), build.max_seq_len) for e in tok._tok.encode_batch(texts)]
+    lengths = [len(ids) for ids in tok.ids(texts)]
     passes = len(batch_sizes) * len(PADDINGS) * (2 if include_ort else 1)
     with tqdm(total=n_texts * passes, unit="text", disable=not progress, desc="bench model") as bar:
         triton_rows, version = asyncio.run(bench_triton(url, model_name, tok, texts, batch_sizes, inflight,

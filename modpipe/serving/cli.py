@@ -102,7 +102,7 @@ def _classify(args: argparse.Namespace) -> int:
         from modpipe.textmodel.artifacts import resolve_model
         build = resolve_model(settings)
         # the served model's own limit: the same truncation as the server-side tokenizer (ensemble)
-        tok = BatchTokenizer(build.tokenizer, max_len=build.max_seq_len)
+        tok = BatchTokenizer.for_build(build)
     with triton_endpoint(settings) as url, \
             SyncTextModelClient(url, settings.triton_model, settings.triton_timeout_s) as client:
         probs = []

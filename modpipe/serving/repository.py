@@ -8,7 +8,7 @@
 
 Weights never enter git. `assemble()` copies a variant's templates into a directory, links (or
 copies) the build's `model.onnx` / `tokenizer.json` into the version directories, and writes the
-build's identity into each config's `parameters` (build_version, build_path, max_seq_len), which
+build's identity into each config's `parameters` (build_version, build_path, max_seq_len, tail_tokens), which
 clients read back through Triton's model-config API.
 """
 
@@ -99,7 +99,8 @@ def assemble(dest: Path, build: ModelBuild, variant: str = "cpu", model_name: st
     dest.mkdir(parents=True)
     served = build.served
     identity = {"build_version": build.version, "build_path": str(build.path),
-                "max_seq_len": build.max_seq_len, "precision": served.get("precision", "")}
+                "max_seq_len": build.max_seq_len, "tail_tokens": build.tail_tokens,
+                "precision": served.get("precision", "")}
     for name, template in template_models(variant).items():
         config = read_config(template / "config.pbtxt")
         target_name = model_name if name == TEXT_MODEL else name

@@ -7,7 +7,8 @@ A build directory (``$MODPIPE_CACHE_DIR/models/<key>/``) holds:
                           output ``logits`` (float32 [batch, 2]; index 1 = spam)
 - ``model.int8.onnx``     dynamically quantized variant, evaluated beside fp32
 - ``tokenizer.json``      the fast (WordPiece, uncased) tokenizer
-- ``served.json``         {"version", "precision", "max_seq_len", "labels", "profile", "built_at"}
+- ``served.json``         {"version", "precision", "max_seq_len", "tail_tokens", "labels", "profile",
+                          "built_at"}
 - ``metrics.json``        evaluation of the served model and the TF-IDF + linear SVM baseline, per data set
 - ``split.json``          how the data was split (seed, sizes, hashes of each split's texts)
 - ``heldout.jsonl``       the test-split texts {"text", "label", "dataset"}; drawn on by smoke tests and the demo
@@ -59,6 +60,11 @@ class ModelBuild:
     @property
     def max_seq_len(self) -> int:
         return int(self.served.get("max_seq_len", 128))
+
+    @property
+    def tail_tokens(self) -> int:
+        """Tokens of a long text's end kept in the window (0: only its start; builds before head + tail)."""
+        return int(self.served.get("tail_tokens", 0))
 
     def heldout(self) -> list[dict]:
         """Test-split texts as {"text", "label": "spam"|"ham", "dataset"} (labels stored as 0/1 or names)."""

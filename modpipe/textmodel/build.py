@@ -15,11 +15,15 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from modpipe import log
 from modpipe.settings import Settings
 from modpipe.textmodel import artifacts
 from modpipe.textmodel.train import TrainConfig
+
+if TYPE_CHECKING:
+    from modpipe.textmodel.tokenize import BatchTokenizer
 
 _log = log.get(__name__)
 
@@ -54,6 +58,7 @@ PROFILES = {
     # in the window), the kept checkpoint is a moving average of the weights, lower layers learn slower.
     # Chosen among four configurations by held-out errors (README, "The text model"); the step budget ends
     # training, the 18-min cap only guards a machine ~1.3x slower (the build then records "time_cap").
+    # Head + tail windows (tail_tokens=64) were built twice; validation preferred head-only both times.
     "full": Profile("full", TrainConfig(max_seq_len=128, epochs=1.3, batch_size=32, lr=1e-4, evals_per_epoch=3,
                                         patience=4, max_train_seconds=18 * 60, freeze_word_embeddings=True,
                                         spam_weight=2.0, oversample={"sms": 3, "spamassassin": 2},
@@ -66,14 +71,14 @@ PROFILES = {
 }
 
 
-def batch_shift(onnx_path: Path, tokenizer_json: Path, texts: list[str], max_len: int) -> float:
+def batch_shift(onnx_path: Path, tok: BatchTokenizer, texts: list[str]) -> float:
     """Largest change of a text's spam probability between scoring it alone and in one batch with the others."""
     import numpy as np
 
     from modpipe.textmodel.evaluate import onnx_spam_proba
 
-    alone = onnx_spam_proba(onnx_path, tokenizer_json, texts, max_len, batch_size=1, desc="batch check")
-    together = onnx_spam_proba(onnx_path, tokenizer_json, texts, max_len, batch_size=len(texts), desc="batch check")
+    alone = onnx_spam_proba(onnx_path, tok, texts, batch_size=1, desc="batch check")
+    together = onnx_spam_proba(onnx_path, tok, texts, batch_size=len(texts), desc="batch check")
     return round(float(np.max(np.abs(alone - together))), 6)
 
 
@@ -166,7 +171,7 @@ def _build_into(out: Path, settings: Settings, profile: Profile, base: Path | No
     from tokenizers import Tokenizer
 
     from modpipe.textmodel import card, convert, data, evaluate, export, train
-    from modpipe.textmodel.tokenize import collapse_punctuation_runs
+    from modpipe.textmodel.tokenize import BatchTokenizer, collapse_punctuation_runs, prepare
 
     timings: dict[str, float] = {}
 
@@ -188,11 +193,11 @@ def _build_into(out: Path, settings: Settings, profile: Profile, base: Path | No
         from tokenizers.implementations import BertWordPieceTokenizer
 
         tokenizer = BertWordPieceTokenizer(str(tok_src / "vocab.txt"), lowercase=True)._tokenizer
-    tokenizer.no_padding()
-    tokenizer.enable_truncation(max_length=cfg.max_seq_len)
+    prepare(tokenizer, cfg.max_seq_len, cfg.tail_tokens)
     if cfg.collapse_punctuation:
         collapse_punctuation_runs(tokenizer)
     tokenizer.save(str(out / "tokenizer.json"))
+    window = BatchTokenizer(out / "tokenizer.json", cfg.max_seq_len, cfg.tail_tokens)  # as served
     t = lap("base_s", t)
 
     # training cap: the profile's, shrunk so that the whole build stays inside its budget
@@ -204,7 +209,7 @@ def _build_into(out: Path, settings: Settings, profile: Profile, base: Path | No
     fp32, int8 = out / "model.fp32.onnx", out / "model.int8.onnx"
     export.export_onnx(model, fp32)
     check_texts = [e.text for e in splits["test"][:48]]
-    check = export.compare_with_torch(model, fp32, out / "tokenizer.json", check_texts, cfg.max_seq_len)
+    check = export.compare_with_torch(model, fp32, window, check_texts)
     if not check["ok"]:
         raise export.ExportMismatch(f"ONNX Runtime differs from PyTorch by {check['max_abs_diff']:.2e} "
                                     f"> {export.MAX_ABS_DIFF:.0e}")
@@ -216,14 +221,13 @@ def _build_into(out: Path, settings: Settings, profile: Profile, base: Path | No
     val_labels = np.array([e.label for e in val])
     val_f1 = {}
     for name, path in (("fp32", fp32), ("int8", int8)):
-        prob = evaluate.onnx_spam_proba(path, out / "tokenizer.json", [e.text for e in val], cfg.max_seq_len,
-                                        desc=f"validation {name}")
+        prob = evaluate.onnx_spam_proba(path, window, [e.text for e in val], desc=f"validation {name}")
         per = {ds: evaluate.classification_metrics(val_labels[idx], prob[idx], 0.5)["f1"]
                for ds, idx in evaluate.by_dataset(val).items()}
         per["all"] = evaluate.classification_metrics(val_labels, prob, 0.5)["f1"]
         val_f1[name] = per
     drops = {ds: round(val_f1["fp32"][ds] - val_f1["int8"][ds], 4) for ds in val_f1["fp32"]}
-    shift = {name: batch_shift(path, out / "tokenizer.json", [e.text for e in val[:64]], cfg.max_seq_len)
+    shift = {name: batch_shift(path, window, [e.text for e in val[:64]])
              for name, path in (("fp32", fp32), ("int8", int8))}
     if max(drops.values()) > INT8_MAX_F1_DROP:
         precision = "fp32"
@@ -249,6 +253,7 @@ def _build_into(out: Path, settings: Settings, profile: Profile, base: Path | No
         "validation": {"spam_f1": val_f1, "f1_drop_int8": drops, "max_allowed_drop": INT8_MAX_F1_DROP,
                        "batch_shift": shift, "max_allowed_batch_shift": BATCH_INVARIANCE_TOLERANCE},
         "max_seq_len": cfg.max_seq_len,
+        "tail_tokens": cfg.tail_tokens,
         "labels": list(artifacts.LABELS),
         "profile": profile.name,
         "quality": profile.quality,
@@ -261,7 +266,7 @@ def _build_into(out: Path, settings: Settings, profile: Profile, base: Path | No
     (out / "served.json").write_text(json.dumps(served, indent=2) + "\n")
 
     baseline = evaluate.Baseline().fit(splits["train"])
-    datasets = evaluate.evaluate(out / "model.onnx", out / "tokenizer.json", cfg.max_seq_len, splits["train"],
+    datasets = evaluate.evaluate(out / "model.onnx", window, splits["train"],
                                  splits["test"], baseline)
     metrics = {"split": "test", "served_precision": precision, "model": f"model.onnx ({precision})",
                "baseline": evaluate.Baseline.DESCRIPTION, "datasets": datasets}

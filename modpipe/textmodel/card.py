@@ -27,6 +27,9 @@ def render(*, key: str, profile: str, served: dict, metrics: dict, split: dict, 
     cfg = train["config"]
     runs = ("\n  Its normalizer first cuts runs of 4+ of one punctuation character to 3 (ASCII rules would fill "
             "the window)." if cfg.get("collapse_punctuation") else "")
+    tail = int(served.get("tail_tokens", 0))
+    window = (f"the first {served['max_seq_len'] - tail} and the last {tail} tokens of a longer text" if tail
+              else "the first tokens of a longer text")
     averaging = (f"validated, kept and served: an exponential moving average of the weights (decay "
                  f"{cfg['ema_decay']})" if cfg.get("ema_decay") else "validated and served: the raw weights")
     best = train["result"]["best"]
@@ -41,8 +44,8 @@ Binary text classifier (`ham` = 0, `spam` = 1) for short user posts, served as O
 
 ## Interface
 - Inputs: `input_ids`, `attention_mask`, int64 `[batch, sequence]` (dynamic axes), from the uncased WordPiece
-  tokenizer in `tokenizer.json` (30,522 tokens), at most {served['max_seq_len']} tokens, `[CLS] text [SEP]`;
-  pad each batch only to its longest text (`modpipe.textmodel.tokenize.BatchTokenizer`).{runs}
+  tokenizer in `tokenizer.json` (30,522 tokens), at most {served['max_seq_len']} tokens, `[CLS] text [SEP]`
+  ({window}); pad each batch only to its longest text (`modpipe.textmodel.tokenize.BatchTokenizer`).{runs}
 - Output: `logits`, float32 `[batch, 2]`; softmax index 1 is the spam probability.
 
 ## Sources and licenses
@@ -66,8 +69,8 @@ classification head (pre-classifier 384x384 + ReLU + dropout 0.2 + linear 384x2)
 
 ## Training
 - Data: SMS messages as they are; e-mails reduced to subject + body text (text/plain parts, or the text of
-  HTML-only mails with tags stripped; headers and attachments dropped; cut at 5,000 characters, the model
-  reads the first {served['max_seq_len']} tokens = subject and the start of the body).
+  HTML-only mails with tags stripped; headers and attachments dropped; cut at 5,000 characters; the model
+  reads {window}: the subject and the start of the body{', and the end (sign-off, list footer, removal block)' if tail else ''}).
 - De-duplication before splitting: {split['dedup_normalisation']}. {split['dedup']['duplicates_removed']} of
   {split['dedup']['input']} texts removed ({split['dedup']['label_conflicts_dropped']} texts seen with both
   labels dropped entirely).
@@ -115,7 +118,7 @@ block thresholds.
 ## Known limits
 - Trained on English SMS (2000s, UK/Singapore) and SpamAssassin e-mails (2002-2003); modern spam, other
   languages, social-media slang and obfuscation are out of distribution. Expect lower accuracy there.
-- Only the first {served['max_seq_len']} tokens are read; spam hidden after that is missed.
+- Only {served['max_seq_len']} tokens are read ({window}); spam hidden {'in between' if tail else 'after them'} is missed.
 - Test sets are small (SMS spam ~80 texts): F1 differences of ~0.01-0.02 are within noise.
 - Labels come from 2000s-era corpora and reflect their notion of spam (e.g. newsletters may be ham).
 - Scores are not calibrated probabilities; thresholds should be tuned on production data.

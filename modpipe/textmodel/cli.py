@@ -63,6 +63,7 @@ def _build(args: argparse.Namespace) -> int:
 def evaluate_build(path: Path, settings: Settings) -> dict:
     """Re-evaluate a build on its recorded test split (train split re-derived and checked against split.json)."""
     from modpipe.textmodel import data, evaluate
+    from modpipe.textmodel.tokenize import BatchTokenizer
 
     build = artifacts_build(path)
     split = json.loads((build.path / "split.json").read_text())
@@ -72,7 +73,7 @@ def evaluate_build(path: Path, settings: Settings) -> dict:
         if data.split_hash(exs) != split["sha256"][name]:
             raise SystemExit(f"modpipe model eval: the {name} split differs from {build.path}/split.json "
                              "(data or split code changed); rebuild with `modpipe model build`")
-    datasets = evaluate.evaluate(build.onnx, build.tokenizer, build.max_seq_len, corpus.splits["train"], test)
+    datasets = evaluate.evaluate(build.onnx, BatchTokenizer.for_build(build), corpus.splits["train"], test)
     served = build.served
     return {"model_dir": str(build.path), "version": served["version"], "precision": served["precision"],
             "profile": served.get("profile"), "split": "test", "baseline": evaluate.Baseline.DESCRIPTION,

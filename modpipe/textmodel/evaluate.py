@@ -10,6 +10,7 @@ from tqdm import tqdm
 
 from modpipe import log
 from modpipe.textmodel.data import Example
+from modpipe.textmodel.tokenize import BatchTokenizer
 
 _log = log.get(__name__)
 
@@ -42,13 +43,11 @@ def classification_metrics(labels: Sequence[int], score: Sequence[float], thresh
     }
 
 
-def onnx_spam_proba(onnx_path: Path, tokenizer_json: Path, texts: Sequence[str], max_len: int,
-                    batch_size: int = 32, threads: int = 2, desc: str | None = None) -> np.ndarray:
+def onnx_spam_proba(onnx_path: Path, tok: BatchTokenizer, texts: Sequence[str], batch_size: int = 32,
+                    threads: int = 2, desc: str | None = None) -> np.ndarray:
     """Spam probability per text with ONNX Runtime; batches of similar length, each padded to its longest."""
     from modpipe.textmodel.export import ort_session
-    from modpipe.textmodel.tokenize import BatchTokenizer
 
-    tok = BatchTokenizer(tokenizer_json, max_len)
     sess = ort_session(onnx_path, threads)
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     out = np.zeros(len(texts), dtype=np.float64)
@@ -91,10 +90,10 @@ def by_dataset(examples: list[Example]) -> dict[str, list[int]]:
     return dict(sorted(out.items()))
 
 
-def evaluate(onnx_path: Path, tokenizer_json: Path, max_len: int, train: list[Example], test: list[Example],
+def evaluate(onnx_path: Path, tok: BatchTokenizer, train: list[Example], test: list[Example],
              baseline: Baseline | None = None) -> dict:
     """Per data set: the ONNX model and the baseline side by side on `test`."""
-    prob = onnx_spam_proba(onnx_path, tokenizer_json, [e.text for e in test], max_len, desc="eval model")
+    prob = onnx_spam_proba(onnx_path, tok, [e.text for e in test], desc="eval model")
     baseline = baseline or Baseline().fit(train)
     margin = baseline.decision([e.text for e in test])
     labels = [e.label for e in test]

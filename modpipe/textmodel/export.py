@@ -11,6 +11,7 @@ import torch
 
 from modpipe import log
 from modpipe.textmodel.artifacts import INPUT_NAMES, OUTPUT_NAME
+from modpipe.textmodel.tokenize import BatchTokenizer
 
 _log = log.get(__name__)
 
@@ -63,12 +64,9 @@ def ort_session(path: Path, threads: int = 2):
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
-def compare_with_torch(model, onnx_path: Path, tokenizer_json: Path, texts: Sequence[str], max_len: int,
+def compare_with_torch(model, onnx_path: Path, tok: BatchTokenizer, texts: Sequence[str],
                        batch_size: int = 16) -> dict:
     """Max |logit difference| between PyTorch (fp32) and ONNX Runtime on `texts`, per-batch padding."""
-    from modpipe.textmodel.tokenize import BatchTokenizer
-
-    tok = BatchTokenizer(tokenizer_json, max_len)
     sess = ort_session(onnx_path)
     model = model.float().eval()
     worst = 0.0

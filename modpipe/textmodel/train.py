@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from modpipe import log
 from modpipe.textmodel.data import Example
+from modpipe.textmodel.tokenize import encode_ids, prepare
 
 _log = log.get(__name__)
 
@@ -24,6 +25,7 @@ _log = log.get(__name__)
 @dataclass(frozen=True)
 class TrainConfig:
     max_seq_len: int = 128
+    tail_tokens: int = 0  # > 0: a longer text keeps its first max_seq_len - tail and last tail tokens
     epochs: float = 2.0
     batch_size: int = 32
     lr: float = 1e-4
@@ -68,10 +70,6 @@ def bf16_supported(device: str = "cpu") -> bool:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
         return False
-
-
-def encode(tokenizer, texts: Sequence[str]) -> list[list[int]]:
-    return [e.ids for e in tokenizer.encode_batch(list(texts))]
 
 
 def bucketed_batches(lengths: Sequence[int], batch_size: int, rng: random.Random, chunk: int = 50) -> list[list[int]]:
@@ -220,14 +218,13 @@ def train(model, tokenizer, train_examples: list[Example], val_examples: list[Ex
           seed: int, on_eval: Callable[[dict], None] | None = None, device: str = "cpu") -> TrainResult:
     """Fine-tune `model` in place; at the end it holds the best validation checkpoint."""
     set_determinism(seed, cfg.threads)
-    tokenizer.enable_truncation(max_length=cfg.max_seq_len)
-    tokenizer.no_padding()
+    prepare(tokenizer, cfg.max_seq_len, cfg.tail_tokens)
     train_examples = subset(train_examples, cfg.train_fraction, seed)
     train_examples = train_examples + [e for e in train_examples for _ in range(cfg.oversample.get(e.dataset, 1) - 1)]
     val_examples = subset(val_examples, cfg.val_fraction, seed)
-    seqs = encode(tokenizer, [e.text for e in train_examples])
+    seqs = encode_ids(tokenizer, [e.text for e in train_examples], cfg.max_seq_len, cfg.tail_tokens)
     labels = torch.tensor([e.label for e in train_examples], dtype=torch.long)
-    val_seqs = encode(tokenizer, [e.text for e in val_examples])
+    val_seqs = encode_ids(tokenizer, [e.text for e in val_examples], cfg.max_seq_len, cfg.tail_tokens)
     lengths = [len(s) for s in seqs]
     rng = random.Random(seed)
 

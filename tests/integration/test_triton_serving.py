@@ -28,7 +28,7 @@ EDGE_TEXTS = ["", "x" * 100_000, "免费赢取iPhone！立即点击链接领取�
 
 @pytest.fixture(scope="module")
 def tok(model_build):
-    return BatchTokenizer(model_build.tokenizer, max_len=model_build.max_seq_len)
+    return BatchTokenizer.for_build(model_build)
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +133,22 @@ def test_server_side_tokenizer_applies_the_builds_normalizer(client, tok, model_
     np.testing.assert_array_equal(tok([long])[0], tok([cut])[0])
     np.testing.assert_allclose(client.spam_probabilities_text([long]), client.spam_probabilities(*tok([cut])),
                                atol=batch_tolerance(model_build))
+
+
+def test_server_side_tokenizer_keeps_the_builds_head_and_tail(client, tok, model_build):
+    """Texts longer than the window: spam_tokenizer keeps the same head and tail tokens as the client, so the
+    ensemble scores them as the client does; with a tail, a change at a long text's end reaches the model."""
+    body = "Hello all, the meeting notes from last week are attached below. " * 40
+    texts = [body + "Thanks, see you on Monday. Bob", body + "To be removed from our list click here and reply REMOVE"]
+    ids, _ = tok(texts)
+    assert ids.shape[1] == model_build.max_seq_len
+    np.testing.assert_allclose(client.spam_probabilities_text(texts), client.spam_probabilities(*tok(texts)),
+                               atol=batch_tolerance(model_build))
+    ends_differ = not np.array_equal(ids[0], ids[1])
+    assert ends_differ == (model_build.tail_tokens > 0)
+    if ends_differ:
+        served = client.spam_probabilities_text(texts)
+        assert served[0] != served[1]
 
 
 def test_model_versions_name_the_build(client, model_build):

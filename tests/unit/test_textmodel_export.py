@@ -10,6 +10,7 @@ pytest.importorskip("onnx")
 
 from modpipe.textmodel import evaluate, export, train  # noqa: E402
 from modpipe.textmodel.data import Example  # noqa: E402
+from modpipe.textmodel.tokenize import BatchTokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +55,14 @@ def test_onnx_contract(tiny):
 
 def test_onnx_matches_torch_and_int8_runs(tiny):
     model, path, tok, d = tiny
-    check = export.compare_with_torch(model, path, tok, TEXTS, max_len=16, batch_size=3)
+    window = BatchTokenizer(tok, 16)
+    check = export.compare_with_torch(model, path, window, TEXTS, batch_size=3)
     assert check["ok"] and check["max_abs_diff"] <= 1e-4
     q = export.quantize_int8(path, d / "model.int8.onnx")
-    prob = evaluate.onnx_spam_proba(q, tok, TEXTS, max_len=16, batch_size=2)
+    prob = evaluate.onnx_spam_proba(q, window, TEXTS, batch_size=2)
     assert prob.shape == (4,) and np.all((prob >= 0) & (prob <= 1))
-    prob32 = evaluate.onnx_spam_proba(path, tok, TEXTS, max_len=16, batch_size=2)
-    seqs = train.encode(__import__("tokenizers").Tokenizer.from_file(str(tok)), TEXTS)
-    ref = train.predict_proba(model, [s[:16] for s in seqs])
+    prob32 = evaluate.onnx_spam_proba(path, window, TEXTS, batch_size=2)
+    ref = train.predict_proba(model, window.ids(TEXTS))
     assert np.allclose(prob32, ref, atol=1e-5)
 
 
@@ -108,7 +109,7 @@ def test_bias_calibration_keeps_or_improves_validation_f1(tiny):
     texts = ["free prize call now", "win free prize", "call now win", "hello see you", "see you at the lunch",
              "hello", "the lunch", "see you"]
     exs = [Example(t, int(i < 3), "sms") for i, t in enumerate(texts)]
-    seqs = train.encode(tok, texts)
+    seqs = [e.ids for e in tok.encode_batch(texts)]
     labels = np.array([e.label for e in exs])
     before = train.spam_f1(labels, train.predict_proba(model, seqs))
     bias = model.classifier.bias.detach().clone()

@@ -1,9 +1,10 @@
-"""Client tokenization: punctuation runs cut in the tokenizer's own normalizer, per-batch padding."""
+"""Client tokenization: punctuation runs cut in the tokenizer's own normalizer, head + tail truncation,
+per-batch padding."""
 
 import numpy as np
 import pytest
 
-from modpipe.textmodel.tokenize import RUN_KEEP, BatchTokenizer, collapse_punctuation_runs
+from modpipe.textmodel.tokenize import RUN_KEEP, BatchTokenizer, collapse_punctuation_runs, head_and_tail
 
 
 @pytest.fixture()
@@ -63,3 +64,30 @@ def test_batch_is_padded_to_its_longest_text_and_truncated(minilm_tokenizer, tmp
     assert ids.shape == (2, 3) and np.all(mask == 1)
     ids, _ = tok(["one"], pad_to_max=True)
     assert ids.shape == (1, 16)
+
+
+def test_head_and_tail_keeps_both_ends_of_a_long_sequence():
+    seq = list(range(20))
+    assert head_and_tail(seq, 8, 3) == [0, 1, 2, 3, 4, 17, 18, 19]
+    assert head_and_tail(seq, 8, 0) == list(range(8))
+    assert head_and_tail(seq, 8, 6) == [0, 1, 2, 3, 16, 17, 18, 19]  # the tail is capped at half the window
+    assert head_and_tail(seq[:8], 8, 3) == seq[:8]  # a sequence that fits is untouched
+
+
+def test_batch_tokenizer_with_a_tail_reads_the_end_of_long_texts(minilm_tokenizer, tmp_path):
+    path = tmp_path / "tokenizer.json"
+    minilm_tokenizer.save(str(path))
+    cls, sep = minilm_tokenizer.token_to_id("[CLS]"), minilm_tokenizer.token_to_id("[SEP]")
+    head_only, with_tail = BatchTokenizer(path, 16), BatchTokenizer(path, 16, tail=4)
+    long = ["one two three " * 20 + "click here now", "one two three " * 20 + "see you soon"]
+    ids, mask = with_tail(long)
+    assert ids.shape == (2, 16) and np.all(mask == 1)
+    assert ids[0, 0] == cls and ids[0, -1] == sep
+    assert minilm_tokenizer.decode(ids[0, -4:].tolist()) == "click here now"
+    assert not np.array_equal(ids[0], ids[1])  # the ends differ, and the model sees them
+    plain, _ = head_only(long)
+    assert np.array_equal(plain[0], plain[1]) and plain[0, -1] == sep  # head only: the same window
+    assert np.array_equal(ids[:, :12], plain[:, :12])
+    short = ["hello there", "a b c"]
+    for a, b in zip(with_tail(short), head_only(short), strict=True):
+        assert np.array_equal(a, b)  # texts that fit are tokenized as before

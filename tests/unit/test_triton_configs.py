@@ -97,7 +97,8 @@ def fake_build(tmp_path) -> ModelBuild:
     build.mkdir()
     (build / "model.onnx").write_bytes(b"onnx")
     (build / "tokenizer.json").write_text("{}")
-    (build / "served.json").write_text(json.dumps({"version": "v-test", "precision": "int8", "max_seq_len": 96}))
+    (build / "served.json").write_text(json.dumps({"version": "v-test", "precision": "int8", "max_seq_len": 96,
+                                                       "tail_tokens": 32}))
     return ModelBuild(build)
 
 
@@ -112,7 +113,8 @@ def test_assemble_cpu_links_weights_and_writes_identity(tmp_path, fake_build):
     params = parse(repo / "spam_text" / "config.pbtxt").parameters
     assert params["build_version"].string_value == "v-test"
     assert params["max_seq_len"].string_value == "96"
-    assert parse(repo / "spam_tokenizer" / "config.pbtxt").parameters["max_seq_len"].string_value == "96"
+    tokenizer_params = parse(repo / "spam_tokenizer" / "config.pbtxt").parameters
+    assert tokenizer_params["max_seq_len"].string_value == "96" and tokenizer_params["tail_tokens"].string_value == "32"
 
 
 def test_assemble_renames_text_model_and_ensemble_follows(tmp_path, fake_build):

@@ -1,8 +1,10 @@
 """spam_tokenizer: raw UTF-8 text -> (input_ids, attention_mask) with the build's fast tokenizer.
 
-Each request is padded to its own longest text (not to max_seq_len), exactly like the client-side
+Each request is padded to its own longest text (not to max_seq_len), and a text longer than the window
+keeps its first max_seq_len - tail_tokens and last tail_tokens tokens, exactly like the client-side
 `modpipe.textmodel.tokenize.BatchTokenizer`, so the ensemble and client-side tokenization give the
-same model inputs. Texts that are not valid UTF-8 are decoded with replacement characters.
+same model inputs (this file runs inside Triton, where modpipe is not installed, hence the copy).
+Texts that are not valid UTF-8 are decoded with replacement characters.
 
 The launcher links the build's `tokenizer.json` into this version directory.
 """
@@ -28,21 +30,29 @@ class TritonPythonModel:
         if not os.path.exists(path):
             raise pb_utils.TritonModelException(f"no tokenizer at {path}: run `modpipe model build`")
         self.max_len = int(_param(config, "max_seq_len", "128"))
+        self.tail = min(int(_param(config, "tail_tokens", "0")), self.max_len // 2)
         self.tok = Tokenizer.from_file(path)
-        self.tok.enable_truncation(max_length=self.max_len)
         self.tok.no_padding()
+        if self.tail > 0:
+            self.tok.no_truncation()  # the head and the tail are cut from the full encoding
+        else:
+            self.tok.enable_truncation(max_length=self.max_len)
         pad = self.tok.token_to_id("[PAD]")
         self.pad_id = int(pad) if pad is not None else 0
 
+    def _window(self, seq):
+        if self.tail <= 0 or len(seq) <= self.max_len:
+            return seq
+        return seq[:self.max_len - self.tail] + seq[len(seq) - self.tail:]
+
     def _encode(self, texts):
-        encodings = self.tok.encode_batch(texts)
-        width = max([len(e.ids) for e in encodings] + [1])
-        ids = np.full((len(encodings), width), self.pad_id, dtype=np.int64)
-        mask = np.zeros((len(encodings), width), dtype=np.int64)
-        for row, enc in enumerate(encodings):
-            n = len(enc.ids)
-            ids[row, :n] = enc.ids
-            mask[row, :n] = 1
+        seqs = [self._window(e.ids) for e in self.tok.encode_batch(texts)]
+        width = max([len(s) for s in seqs] + [1])
+        ids = np.full((len(seqs), width), self.pad_id, dtype=np.int64)
+        mask = np.zeros((len(seqs), width), dtype=np.int64)
+        for row, seq in enumerate(seqs):
+            ids[row, :len(seq)] = seq
+            mask[row, :len(seq)] = 1
         return ids, mask
 
     def execute(self, requests):
