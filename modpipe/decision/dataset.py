@@ -68,7 +68,8 @@ class TextProbabilities:
         if not missing:
             return
         _log.info("scoring texts with the text model in process", extra={"texts": len(missing)})
-        probs = onnx_spam_proba(self.build.onnx, BatchTokenizer.for_build(self.build), missing, threads=self.threads, desc="text model")
+        probs = onnx_spam_proba(self.build.onnx, BatchTokenizer.for_build(self.build), missing,
+                                threads=self.threads, desc="text model")
         self.cache.update({self._key(t): round(float(p), 6) for t, p in zip(missing, probs, strict=True)})
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")

@@ -20,8 +20,8 @@ from modpipe.textmodel.artifacts import ModelNotBuilt, resolve_model
 TARGET_F1 = {"sms": 0.96, "spamassassin": 0.97}
 # Floors: below every full build measured so far (test spam F1 SMS 0.908-0.949, SpamAssassin 0.954-0.973 on
 # busy and idle machines alike; the served configuration 0.935 / 0.964): a build under them is broken, not
-# unlucky. The targets above are NOT met by this model (issue #2 stays open; README "The text model"); the
-# xfail test below reports them every run and turns into an XPASS once a build reaches them.
+# unlucky. The targets above are NOT met by this model (issue #2: blocked on the base model; README "The text
+# model"); the xfail test below reports them every run and turns into an XPASS once a build reaches them.
 FLOOR_F1 = {"sms": 0.89, "spamassassin": 0.94}
 
 

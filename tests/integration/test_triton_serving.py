@@ -140,14 +140,13 @@ def test_server_side_tokenizer_keeps_the_builds_head_and_tail(client, tok, model
     ensemble scores them as the client does; with a tail, a change at a long text's end reaches the model."""
     body = "Hello all, the meeting notes from last week are attached below. " * 40
     texts = [body + "Thanks, see you on Monday. Bob", body + "To be removed from our list click here and reply REMOVE"]
-    ids, _ = tok(texts)
+    ids, mask = tok(texts)
     assert ids.shape[1] == model_build.max_seq_len
-    np.testing.assert_allclose(client.spam_probabilities_text(texts), client.spam_probabilities(*tok(texts)),
-                               atol=batch_tolerance(model_build))
+    served = client.spam_probabilities_text(texts)
+    np.testing.assert_allclose(served, client.spam_probabilities(ids, mask), atol=batch_tolerance(model_build))
     ends_differ = not np.array_equal(ids[0], ids[1])
     assert ends_differ == (model_build.tail_tokens > 0)
     if ends_differ:
-        served = client.spam_probabilities_text(texts)
         assert served[0] != served[1]
 
 
