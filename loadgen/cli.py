@@ -199,8 +199,57 @@ def register_bench(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_bench_e2e)
 
 
+def _smoke(args) -> int:
+    from loadgen.smoke import smoke
+
+    result = smoke(Settings.from_env(), args.posts, workers=args.workers, timeout_s=args.timeout,
+                   progress=not args.json)
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    return 0 if result["lost"] == 0 and result["dlq_reasons_match"] else 1
+
+
+def _demo(args) -> int:
+    from loadgen.demo import run_demo
+
+    return run_demo(Settings.from_env(), posts=args.posts, workers=args.workers, keep_running=args.keep_running)
+
+
+def _bench_features(args) -> int:
+    from loadgen.bench_features import run
+
+    report = run(Settings.from_env(), n_posts=args.posts, workers=args.workers, progress=not args.json)
+    print(json.dumps(report) if args.json else json.dumps(report, indent=2))
+    return 0
+
+
+def register_clients(sub: argparse._SubParsersAction) -> None:
+    """smoke, demo and `bench features`: clients of the running pipeline."""
+    from modpipe.serving.cli import _bench_subparsers
+
+    p = _bench_subparsers(sub).add_parser(
+        "features", help="posts/s through ingest + feature stages (text model off) vs a plain Kafka loop")
+    p.add_argument("--posts", type=int, default=3000, help="posts sent through each path (default 3000)")
+    p.add_argument("--workers", type=int, default=1, help="stream workers of the feature path (default 1)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
+    p.set_defaults(func=_bench_features)
+
+    p = sub.add_parser("smoke", help="send N held-out posts + malformed records and check every one is handled")
+    p.add_argument("--posts", type=int, default=200, help="held-out posts to send (default 200)")
+    p.add_argument("--workers", type=int, default=1, help="workers to start when the embedded stack is used")
+    p.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for all verdicts")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_smoke)
+
+    p = sub.add_parser("demo", help="start the local stack, send a burst of posts, show verdicts flowing")
+    p.add_argument("--posts", type=int, default=300, help="held-out posts to send (default 300)")
+    p.add_argument("--workers", type=int, default=2, help="stream workers to start (default 2)")
+    p.add_argument("--keep-running", action="store_true", help="keep the stack up with its status line")
+    p.set_defaults(func=_demo)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     register_bench(sub)
+    register_clients(sub)
     # argparse expands %-formats in help texts: the descriptions say things like "10% spam"
     scenarios = "; ".join(f"{s.name}: {s.description}" for s in SCENARIOS.values()).replace("%", "%%")
     p = sub.add_parser("loadgen", help="simulated platform traffic (posts + reports, engagements, labels, bans) "

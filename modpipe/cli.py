@@ -14,8 +14,8 @@ COMMAND_MODULES = [
     "modpipe.textmodel.cli",     # model build | model eval
     "modpipe.serving.cli",       # triton | classify | bench model
     "modpipe.decision.cli",      # decision train | decision eval
-    "streams.cli",               # broker | topics | worker | up | smoke | demo
-    "loadgen.cli",               # loadgen
+    "streams.cli",               # broker | topics | worker | up
+    "loadgen.cli",               # loadgen | smoke | demo | bench [features]
 ]
 
 

@@ -20,6 +20,7 @@ import orjson
 
 from modpipe import log, schema
 from modpipe.decision.engine import cascade, shortcut
+from modpipe.decision.verdict import Decider
 from modpipe.settings import Settings
 from streams import metrics
 from streams.app import Pipeline
@@ -27,7 +28,6 @@ from streams.bans import BanRegistry
 from streams.dead_letters import event_source, event_timestamp_ms, send_dead_letter
 from streams.feature_agents import attach_feature_agents, publish_decision, start_post
 from streams.scoring import TextScorer
-from streams.verdict import Decider
 
 _log = log.get(__name__)
 

@@ -1,9 +1,9 @@
-"""Commands of the streaming path: broker, topics, worker, up, smoke, demo."""
+"""Commands of the streaming path: broker, topics, worker, up. (Clients of it, smoke, demo, loadgen and the
+benchmarks, are in loadgen/cli.py.)"""
 
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 import time
@@ -78,46 +78,14 @@ def _up(args) -> int:
         return 0
 
 
-def _smoke(args) -> int:
-    from loadgen.smoke import smoke
-
-    result = smoke(Settings.from_env(), args.posts, workers=args.workers, timeout_s=args.timeout,
-                   progress=not args.json)
-    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
-    return 0 if result["lost"] == 0 and result["dlq_reasons_match"] else 1
-
-
-def _demo(args) -> int:
-    from streams.demo import run_demo
-
-    return run_demo(Settings.from_env(), posts=args.posts, workers=args.workers, keep_running=args.keep_running)
-
-
-def _bench_features(args) -> int:
-    from streams.bench import run
-
-    report = run(Settings.from_env(), n_posts=args.posts, workers=args.workers, progress=not args.json)
-    print(json.dumps(report) if args.json else json.dumps(report, indent=2))
-    return 0
-
-
 def register(sub: argparse._SubParsersAction) -> None:
-    from modpipe.serving.cli import _bench_subparsers
-
-    p = _bench_subparsers(sub).add_parser(
-        "features", help="posts/s through ingest + feature stages (text model off) vs a plain Kafka loop")
-    p.add_argument("--posts", type=int, default=2000, help="posts sent through each path (default 2000)")
-    p.add_argument("--workers", type=int, default=1, help="stream workers of the feature path (default 1)")
-    p.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
-    p.set_defaults(func=_bench_features)
-
     p = sub.add_parser("broker", help="run the embedded Kafka-protocol broker (noida-db) until Ctrl-C")
     p.set_defaults(func=_broker)
 
     p = sub.add_parser("topics", help="create the topics (idempotent; refuses a wrong partition count)")
     p.set_defaults(func=_topics)
 
-    p = sub.add_parser("worker", help="run one stream worker (faust app: ingest + batching agents)")
+    p = sub.add_parser("worker", help="run one stream worker (faust app: ingest, feature stages, decisions)")
     p.add_argument("--name", default=None, help="stable unique worker name (default: MODPIPE_WORKER_NAME, else host-pid); static group "
                         "member id and table directory STATE_DIR/faust/NAME")
     p.set_defaults(func=_worker)
@@ -126,16 +94,3 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=None, help="workers (default: MODPIPE_WORKERS)")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between status lines")
     p.set_defaults(func=_up)
-
-    p = sub.add_parser("smoke", help="send N held-out posts + malformed records and check every one is handled")
-    p.add_argument("--posts", type=int, default=200, help="held-out posts to send (default 200)")
-    p.add_argument("--workers", type=int, default=1, help="workers to start when the embedded stack is used")
-    p.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for all verdicts")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(func=_smoke)
-
-    p = sub.add_parser("demo", help="start the local stack, send a burst of posts, show verdicts flowing")
-    p.add_argument("--posts", type=int, default=300, help="held-out posts to send (default 300)")
-    p.add_argument("--workers", type=int, default=2, help="stream workers to start (default 2)")
-    p.add_argument("--keep-running", action="store_true", help="keep the stack up with its status line")
-    p.set_defaults(func=_demo)

@@ -27,12 +27,12 @@ from features.state import DEFAULT_LIMITS, ban_features
 from features.vector import assemble
 from modpipe import log, schema
 from modpipe.decision.engine import cascade
+from modpipe.decision.verdict import Decider
 from streams import metrics
 from streams.app import Pipeline
 from streams.bans import BanRegistry
 from streams.dead_letters import send_dead_letter
 from streams.table_batch import TableBatch
-from streams.verdict import Decider
 
 _log = log.get(__name__)
 

@@ -9,6 +9,7 @@ import socket
 import faust
 
 from modpipe import log
+from modpipe.decision.verdict import Decider, ThresholdDecider
 from modpipe.settings import Settings
 from modpipe.textmodel.artifacts import resolve_model
 from streams import kafka_compat, metrics
@@ -17,7 +18,6 @@ from streams.app import create_app
 from streams.bans import BanRegistry
 from streams.scoring import TextScorer
 from streams.topics import ensure_topics
-from streams.verdict import Decider, ThresholdDecider
 
 _log = log.get(__name__)
 

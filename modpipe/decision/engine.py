@@ -20,7 +20,7 @@ import numpy as np
 
 from modpipe.decision.model import DECISION_FEATURES, DecisionModel, decision_vector
 from modpipe.decision.reasons import describe
-from streams.verdict import Decider, Verdict, verdict_for
+from modpipe.decision.verdict import Decider, Verdict, verdict_for
 
 # (feature, short_circuit code): checked in this order; the first true one decides.
 SHORTCUTS = (("domain_banned", "domain_banned"), ("ip_banned", "ip_banned"))

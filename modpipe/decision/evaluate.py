@@ -18,9 +18,9 @@ from loadgen.measure import binary_metrics
 from modpipe.decision import dataset
 from modpipe.decision.engine import DecisionEngine, cascade
 from modpipe.decision.train import feedback_of
+from modpipe.decision.verdict import Decider, ThresholdDecider
 from modpipe.settings import Settings
 from modpipe.textmodel.artifacts import ModelBuild
-from streams.verdict import Decider, ThresholdDecider
 
 EVAL_SCENARIOS = ("mixed", "campaign_burst", "stealth_campaign", "hijacked_accounts", "human_spammers", "ham_only")
 EVAL_SEED_OFFSET = 7_919  # seeds disjoint from training's (seed * 1000 + k, k < 1000)

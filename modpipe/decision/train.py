@@ -30,9 +30,9 @@ from modpipe import log
 from modpipe.decision import dataset
 from modpipe.decision.engine import cascade
 from modpipe.decision.model import DECISION_FEATURES, DecisionModel, decision_vector
+from modpipe.decision.verdict import Decider, ThresholdDecider
 from modpipe.settings import Settings
 from modpipe.textmodel.artifacts import ModelBuild
-from streams.verdict import Decider, ThresholdDecider
 
 _log = log.get(__name__)
 
@@ -101,7 +101,7 @@ class _Fast:
         self.model, self.version = model, model.version
 
     def decide_many(self, features_list):
-        from streams.verdict import Verdict
+        from modpipe.decision.verdict import Verdict
         probs = self.model.predict(np.asarray([decision_vector(f) for f in features_list]))
         return [Verdict("allow", float(p)) for p in probs]
 

@@ -17,7 +17,7 @@ from modpipe.decision.model import (
     decision_vector,
 )
 from modpipe.decision.reasons import describe, has_description
-from streams.verdict import ThresholdDecider
+from modpipe.decision.verdict import ThresholdDecider
 
 
 def _features(rng: np.random.Generator, spam: bool) -> dict:

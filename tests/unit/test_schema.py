@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from loadgen.posts import make_post, malformed_records
 from modpipe import schema
-from streams.verdict import ThresholdDecider
+from modpipe.decision.verdict import ThresholdDecider
 
 
 def valid_post(**changes):

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
+from modpipe.decision.verdict import ThresholdDecider, verdict_for
 from modpipe.settings import SETTINGS_SPEC, Settings, SettingsError
 from streams.stack import histogram_quantile
-from streams.verdict import ThresholdDecider, verdict_for
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -32,7 +32,8 @@ def _posts(n: int, seed: int = 1) -> list[dict]:
 
 
 def _produce(bootstrap: str, topic: str, posts: list[dict]) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    # keyed by user_id with Kafka's default (Java) partitioner, as a platform's producer would
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "partitioner": "murmur2_random"})
     for post in posts:
         producer.produce(topic, key=post["user_id"].encode(), value=schema.dumps(post))
         producer.poll(0)
