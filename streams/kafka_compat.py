@@ -44,7 +44,9 @@ def empty_fetch_backoff(empty_in_a_row: int) -> float:
     """Seconds to wait after the n-th empty fetch in a row (0 after a fetch that brought records)."""
     if empty_in_a_row <= 0:
         return 0.0
-    return min(EMPTY_FETCH_BACKOFF_S * 2 ** (empty_in_a_row - 1), EMPTY_FETCH_BACKOFF_MAX_S)
+    # the exponent is capped: 2 ** n overflows a float after ~1,000 empty fetches (an idle minute), and
+    # an exception here ended aiokafka's fetcher routine for good
+    return min(EMPTY_FETCH_BACKOFF_S * 2 ** min(empty_in_a_row - 1, 30), EMPTY_FETCH_BACKOFF_MAX_S)
 
 
 async def _proc_fetch_request(self, assignment, node_id, request):

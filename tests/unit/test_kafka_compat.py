@@ -14,3 +14,8 @@ def test_wait_doubles_with_each_empty_fetch_up_to_the_cap():
     assert waits[0] == EMPTY_FETCH_BACKOFF_S
     assert all(b == min(2 * a, EMPTY_FETCH_BACKOFF_MAX_S) for a, b in zip(waits, waits[1:], strict=False))
     assert max(waits) == EMPTY_FETCH_BACKOFF_MAX_S  # an idle worker still looks ~12 times a second
+
+
+def test_a_long_idle_spell_keeps_the_cap():
+    # 2 ** n overflowed a float after ~1,000 empty fetches and killed aiokafka's fetcher routine
+    assert empty_fetch_backoff(5_000) == empty_fetch_backoff(10**9) == EMPTY_FETCH_BACKOFF_MAX_S
