@@ -6,6 +6,7 @@ bare submit) or replay scripted steps far faster than a person can type.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 TYPING_STEPS = frozenset({"type", "typing", "keypress", "keydown", "keyup", "input", "compose", "edit", "write"})
@@ -22,7 +23,12 @@ JOURNEY_FEATURES = (
 
 
 def _kind(step: Any) -> str:
-    name = str(step or "").strip().lower().replace("-", "_")
+    return _kind_of(step if isinstance(step, str) else str(step or ""))
+
+
+@functools.lru_cache(maxsize=4096)  # a platform's journeys use a handful of step names
+def _kind_of(step: str) -> str:
+    name = step.strip().lower().replace("-", "_")
     base = name.split(":", 1)[0].split("_", 1)[0]  # `type:title`, `type_body` -> `type`
     if name in TYPING_STEPS or base in TYPING_STEPS:
         return "type"

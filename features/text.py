@@ -22,9 +22,11 @@ _DIGITS_RE = re.compile(r"\d+")
 def normalise_text(text: str | None) -> str:
     if not text:
         return ""
-    t = unicodedata.normalize("NFKC", text)
-    # Format chars (zero-width space/joiners, bidi marks) are invisible: drop them before anything else.
-    t = "".join(ch for ch in t if unicodedata.category(ch) != "Cf")
+    t = text
+    if not t.isascii():  # NFKC and format characters concern non-ASCII text only
+        t = unicodedata.normalize("NFKC", t)
+        # Format chars (zero-width space/joiners, bidi marks) are invisible: drop them before anything else.
+        t = "".join(ch for ch in t if unicodedata.category(ch) != "Cf")
     tokens = ["<url>" if _URL_TOKEN_RE.match(tok.strip(_PUNCT)) else tok for tok in t.casefold().split()]
     return _DIGITS_RE.sub("0", " ".join(tokens))
 

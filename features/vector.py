@@ -127,14 +127,24 @@ def assemble(post: dict, counts: dict[str, Any]) -> dict[str, Any]:
 def to_vector(features: dict[str, Any], names: tuple[str, ...]) -> list[float]:
     """`names` as floats: True/False -> 1.0/0.0, None (or non-numeric, or infinite) -> NaN (missing)."""
     out = []
+    nan = math.nan
     for name in names:
         v = features.get(name)
-        if isinstance(v, bool):
+        kind = type(v)  # exact types first: this runs for every feature of every decision
+        if kind is float:
+            out.append(v if v - v == 0.0 else nan)  # inf - inf and nan - nan are nan
+        elif kind is int:
+            out.append(float(v))
+        elif kind is bool:
+            out.append(1.0 if v else 0.0)
+        elif v is None or kind is str:
+            out.append(nan)
+        elif isinstance(v, bool):
             out.append(1.0 if v else 0.0)
         elif isinstance(v, int | float) and v == v and not math.isinf(v):
             out.append(float(v))
         else:
-            out.append(math.nan)
+            out.append(nan)
     return out
 
 

@@ -9,10 +9,11 @@ each message live in `modpipe/schemas/` and a test keeps them in agreement with 
 from __future__ import annotations
 
 import base64
+import functools
 import ipaddress
 import math
 import time
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -49,7 +50,8 @@ def now_ms() -> int:
 
 def rfc3339(ms: int | float) -> str:
     """Epoch milliseconds -> RFC 3339 UTC with millisecond precision."""
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    seconds, millis = divmod(int(ms), 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
 
 
 # ---------------------------------------------------------------------------------------------- decoding helpers
@@ -109,13 +111,40 @@ def _timestamp(obj: dict, name: str, where: str = "", optional: bool = False) ->
     value = _field(obj, name, str, where=where, optional=optional)
     if value is None:
         return None
+    normalised, problem = _normalised_timestamp(value) if len(value) <= MAX_CACHED_CHARS else (None, "not")
+    if problem == "not":
+        raise InvalidMessage("invalid_value", f"{where}{name} is not an RFC 3339 timestamp: {value[:40]!r}")
+    if problem == "zone":
+        raise InvalidMessage("invalid_value", f"{where}{name} has no time zone: {value[:40]!r}")
+    return normalised
+
+
+# Accounts, IPs and clocks repeat across posts: parsing results are cached, for short strings only (a
+# hostile 10 MB "timestamp" is refused without being kept).
+MAX_CACHED_CHARS = 64
+
+
+@functools.lru_cache(maxsize=65536)
+def _normalised_timestamp(value: str) -> tuple[str | None, str | None]:
+    """(RFC 3339 UTC with milliseconds, None), or (None, "not" | "zone") when it is not one / has no zone."""
     try:
         parsed = datetime.fromisoformat(value.replace("z", "Z"))
     except ValueError:
-        raise InvalidMessage("invalid_value", f"{where}{name} is not an RFC 3339 timestamp: {value[:40]!r}") from None
+        return None, "not"
     if parsed.tzinfo is None:
-        raise InvalidMessage("invalid_value", f"{where}{name} has no time zone: {value[:40]!r}")
-    return rfc3339(parsed.timestamp() * 1000)
+        return None, "zone"
+    return rfc3339(parsed.timestamp() * 1000), None
+
+
+@functools.lru_cache(maxsize=65536)
+def canonical_ip(value: str) -> str | None:
+    """The canonical text of an IP address, None when `value` is not one."""
+    if len(value) > MAX_CACHED_CHARS:
+        return None
+    try:
+        return str(ipaddress.ip_address(value.strip()))
+    except ValueError:
+        return None
 
 
 def _count(obj: dict, name: str, where: str = "") -> int:
@@ -156,11 +185,10 @@ def decode_post(raw: bytes | str, max_text_chars: int = 10_000) -> dict:
     text = _field(obj, "text", str)
     if len(text) > max_text_chars:
         raise InvalidMessage("text_too_long", f"text has {len(text)} characters, the limit is {max_text_chars}")
-    ip = _field(obj, "ip", str)
-    try:
-        ip = str(ipaddress.ip_address(ip.strip()))
-    except ValueError:
-        raise InvalidMessage("invalid_value", f"ip is not an IP address: {ip[:40]!r}") from None
+    raw_ip = _field(obj, "ip", str)
+    ip = canonical_ip(raw_ip)
+    if ip is None:
+        raise InvalidMessage("invalid_value", f"ip is not an IP address: {raw_ip[:40]!r}")
     user = _field(obj, "user", dict)
     journey = _field(obj, "journey", list)
     if len(journey) > MAX_JOURNEY_STEPS:
