@@ -16,6 +16,7 @@ derived keys. Table names and keys:
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import ipaddress
 import json
@@ -26,6 +27,13 @@ from features.url import parse_url, url_key
 
 USER, URL, DOMAIN, IP, POST, BANS = "user", "url", "domain", "ip", "post", "bans"
 TABLES = (USER, URL, DOMAIN, IP, POST)
+
+# Stages: tables that share one partitioning (and one stage topic in the streaming path), in the order a
+# post visits them. A URL belongs to one registrable domain, so the url table is partitioned by its
+# link's domain and shares the link stage with the domain table: one hop instead of two, at the price
+# that every URL of a hot domain lands on that domain's partition.
+STAGES: dict[str, tuple[str, ...]] = {"user": (USER,), "link": (URL, DOMAIN), "ip": (IP,), "post": (POST,)}
+STAGE_OF = {table: stage for stage, tables in STAGES.items() for table in tables}
 EVENT_KINDS = ("post", "report", "engagement", "label", "decision", "ban")
 
 
@@ -53,8 +61,13 @@ def parse_ts(value: Any) -> int | None:
 
 def normalize_ip(value: Any) -> str | None:
     """Canonical text of an IPv4/IPv6 address (IPv4-mapped IPv6 -> IPv4), None when not an address."""
-    if not isinstance(value, str):
+    if not isinstance(value, str) or len(value) > 64:  # the longest address with a zone is ~50 characters
         return None
+    return _normalize_ip(value)
+
+
+@functools.lru_cache(maxsize=65536)  # a platform's IPs repeat (homes, carriers, a campaign's /24)
+def _normalize_ip(value: str) -> str | None:
     try:
         addr = ipaddress.ip_address(value.strip().strip("[]").split("%", 1)[0])
     except ValueError:
@@ -111,6 +124,7 @@ def prepare_engagement(engagement: dict) -> dict:
         "engagement_id": event_id(engagement, "engagement_id", "engagement"),
         "post_id": _id(engagement.get("post_id")),
         "url_key": url_key(engagement.get("url")),
+        "domain": _domain(engagement.get("url")),  # places the url key on its link-stage partition
         "kind": kind if kind in ("share", "comment") else None,
         "user_id": _id(engagement.get("user_id")),
         "ts": parse_ts(engagement.get("created_at")) or 0,
@@ -217,3 +231,24 @@ def routes(kind: str, ctx: dict) -> list[tuple[str, str]]:
 
 PREPARE = {"post": prepare_post, "report": prepare_report, "engagement": prepare_engagement,
            "label": prepare_label, "ban": prepare_ban}
+
+
+def partition_key(table: str, key: str, ctx: dict) -> str:
+    """What places a table key on its stage's partition: the key itself, except that a url key is placed
+    by its registrable domain (the events that update the url table carry it in `domain`)."""
+    if table == URL:
+        return ctx.get("domain") or key
+    return key
+
+
+def hops(targets: list[tuple[str, str]], ctx: dict) -> list[tuple[str, str, list[tuple[str, str]]]]:
+    """Group (table, key) targets into stage hops, in order: [(stage, partition key, [(table, key), ...])].
+    Consecutive targets on the same stage and partition share a hop (a post's url and domain counts)."""
+    out: list[tuple[str, str, list[tuple[str, str]]]] = []
+    for table, key in targets:
+        stage, pkey = STAGE_OF[table], partition_key(table, key, ctx)
+        if out and out[-1][0] == stage and out[-1][1] == pkey:
+            out[-1][2].append((table, key))
+        else:
+            out.append((stage, pkey, [(table, key)]))
+    return out

@@ -18,7 +18,9 @@ Exactness vs memory (documented per structure; defaults in `Limits`):
 * `SpamMarks` keeps the latest label/decision of the `spam_marks` most recently marked posts; older
   posts are folded into a base count, so re-labelling a post after that many newer marks is not seen.
 
-States are mutable objects; tables store `to_dict()` and rebuild with `from_dict()` per event.
+States are mutable objects; tables store `to_dict()` and rebuild with `from_dict()`. Neither shares a
+mutable part with its argument: a worker keeps states in memory across batches while the dicts it
+wrote are still queued for the changelog.
 """
 
 from __future__ import annotations
@@ -266,7 +268,7 @@ class SpamMarks:
         return True
 
     def to_dict(self) -> dict:
-        return {"marks": dict(sorted(self.marks.items())), "base": self.base, "n": self.count,
+        return {"marks": {p: dict(m) for p, m in sorted(self.marks.items())}, "base": self.base, "n": self.count,
                 "hwm": list(self.hwm) if self.hwm else None}
 
     @classmethod
@@ -427,8 +429,8 @@ class DomainState(_State):
         return Update(True, followups=[(POST, pid, "ban", {"key": ctx["key"], "ts": ctx["ts"]}) for pid in covered])
 
     def to_dict(self) -> dict:
-        return {"posts": self.posts.to_dict(), "reports": self.reports.to_dict(), "recent": self.recent,
-                "bans": self.bans}
+        return {"posts": self.posts.to_dict(), "reports": self.reports.to_dict(), "recent": list(self.recent),
+                "bans": list(self.bans)}
 
     @classmethod
     def from_dict(cls, d: dict | None, limits: Limits = DEFAULT_LIMITS) -> DomainState:
@@ -436,7 +438,7 @@ class DomainState(_State):
         if d:
             s.posts = DedupCounter.from_dict(d["posts"], limits.dedup_ids)
             s.reports = DedupCounter.from_dict(d["reports"], limits.dedup_ids)
-            s.recent, s.bans = d.get("recent", []), d.get("bans", [])
+            s.recent, s.bans = list(d.get("recent", [])), list(d.get("bans", []))
         return s
 
 
@@ -579,7 +581,7 @@ class PostState(_State):
     def to_dict(self) -> dict:
         return {"info": self.info, "reports": self.reports.to_dict(), "shares": self.shares.to_dict(),
                 "comments": self.comments.to_dict(), "label": self.label, "decision": self.decision,
-                "pending": self.pending, "snapshot": self.snapshot, "ban": self.ban}
+                "pending": list(self.pending), "snapshot": _copy_snapshot(self.snapshot), "ban": self.ban}
 
     @classmethod
     def from_dict(cls, d: dict | None, limits: Limits = DEFAULT_LIMITS) -> PostState:
@@ -591,8 +593,14 @@ class PostState(_State):
             s.comments = DedupCounter.from_dict(d["comments"], limits.dedup_ids)
             s.label, s.decision = d["label"], d["decision"]
             s.pending = [list(p) for p in d["pending"]]
-            s.snapshot, s.ban = d.get("snapshot"), d.get("ban")
+            s.snapshot, s.ban = _copy_snapshot(d.get("snapshot")), d.get("ban")
         return s
+
+
+def _copy_snapshot(snapshot: dict | None) -> dict | None:
+    """The parts of a snapshot that `redecision` changes in place, copied (its features are replaced, never
+    changed): a cached state must not share them with a value already handed to the table."""
+    return None if snapshot is None else {**snapshot, "redecided": list(snapshot.get("redecided", []))}
 
 
 class BanState(_State):

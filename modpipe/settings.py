@@ -62,8 +62,13 @@ SETTINGS_SPEC: dict[str, Spec] = {
                              "Timeout of one Triton request (it is retried; the posts stay uncommitted).", float),
     # -- batching and verdicts
     "max_batch": Spec("MODPIPE_MAX_BATCH", "64", "Most posts per Triton request.", int),
-    "max_wait_ms": Spec("MODPIPE_MAX_WAIT_MS", "20", "Longest wait to fill a batch before sending it.", float),
+    "max_wait_ms": Spec("MODPIPE_MAX_WAIT_MS", "5",
+                        "Longest a batch waits to fill when another is already at Triton (a batch that finds "
+                        "Triton idle is sent at once).", float),
     "max_inflight": Spec("MODPIPE_MAX_INFLIGHT", "2", "Batches in flight to Triton per worker.", int),
+    "text_cache_size": Spec("MODPIPE_TEXT_CACHE_SIZE", "100000",
+                            "Texts whose spam probability is kept (LRU) so that a repeated text skips Triton; 0: off.",
+                            int),
     "max_seq_len": Spec("MODPIPE_MAX_SEQ_LEN", "128", "Tokens kept per text (longer texts are truncated).", int),
     "max_text_chars": Spec("MODPIPE_MAX_TEXT_CHARS", "10000", "Longest accepted post text.", int),
     "review_threshold": Spec("MODPIPE_REVIEW_THRESHOLD", "0.5", "spam_probability at or above which a post is reviewed.",
@@ -81,6 +86,9 @@ SETTINGS_SPEC: dict[str, Spec] = {
                              "Reports on a post that trigger a re-decision (a new decision, revision + 1); 0: never.",
                              int),
     # -- worker runtime
+    "producer_linger_ms": Spec("MODPIPE_PRODUCER_LINGER_MS", "1",
+                               "librdkafka linger.ms of the worker's producer (decisions, stage bundles, dead "
+                               "letters): each round is already one record per partition.", float),
     "worker_name": Spec("MODPIPE_WORKER_NAME", "",
                         "Stable, unique name of a worker (e.g. the StatefulSet pod name): its consumer-group "
                         "static member id and table directory. Empty: host-pid."),
@@ -123,6 +131,7 @@ class Settings:
     max_batch: int
     max_wait_ms: float
     max_inflight: int
+    text_cache_size: int
     max_seq_len: int
     max_text_chars: int
     review_threshold: float
@@ -130,6 +139,7 @@ class Settings:
     decider: str
     decision_model: str
     redecide_reports: int
+    producer_linger_ms: float
     worker_name: str
     workers: int
     metrics_host: str

@@ -1,15 +1,19 @@
-"""The faust agents: thin wiring between topics and the plain logic in `modpipe.schema`, `scoring`, `verdict`.
+"""The faust agents: thin wiring between topics and the plain logic in `stages.py` and `decisions.py`.
 
-ingest:   posts -> decode + validate + normalise -> the first feature stage | posts.dlq
-          (the feature stages are in `feature_agents.py`; they end on posts.enriched)
-batching: posts.enriched -> up to MODPIPE_MAX_BATCH posts or MODPIPE_MAX_WAIT_MS -> bans short-circuit
-          -> one Triton request for the rest -> the decider (modpipe.decision) -> one decision per post
-          -> decisions (and the verdict, with the snapshot it was made from, back to the feature tables)
+ingest            posts -> decode + validate -> the user stage, in place when the record already sits
+                  on its user's partition (else through features.user) -> the post's next stage | posts.dlq
+features-<stage>  bundles of items -> `Stage.apply` (user; link = url + domain; ip; post) -> the next
+                  stages; the post stage hands ready posts to the `DecisionBatcher` -> decisions, and
+                  the verdict back to the stage topics
+ingest-<kind>     reports, engagements, labels, bans -> decode + validate -> the stages of the tables
+                  they update | posts.dlq (every worker also reads the ban log itself: bans.py)
 
-At-least-once: an input offset is acked (and so committed) only after everything it produced is
-delivered. The batching agent keeps up to MODPIPE_MAX_INFLIGHT batches at Triton at once without
-agent concurrency (faust-streaming #606): it holds an extra reference on each message until its
-decision is delivered, and faust commits only the contiguous acked prefix of each partition.
+Every agent takes what is ready (`take_ready`) as one round: it applies the round's events, writes
+each changed table state once, and publishes one bundle record per destination partition through the
+outbox, all without awaiting anything. The round's input events are acked (so committed) only when
+everything they produced is delivered: stage bundles, dead letters, and for posts their decisions
+(`outbox.Pending`). A worker killed at any point loses nothing; what it had not committed is
+processed again, and the states ignore events they have already counted.
 """
 
 from __future__ import annotations
@@ -18,111 +22,177 @@ import asyncio
 
 import orjson
 
+from features import events as fe
+from features.state import DEFAULT_LIMITS
 from modpipe import log, schema
-from modpipe.decision.engine import cascade, shortcut
 from modpipe.decision.verdict import Decider
 from modpipe.settings import Settings
-from streams import metrics
+from streams import kafka_compat, metrics
 from streams.app import Pipeline
 from streams.bans import BanRegistry
-from streams.dead_letters import event_source, event_timestamp_ms, send_dead_letter
-from streams.feature_agents import attach_feature_agents, publish_decision, start_post
+from streams.bundles import Bundler, decode_bundle, partition_for
+from streams.dead_letters import event_timestamp_ms, send_dead_letter
+from streams.decisions import DecisionBatcher, Publisher
+from streams.outbox import Outbox, Pending
 from streams.scoring import TextScorer
+from streams.stages import Stage, StageOutputs, event_items, post_item
+from streams.table_states import ChangelogWriter
+from streams.take import take_ready
 
 _log = log.get(__name__)
 
-INGEST_BATCH = 500        # records decoded per round; their forwards are awaited together
-INGEST_WAIT_S = 0.005
+ROUND_MAX = 256  # records handled per round at most (a stage record is a bundle of many items)
+DECODERS = {"report": schema.decode_report, "engagement": schema.decode_engagement, "label": schema.decode_label}
 
 
-def features_for(envelope: dict, text_probability: float | None) -> dict:
-    """The feature map of the decision: the feature stages' map plus the text model's probability."""
-    return {**envelope["features"],
-            "text_probability": None if text_probability is None else round(float(text_probability), 6)}
+class Wiring:
+    """What the agents share: the stages' tables, the outbox, the decision batcher."""
+
+    def __init__(self, pipe: Pipeline, settings: Settings, scorer: TextScorer, decider: Decider,
+                 bans: BanRegistry, outbox: Outbox):
+        self.pipe, self.settings, self.decider, self.outbox = pipe, settings, decider, outbox
+        self.topics = pipe.topics
+        writers = {name: ChangelogWriter(table, outbox) for name, table in pipe.tables.items()}
+        outbox.after_delivery += [writer.persist_offsets for writer in writers.values()]
+        self.stages = {name: Stage(name, pipe.tables, DEFAULT_LIMITS, is_banned=bans.is_banned,
+                                   redecide_reports=settings.redecide_reports, writers=writers)
+                       for name in fe.STAGES}
+        model_versions = {"text_model": "off" if scorer.disabled else scorer.model_version,
+                          "decider": decider.version}
+        self.publisher = Publisher(outbox, pipe.topics, pipe.partitions, model_versions)
+        self.batcher = DecisionBatcher(scorer, decider, self.publisher, max_batch=settings.max_batch,
+                                       max_wait_s=settings.max_wait_ms / 1000, max_inflight=settings.max_inflight,
+                                       on_error=self.crash)
+
+    def crash(self, exc: Exception) -> None:
+        """Stop the worker: what is not acked is processed again after the restart (at-least-once)."""
+        asyncio.ensure_future(self.pipe.app.crash(exc))
+
+    def route(self, bundler: Bundler, outputs: StageOutputs) -> None:
+        for stage, pkey, item in outputs.items:
+            bundler.add(self.topics.stages[stage], pkey, item)
+
+    def dead_letter(self, event, error: Exception, pending: Pending, raw: bytes | None = None) -> None:
+        send_dead_letter(self.outbox, self.topics.dead_letters, event, error, pending, raw)
+
+    def round(self, stream, events) -> tuple[Pending, Bundler]:
+        return Pending(stream, events, on_error=self.crash), Bundler(self.pipe.partitions)
+
+    def finish(self, bundler: Bundler, pending: Pending) -> None:
+        self.publisher.send_bundles(bundler, pending)
+        pending.seal()
 
 
-def attach_agents(pipe: Pipeline, settings: Settings, scorer: TextScorer, decider: Decider,
-                  bans: BanRegistry) -> None:
+def attach_agents(pipe: Pipeline, settings: Settings, scorer: TextScorer, decider: Decider, bans: BanRegistry,
+                  outbox: Outbox) -> Wiring:
     app = pipe.app
-    model_versions = {"text_model": "off" if scorer.disabled else scorer.model_version, "decider": decider.version}
-    inflight = asyncio.Semaphore(settings.max_inflight)
-    tasks: set[asyncio.Task] = set()
-
-    attach_feature_agents(pipe, bans, decider, model_versions, settings.redecide_reports)
+    w = Wiring(pipe, settings, scorer, decider, bans, outbox)
+    partitions = pipe.partitions
 
     @app.agent(pipe.posts, name="ingest")
     async def ingest(stream):
-        async for events in stream.take_events(INGEST_BATCH, within=INGEST_WAIT_S):
-            deliveries = []
+        user = w.stages["user"]
+        async for events in take_ready(stream, ROUND_MAX):
+            pending, bundler = w.round(stream, events)
             for event in events:
                 metrics.POSTS_CONSUMED.inc()
                 try:
                     post = schema.decode_post(event.value, settings.max_text_chars)
+                    stage, pkey, item = post_item(post, event_timestamp_ms(event))
+                    if stage == "user" and event.message.partition == partition_for(pkey, partitions):
+                        w.route(bundler, user.apply(item, event))  # the record sits on its user's partition
+                    else:
+                        bundler.add(w.topics.stages[stage], pkey, item)
                 except schema.InvalidMessage as exc:
-                    deliveries.append(await send_dead_letter(pipe, event, exc))
-                    continue
-                envelope = {"post": post, "received_at_ms": event_timestamp_ms(event), "source": event_source(event)}
-                deliveries.append(await start_post(pipe, envelope))
-            # Delivered before this round's offsets are acked (take_events acks after the body).
-            await asyncio.gather(*deliveries)
+                    w.dead_letter(event, exc, pending)
+                except Exception as exc:  # noqa: BLE001 - one bad post must not stall the partition
+                    _log.exception("ingest failed on a post")
+                    w.dead_letter(event, exc, pending)
+            _count_writes(user.flush(pending))
+            w.finish(bundler, pending)
 
-    async def decide_batch(stream, events) -> None:
-        try:
-            envelopes = []
-            for event in events:
-                try:
-                    envelopes.append(orjson.loads(event.value))
-                except orjson.JSONDecodeError as exc:  # only if someone else writes to our internal topic
-                    await (await send_dead_letter(pipe, event, exc))
-            # Cascade: a post a ban decides never reaches the text model.
-            scored = [i for i, env in enumerate(envelopes) if shortcut(env["features"]) is None]
-            if scored:
-                metrics.BATCH_SIZE.observe(len(scored))
-            probabilities = await scorer.spam_probabilities([envelopes[i]["post"]["text"] for i in scored])
-            text_p = {i: None if p != p else float(p)  # NaN: the text model is switched off
-                      for i, p in zip(scored, probabilities, strict=True)}
-            features_list = [features_for(env, text_p.get(i)) for i, env in enumerate(envelopes)]
-            verdicts = cascade(decider, features_list)
-            deliveries = []
-            decided_at = schema.now_ms()
-            for env, features, verdict in zip(envelopes, features_list, verdicts, strict=True):
-                record = schema.decision(
-                    post=env["post"], verdict=verdict.verdict, spam_probability=verdict.spam_probability,
-                    text_probability=features["text_probability"], reasons=verdict.reasons, features=features,
-                    short_circuit=verdict.short_circuit, model_versions=model_versions,
-                    received_at_ms=env["received_at_ms"], decided_at_ms=decided_at)
-                deliveries.extend(await publish_decision(pipe, record, env["ctx"], env["received_at_ms"]))
-                metrics.END_TO_END_LATENCY.observe(record["latency_ms"] / 1000)
-            await asyncio.gather(*deliveries)
-            for event in events:
-                await stream.ack(event)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            # The batch stays unacked, so it is redone after restart; crash rather than skip it.
-            _log.exception("batch failed; stopping the worker so the batch is retried", extra={"error": str(exc)})
-            await app.crash(exc)
-        finally:
-            metrics.BATCHES_IN_FLIGHT.dec()
-            inflight.release()
+    def make_stage_agent(name: str):
+        stage = w.stages[name]
 
-    @app.agent(pipe.enriched_posts, name="batching")
-    async def batching(stream):
-        async for events in stream.take_events(settings.max_batch, within=settings.max_wait_ms / 1000):
-            for event in events:
-                event.message.incref()  # released in decide_batch once the decisions are delivered
-            await inflight.acquire()
-            metrics.BATCHES_IN_FLIGHT.inc()
-            task = asyncio.ensure_future(decide_batch(stream, list(events)))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
+        async def stage_agent(stream):
+            async for events in take_ready(stream, ROUND_MAX):
+                pending, bundler = w.round(stream, events)
+                out = StageOutputs()
+                for event in events:
+                    try:
+                        items = decode_bundle(event.value)
+                    except Exception as exc:  # noqa: BLE001 - only if someone else writes to our topic
+                        w.dead_letter(event, exc, pending)
+                        continue
+                    for item in items:
+                        try:
+                            out.extend(stage.apply(item, event))
+                        except Exception as exc:  # noqa: BLE001 - one bad item must not stall the partition
+                            _log.exception("feature stage failed on an item", extra={"stage": name})
+                            w.dead_letter(event, exc, pending, raw=orjson.dumps(item))
+                _count_writes(stage.flush(pending))
+                w.route(bundler, out)
+                if out.redecisions:
+                    w.publisher.redecide(decider, out.redecisions, bundler, pending)
+                for post in out.ready:  # each holds the round's events until its decision is delivered
+                    post.source = pending
+                pending.hold(len(out.ready))
+                w.batcher.submit(out.ready)
+                w.finish(bundler, pending)
+
+        stage_agent.__name__ = f"features_{name}"
+        return stage_agent
+
+    for name, topic in pipe.stages.items():
+        app.agent(topic, name=f"features-{name}")(make_stage_agent(name))
+
+    def make_side_input(kind: str):
+        decode = DECODERS.get(kind, schema.decode_ban)
+
+        async def side_input(stream):
+            async for events in take_ready(stream, ROUND_MAX):
+                pending, bundler = w.round(stream, events)
+                for event in events:
+                    try:
+                        raw = decode(event.value)
+                    except schema.InvalidMessage as exc:
+                        w.dead_letter(event, exc, pending)
+                        continue
+                    metrics.EVENTS_CONSUMED.labels(kind).inc()
+                    ctx = fe.PREPARE[kind](raw)
+                    if kind == "ban":
+                        # Every worker's BanRegistry applies it to new posts; the domain table finds the
+                        # posts decided before it, so they are decided again.
+                        _log.info("ban received", extra={"kind": raw["kind"], "value": raw["value"],
+                                                         "action": raw["action"]})
+                    for stage, pkey, item in event_items(kind, ctx):
+                        bundler.add(w.topics.stages[stage], pkey, item)
+                w.finish(bundler, pending)
+
+        side_input.__name__ = f"ingest_{kind}"
+        return side_input
+
+    for kind, topic in {**pipe.side_inputs, "ban": pipe.bans}.items():
+        app.agent(topic, name=f"ingest-{kind}")(make_side_input(kind))
 
     inputs = set(pipe.topics.inputs())
 
+    @app.on_partitions_revoked.connect
+    async def on_revoked(app, revoked, **kwargs) -> None:
+        for stage in w.stages.values():
+            stage.invalidate()  # another worker may update these keys before we see them again
+
     @app.on_partitions_assigned.connect
     async def on_assigned(app, assigned, **kwargs) -> None:
+        for stage in w.stages.values():
+            stage.invalidate()
         for topic in inputs:
             metrics.ASSIGNED_PARTITIONS.labels(topic).set(sum(tp.topic == topic for tp in assigned))
+
+    @app.task
+    async def start_outbox() -> None:
+        outbox.after_delivery.append(kafka_compat.wake_fetcher)  # our own next stage may be waiting for these
+        outbox.start(asyncio.get_running_loop())
 
     @app.timer(5.0)
     async def report_lag():
@@ -135,3 +205,11 @@ def attach_agents(pipe: Pipeline, settings: Settings, scorer: TextScorer, decide
                 continue
             if highwater is not None and committed is not None:
                 metrics.CONSUMER_LAG.labels(tp.topic, str(tp.partition)).set(max(0, highwater - committed))
+
+    return w
+
+
+def _count_writes(writes: dict[str, int]) -> None:
+    for table, n in writes.items():
+        if n:
+            metrics.STATE_WRITES.labels(table).inc(n)

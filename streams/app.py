@@ -1,4 +1,5 @@
-"""The faust application: settings -> faust.App with topics. Agents are attached in `agents.py`."""
+"""The faust application: settings -> faust.App with the topics its agents read and the feature tables.
+Agents are attached in `agents.py`; what the worker publishes goes through `outbox.py`."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass
 
 import faust
 
+from features.events import TABLES
 from modpipe.settings import Settings
 from streams.topics import TopicNames
 
@@ -35,18 +37,16 @@ def broker_credentials(settings: Settings):
 
 @dataclass
 class Pipeline:
-    """The app and the topic and table handles the agents use."""
+    """The app, the topics its agents read and the tables."""
 
     app: faust.App
     topics: TopicNames
     posts: faust.TopicT
     side_inputs: dict[str, faust.TopicT]   # event kind -> topic (report, engagement, label)
     bans: faust.TopicT
-    stages: dict[str, faust.TopicT]        # table name -> its stage topic
-    enriched_posts: faust.TopicT
-    decisions: faust.TopicT
-    dead_letters: faust.TopicT
+    stages: dict[str, faust.TopicT]        # stage name -> its stage topic (bundles)
     tables: dict[str, faust.Table]         # table name -> faust table (changelog-backed)
+    partitions: int
 
 
 def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker-0") -> Pipeline:
@@ -87,14 +87,11 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker-0"
         return app.topic(name, key_type=bytes, value_type=bytes, value_serializer="raw", key_serializer="raw",
                          partitions=settings.partitions)
 
-    # Table values are the plain dicts of features.state; the changelog makes them recoverable.
     # Keys are str and values the plain dicts of features.state: untyped, so faust keeps them as JSON.
-    tables = {name: app.Table(f"features-{name}", default=None, partitions=settings.partitions)
-              for name in names.stages}
+    tables = {name: app.Table(f"features-{name}", default=None, partitions=settings.partitions) for name in TABLES}
     return Pipeline(
         app=app, topics=names, posts=topic(names.posts),
         side_inputs={"report": topic(names.reports), "engagement": topic(names.engagements),
                      "label": topic(names.labels)},
         bans=topic(names.bans), stages={name: topic(t) for name, t in names.stages.items()},
-        enriched_posts=topic(names.enriched_posts), decisions=topic(names.decisions),
-        dead_letters=topic(names.dead_letters), tables=tables)
+        tables=tables, partitions=settings.partitions)

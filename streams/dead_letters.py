@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from modpipe import log, schema
 from streams import metrics
-from streams.app import Pipeline
+from streams.outbox import Outbox, Pending
 
 _log = log.get(__name__)
 
@@ -19,12 +19,15 @@ def event_timestamp_ms(event) -> int:
     return int(ts * 1000) if ts and ts > 0 else schema.now_ms()
 
 
-async def send_dead_letter(pipe: Pipeline, event, error: Exception):
-    """Publish a dead letter for `event`; returns the delivery future."""
+def send_dead_letter(outbox: Outbox, topic: str, event, error: Exception, pending: Pending,
+                     raw: bytes | None = None) -> None:
+    """Publish a dead letter for `event` (or for `raw`, one item of a bundle record) under `pending`."""
     msg = event.message
     reason = getattr(error, "reason", "processing_error")
     metrics.DEAD_LETTERS.labels(reason).inc()
     _log.warning("dead letter", extra={"reason": reason, "error": str(error)[:300], **event_source(event)})
+    if raw is None:
+        raw = event.value if isinstance(event.value, bytes) else msg.value
     record = schema.dead_letter(topic=msg.topic, partition=msg.partition, offset=msg.offset, key=msg.key,
-                                raw=event.value if isinstance(event.value, bytes) else msg.value, error=error)
-    return await pipe.dead_letters.send(key=msg.key, value=schema.dumps(record))
+                                raw=raw, error=error)
+    outbox.produce(topic, schema.dumps(record), key=msg.key, pending=pending)

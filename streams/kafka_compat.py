@@ -15,21 +15,44 @@ A busy pipeline (records somewhere on every fetch) never waits; an idle worker w
 second instead of 100 (at 10 ms it still spent a quarter of a core, and the broker as much again,
 answering empty fetches for its 52 partitions). Against Apache Kafka an empty answer already took
 fetch_max_wait_ms, so the extra wait is noise.
+
+3. That backoff would add up to its cap to every hop of a post through our own stage topics. A worker
+knows when it has just delivered records, possibly to partitions it consumes itself: `wake_fetcher()`
+(called by the outbox after each delivery report) ends the backoff at once, so a hop between this
+worker's own stages waits for no timer. Against Apache Kafka a fetch is already waiting at the broker
+and returns when the records arrive; the wake-up changes nothing there.
+
+4. faust's consumer hands each fetched batch to the streams one record at a time, yielding to the event
+loop after every record. `fetch_in_delivery()` tells whether it is in the middle of such a batch, and
+`on_fetch_delivered` hooks run when it has handed over the whole batch: `take.take_ready` ends a round
+there, so that a round is what one fetch brought (no timer, whatever the load).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from aiokafka.consumer import fetcher, group_coordinator
+from faust.transport import consumer as faust_consumer
 
 from modpipe import log
 
 _log = log.get(__name__)
 _original = group_coordinator.CoordinatorGroupRebalance.perform_group_join
 _original_fetch = fetcher.Fetcher._proc_fetch_request
-EMPTY_FETCH_BACKOFF_S = 0.01
-EMPTY_FETCH_BACKOFF_MAX_S = 0.08
+_original_getmany = faust_consumer.Consumer.getmany
+_delivering = False
+_fetch_delivered_hooks: list[Callable[[], None]] = []
+EMPTY_FETCH_BACKOFF_S = 0.002
+EMPTY_FETCH_BACKOFF_MAX_S = 0.025
+_wake: asyncio.Event | None = None  # set by wake_fetcher(); created in the worker's event loop
+
+
+def wake_fetcher() -> None:
+    """End the fetcher's current empty-fetch backoff (call from the event loop's thread)."""
+    if _wake is not None:
+        _wake.set()
 
 
 async def _perform_group_join(self):
@@ -55,13 +78,46 @@ async def _proc_fetch_request(self, assignment, node_id, request):
     empties[node_id] = 0 if has_new_data else empties.get(node_id, 0) + 1
     delay = empty_fetch_backoff(empties[node_id])
     if delay:
+        global _wake
+        if _wake is None:
+            _wake = asyncio.Event()
+        _wake.clear()
         try:
-            await asyncio.sleep(delay)
+            await asyncio.wait_for(_wake.wait(), delay)
+        except asyncio.TimeoutError:
+            pass
         except asyncio.CancelledError:  # closing or reassigned: like the original, end quietly
             return False
+        else:
+            empties[node_id] = 0  # woken: records are probably there, start the backoff afresh
     return has_new_data
+
+
+def fetch_in_delivery() -> bool:
+    """True while faust's consumer is handing a fetched batch to the streams, record by record."""
+    return _delivering
+
+
+def on_fetch_delivered(hook: Callable[[], None]) -> Callable[[], None]:
+    """Run `hook` each time faust's consumer has handed over a whole fetched batch; returns its remover."""
+    _fetch_delivered_hooks.append(hook)
+    return lambda: _fetch_delivered_hooks.remove(hook) if hook in _fetch_delivered_hooks else None
+
+
+async def _getmany(self, timeout: float):
+    global _delivering
+    try:
+        async for item in _original_getmany(self, timeout):
+            _delivering = True
+            yield item
+    finally:
+        was_delivering, _delivering = _delivering, False
+        if was_delivering:
+            for hook in list(_fetch_delivered_hooks):
+                hook()
 
 
 def install() -> None:
     group_coordinator.CoordinatorGroupRebalance.perform_group_join = _perform_group_join
     fetcher.Fetcher._proc_fetch_request = _proc_fetch_request
+    faust_consumer.Consumer.getmany = _getmany

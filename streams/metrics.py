@@ -26,6 +26,11 @@ BATCH_SIZE = Histogram("modpipe_batch_size_posts", "Posts per batch sent to Trit
                        buckets=(1, 2, 4, 8, 16, 32, 48, 64, 96, 128))
 TRITON_LATENCY = Histogram("modpipe_triton_request_duration_seconds", "Duration of one Triton inference request.",
                            buckets=_LATENCY_BUCKETS)
+TEXT_CACHE = Counter("modpipe_text_cache_requests_total",
+                     "Texts looked up in the text-probability cache, by result (hit: Triton not asked).", ["result"])
+TEXT_CACHE_ENTRIES = Gauge("modpipe_text_cache_entries", "Texts in the text-probability cache.")
+BUNDLE_ITEMS = Histogram("modpipe_bundle_items", "Items per bundle record published to a stage topic.",
+                         buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
 TRITON_ERRORS = Counter("modpipe_triton_errors_total", "Failed Triton requests (each is retried).")
 BATCHES_IN_FLIGHT = Gauge("modpipe_batches_in_flight", "Batches sent to Triton and not yet decided.")
 ASSIGNED_PARTITIONS = Gauge("modpipe_assigned_partitions", "Partitions of our input topics assigned to this worker.",

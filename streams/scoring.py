@@ -1,11 +1,18 @@
 """Scoring a batch of posts with the text model: tokenize once, one Triton request, probabilities back.
 
-Plain class, no Kafka: the batching agent hands it texts and gets probabilities.
+Plain classes, no Kafka: the decision batcher hands `TextScorer` texts and gets probabilities.
+
+Campaigns post the same text many times. `TextCache` remembers the probability of each exact model
+input (the token ids after normalisation and truncation, per model version), so a repeat skips Triton:
+the cached value is the probability the model gave that same input, and a text whose ids differ in any
+token is scored. Bounded (LRU); hits and misses are metrics.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import hashlib
 import time
 from collections.abc import Sequence
 
@@ -19,6 +26,44 @@ from streams import metrics
 _log = log.get(__name__)
 
 
+DEFAULT_CACHE_TEXTS = 100_000
+
+
+class TextCache:
+    """Spam probability per exact model input (token ids) and model version; least recently used evicted."""
+
+    def __init__(self, model_version: str, capacity: int = DEFAULT_CACHE_TEXTS):
+        self.model_version = model_version
+        self.capacity = capacity
+        self._items: collections.OrderedDict[bytes, float] = collections.OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def key(self, ids: np.ndarray) -> bytes:
+        """Key of one row of token ids without its padding."""
+        return hashlib.blake2b(ids.tobytes(), digest_size=16, key=self.model_version.encode()[:64]).digest()
+
+    def get(self, key: bytes) -> float | None:
+        value = self._items.get(key)
+        if value is None:
+            self.misses += 1
+            return None
+        self._items.move_to_end(key)
+        self.hits += 1
+        return value
+
+    def put(self, key: bytes, probability: float) -> None:
+        if self.capacity <= 0:
+            return
+        self._items[key] = probability
+        self._items.move_to_end(key)
+        while len(self._items) > self.capacity:
+            self._items.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
 class TextScorer:
     """Tokenizes on the client (padding to the batch's longest text) and asks Triton for spam probabilities.
 
@@ -27,10 +72,11 @@ class TextScorer:
     """
 
     def __init__(self, build: ModelBuild, triton_url: str, model_name: str, timeout_s: float = 10.0,
-                 max_seq_len: int | None = None, disabled: bool = False):
+                 max_seq_len: int | None = None, disabled: bool = False, cache_texts: int = DEFAULT_CACHE_TEXTS):
         self.disabled = disabled  # MODPIPE_TEXT_MODEL=off: NaN probabilities, no Triton call
         self.tokenizer = BatchTokenizer.for_build(build, max_seq_len)
         self.model_version = build.version
+        self.cache = TextCache(build.version, cache_texts)
         self.triton_url = triton_url
         self.model_name = model_name
         self.timeout_s = timeout_s
@@ -45,11 +91,38 @@ class TextScorer:
         return self._client
 
     async def spam_probabilities(self, texts: Sequence[str]) -> np.ndarray:
+        """One probability per text: repeats from the cache, the rest in one Triton request."""
         if not texts:
-            return np.zeros(0, dtype=np.float32)
+            return np.zeros(0, dtype=np.float64)
         if self.disabled:
             return np.full(len(texts), np.nan)
         ids, mask = self.tokenizer(texts)
+        lengths = mask.sum(axis=1)
+        keys = [self.cache.key(ids[i, :lengths[i]]) for i in range(len(texts))]
+        out = np.empty(len(texts), dtype=np.float64)
+        misses: dict[bytes, list[int]] = {}  # the same input twice in one batch is scored once
+        for i, key in enumerate(keys):
+            if key in misses:
+                misses[key].append(i)
+                continue
+            hit = self.cache.get(key)
+            if hit is None:
+                misses[key] = [i]
+            else:
+                out[i] = hit
+        scored = [rows[0] for rows in misses.values()]
+        metrics.TEXT_CACHE.labels("hit").inc(len(texts) - len(scored))
+        metrics.TEXT_CACHE.labels("miss").inc(len(scored))
+        if scored:
+            width = int(lengths[scored].max())
+            probs = await self._score(ids[scored, :width], mask[scored, :width], len(scored))
+            for (key, rows), p in zip(misses.items(), probs, strict=True):
+                out[rows] = p
+                self.cache.put(key, float(p))
+        metrics.TEXT_CACHE_ENTRIES.set(len(self.cache))
+        return out
+
+    async def _score(self, ids: np.ndarray, mask: np.ndarray, n: int) -> np.ndarray:
         delay = 0.1
         while True:
             started = time.perf_counter()
@@ -62,7 +135,7 @@ class TextScorer:
             except Exception as exc:  # noqa: BLE001 - any failure: retry, the posts stay uncommitted
                 metrics.TRITON_ERRORS.inc()
                 _log.warning("triton request failed; retrying", extra={"error": str(exc)[:300], "retry_in_s": delay,
-                                                                        "batch": len(texts)})
+                                                                        "batch": n})
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 

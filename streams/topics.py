@@ -1,22 +1,24 @@
 """Topic names and the admin step that creates them.
 
-    posts ──ingest──▶ features.user ─▶ features.url ─▶ features.domain ─▶ features.ip ─▶ features.post
-      │                (each stage is keyed by what its table counts: user_id, url, domain, ip, post_id)
-      │                                                                                   │
-      └─ invalid ─▶ posts.dlq                          decisions ◀──batching── posts.enriched (key post_id)
+    posts ──ingest + user stage──▶ features.link ──▶ features.ip ──▶ features.post ──▶ decisions
+      │   (in place when the post sits on its user's partition, else via features.user)   (+ Triton batches)
+      └─ invalid ─▶ posts.dlq
+    reports, engagements, labels ──▶ the stage topics of the tables they update
+    decisions ──▶ fed back to features.post (and features.user / features.ip when they count it)
+    bans ──▶ read in full by every worker (streams/bans.py), and to features.link (re-decisions)
 
-    reports, engagements, labels ──▶ the stages whose tables they update
-    bans ──▶ read in full by every worker (streams/bans.py), and to the domain stage for re-decisions
-
-A post visits only the stages whose key it has (no URL: no url/domain stage). Every stage topic
-carries all events for its table, so each table is co-partitioned with the one stream that updates
-it. Names get MODPIPE_TOPIC_PREFIX in front; dead letters of every input topic go to posts.dlq.
+Stage topics (`features.<stage>`, stages in features.events.STAGES) carry bundles: one record per
+destination partition per round (streams/bundles.py), placed by the key their tables count (user_id,
+registrable domain, ip, post_id), so each table is co-partitioned with the topics that update it. A
+post visits only the stages whose key it has. Names get MODPIPE_TOPIC_PREFIX in front; dead letters of
+every input topic go to posts.dlq.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from features.events import STAGES
 from modpipe import log
 from modpipe.settings import Settings
 
@@ -29,8 +31,6 @@ LABELS = "labels"
 BANS = "bans"
 DECISIONS = "decisions"
 DEAD_LETTERS = "posts.dlq"
-ENRICHED_POSTS = "posts.enriched"  # internal: posts with their features, waiting to be scored
-STAGE_TABLES = ("user", "url", "domain", "ip", "post")  # internal `features.<table>` topics, in visit order
 
 
 class TopicConfigError(RuntimeError):
@@ -46,19 +46,17 @@ class TopicNames:
     bans: str
     decisions: str
     dead_letters: str
-    enriched_posts: str
-    stages: dict[str, str]
+    stages: dict[str, str]  # stage name -> its internal topic `features.<stage>`
 
     @classmethod
     def from_settings(cls, settings: Settings) -> TopicNames:
         t = settings.topic
         return cls(t(POSTS), t(REPORTS), t(ENGAGEMENTS), t(LABELS), t(BANS), t(DECISIONS), t(DEAD_LETTERS),
-                   t(ENRICHED_POSTS), {table: t(f"features.{table}") for table in STAGE_TABLES})
+                   {stage: t(f"features.{stage}") for stage in STAGES})
 
     def inputs(self) -> list[str]:
         """Topics the worker group consumes."""
-        return [self.posts, self.reports, self.engagements, self.labels, self.bans, *self.stages.values(),
-                self.enriched_posts]
+        return [self.posts, self.reports, self.engagements, self.labels, self.bans, *self.stages.values()]
 
     def all(self) -> list[str]:
         return [*self.inputs(), self.decisions, self.dead_letters]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import socket
@@ -16,6 +17,7 @@ from streams import kafka_compat, metrics
 from streams.agents import attach_agents
 from streams.app import create_app
 from streams.bans import BanRegistry
+from streams.outbox import Outbox
 from streams.scoring import TextScorer
 from streams.topics import ensure_topics
 
@@ -52,17 +54,26 @@ def build_worker(settings: Settings, name: str | None = None):
     build = resolve_model(settings)
     pipe = create_app(settings, bootstrap, worker_name=name)
     scorer = TextScorer(build, default_triton_url(settings), settings.triton_model, settings.triton_timeout_s,
-                        settings.max_seq_len, disabled=settings.text_model == "off")
+                        settings.max_seq_len, disabled=settings.text_model == "off",
+                        cache_texts=settings.text_cache_size)
     decider = make_decider(settings, build.version)
     bans = BanRegistry(settings, bootstrap, pipe.topics.bans)
-    attach_agents(pipe, settings, scorer, decider, bans)
-    return pipe, scorer, bans, bootstrap
+    outbox = Outbox(settings, bootstrap, linger_ms=settings.producer_linger_ms)
+    attach_agents(pipe, settings, scorer, decider, bans, outbox)
+    return pipe, scorer, bans, outbox, bootstrap
+
+
+# A worker allocates a few hundred small objects per post and keeps tens of thousands of decoded
+# states: with the default thresholds (700, 10, 10) the collector ran every few posts and scanned the
+# state cache often, ~10% of the worker's CPU. Collections are rarer, and what exists after start-up
+# (modules, the models) is frozen out of them.
+GC_THRESHOLDS = (50_000, 20, 100)
 
 
 def run_worker(settings: Settings, name: str | None = None) -> int:
     kafka_compat.install()
     name = name or settings.worker_name or f"{socket.gethostname()}-{os.getpid()}"
-    pipe, scorer, bans, bootstrap = build_worker(settings, name)
+    pipe, scorer, bans, outbox, bootstrap = build_worker(settings, name)
     metrics.serve(settings.metrics_host, settings.metrics_port)
     _log.info("worker starting", extra={"worker": name, "bootstrap": bootstrap, "app_id": settings.app_id,
                                         "metrics": f"http://{settings.metrics_host}:{settings.metrics_port}/metrics",
@@ -73,8 +84,12 @@ def run_worker(settings: Settings, name: str | None = None) -> int:
     @pipe.app.on_before_shutdown.connect
     async def _close_client(app, **kwargs) -> None:
         bans.stop()
+        outbox.close()
         await scorer.close()
 
     bans.start()
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
     worker.execute_from_commandline()  # returns via SystemExit when stopped (SIGTERM / SIGINT)
     return 0

@@ -63,8 +63,7 @@ class Script:
         show lag 1 until its next record (the record is redelivered later, never lost)."""
         behind: dict = {}
         self.stack.group_lag(behind)
-        internal = (self.settings.topic("features."), self.settings.topic("posts.enriched"))
-        if any(name.startswith(internal) for name in behind):
+        if any(name.startswith(self.settings.topic("features.")) for name in behind):
             return False
         consumed = self.stack.scrape()
         for kind in ("report", "engagement", "label", "ban"):

@@ -13,7 +13,7 @@ def test_wait_doubles_with_each_empty_fetch_up_to_the_cap():
     waits = [empty_fetch_backoff(n) for n in range(1, 12)]
     assert waits[0] == EMPTY_FETCH_BACKOFF_S
     assert all(b == min(2 * a, EMPTY_FETCH_BACKOFF_MAX_S) for a, b in zip(waits, waits[1:], strict=False))
-    assert max(waits) == EMPTY_FETCH_BACKOFF_MAX_S  # an idle worker still looks ~12 times a second
+    assert max(waits) == EMPTY_FETCH_BACKOFF_MAX_S  # an idle worker still looks ~40 times a second
 
 
 def test_a_long_idle_spell_keeps_the_cap():

@@ -1,0 +1,186 @@
+"""From a post with its features to a published decision: Triton batches, the decider, the feedback.
+
+`DecisionBatcher` takes ready posts from the post stage and keeps up to MODPIPE_MAX_INFLIGHT Triton
+requests going: a post is sent as soon as a slot is free (no timer at low load); while every slot is
+taken, posts gather into the next batch (up to MODPIPE_MAX_BATCH), and a batch that finds a slot while
+another request is still at Triton waits up to MODPIPE_MAX_WAIT_MS to fill. Bans short-circuit before
+the text model; repeats come from the text cache (`scoring.TextCache`).
+
+`publish_decision` is the one place a decision is published: the record to `decisions` (key post_id)
+and the verdict back to the tables through the stage topics (stages.decision_items). A post's source
+(`Pending`) is released only when its decision and feedback are delivered, so its offsets are
+committed only then (at-least-once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Callable, Sequence
+
+from modpipe import log, schema
+from modpipe.decision.engine import cascade, shortcut
+from modpipe.decision.verdict import Decider
+from streams import metrics
+from streams.bundles import Bundler
+from streams.outbox import Outbox, Pending
+from streams.scoring import TextScorer
+from streams.stages import ReadyPost, Redecision, decision_items
+from streams.topics import TopicNames
+
+_log = log.get(__name__)
+
+
+def features_for(features: dict, text_probability: float | None) -> dict:
+    """The feature map of the decision: the feature stages' map plus the text model's probability."""
+    return {**features, "text_probability": None if text_probability is None else round(float(text_probability), 6)}
+
+
+class Publisher:
+    """Publishes decisions and their feedback through the outbox."""
+
+    def __init__(self, outbox: Outbox, topics: TopicNames, partitions: int, model_versions: dict):
+        self.outbox, self.topics, self.partitions = outbox, topics, partitions
+        self.model_versions = model_versions
+
+    def publish(self, record: dict, ctx: dict, received_at_ms: int, bundler: Bundler, pending: Pending) -> None:
+        snapshot = {"post": {"post_id": record["post_id"], "user_id": record["user_id"]},
+                    "received_at_ms": received_at_ms, "features": record["features"], "revision": record["revision"]}
+        self.outbox.produce(self.topics.decisions, schema.dumps(record), key=record["post_id"].encode(),
+                            pending=pending)
+        for stage, pkey, item in decision_items(ctx, record["verdict"] == "block", record["revision"], snapshot):
+            bundler.add(self.topics.stages[stage], pkey, item)
+        metrics.DECISIONS.labels(record["verdict"]).inc()
+        if record["short_circuit"]:
+            metrics.SHORTCUTS.labels(record["short_circuit"]).inc()
+
+    def send_bundles(self, bundler: Bundler, pending: Pending) -> None:
+        for topic, partition, value, n in bundler.records():
+            self.outbox.produce(topic, value, partition=partition, pending=pending)
+            metrics.BUNDLE_ITEMS.observe(n)
+
+    def redecide(self, decider: Decider, redecisions: Sequence[Redecision], bundler: Bundler,
+                 pending: Pending) -> None:
+        """Decide posts again from their stored snapshots (reports crossed the threshold, or a later ban)."""
+        verdicts = cascade(decider, [r.request["features"] for r in redecisions])
+        now = schema.now_ms()
+        for r, verdict in zip(redecisions, verdicts, strict=True):
+            request, features = r.request, r.request["features"]
+            record = schema.decision(
+                post=request["post"], verdict=verdict.verdict, spam_probability=verdict.spam_probability,
+                text_probability=features.get("text_probability"), reasons=verdict.reasons, features=features,
+                short_circuit=verdict.short_circuit, model_versions=self.model_versions,
+                received_at_ms=request["received_at_ms"], decided_at_ms=now, revision=request["revision"])
+            self.publish(record, r.ctx, request["received_at_ms"], bundler, pending)
+            metrics.REDECISIONS.labels(request["reason"]).inc()
+            _log.info("post decided again", extra={"post_id": r.post_id, "reason": request["reason"],
+                                                   "revision": request["revision"], "verdict": verdict.verdict})
+
+
+class DecisionBatcher:
+    """Ready posts -> Triton batches -> verdicts -> decisions (see the module docstring)."""
+
+    def __init__(self, scorer: TextScorer, decider: Decider, publisher: Publisher, *, max_batch: int,
+                 max_wait_s: float, max_inflight: int, on_error: Callable[[Exception], None]):
+        self.scorer, self.decider, self.publisher = scorer, decider, publisher
+        self.max_batch, self.max_wait_s = max_batch, max_wait_s
+        self.on_error = on_error
+        self._queue: collections.deque[ReadyPost] = collections.deque()
+        self._ready = asyncio.Event()
+        self._more = asyncio.Event()
+        self._slots = asyncio.Semaphore(max_inflight)
+        self._inflight = 0
+        self._runner: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    def submit(self, posts: Sequence[ReadyPost]) -> None:
+        if not posts:
+            return
+        self._queue.extend(posts)
+        self._ready.set()
+        self._more.set()
+        if self._runner is None:
+            self._runner = asyncio.ensure_future(self._run())
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                await self._ready.wait()
+                await self._slots.acquire()
+                if self._inflight and len(self._queue) < self.max_batch and self.max_wait_s > 0:
+                    await self._fill(self.max_wait_s)
+                batch = [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]
+                if not self._queue:
+                    self._ready.clear()
+                if not batch:
+                    self._slots.release()
+                    continue
+                self._inflight += 1
+                metrics.BATCHES_IN_FLIGHT.inc()
+                task = asyncio.ensure_future(self._decide(batch))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # pragma: no cover - a bug here must stop the worker, not stall it
+            _log.exception("decision batcher failed")
+            self.on_error(exc)
+
+    async def _fill(self, timeout: float) -> None:
+        """Another batch is at Triton: wait up to `timeout` for this one to fill."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while len(self._queue) < self.max_batch:
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            self._more.clear()
+            try:
+                await asyncio.wait_for(self._more.wait(), left)
+            except asyncio.TimeoutError:
+                return
+
+    async def _decide(self, batch: list[ReadyPost]) -> None:
+        try:
+            scored = [i for i, p in enumerate(batch) if shortcut(p.features) is None]  # bans skip the model
+            if scored:
+                metrics.BATCH_SIZE.observe(len(scored))
+            probabilities = await self.scorer.spam_probabilities([batch[i].post["text"] for i in scored])
+            text_p = {i: None if p != p else float(p)  # NaN: the text model is switched off
+                      for i, p in zip(scored, probabilities, strict=True)}
+            features_list = [features_for(p.features, text_p.get(i)) for i, p in enumerate(batch)]
+            verdicts = cascade(self.decider, features_list)
+            sources = [p.source for p in batch if p.source is not None]
+            pending = Pending(on_error=self.on_error,
+                              on_done=lambda: [source.release() for source in sources])
+            bundler = Bundler(self.publisher.partitions)
+            decided_at = schema.now_ms()
+            for post, features, verdict in zip(batch, features_list, verdicts, strict=True):
+                record = schema.decision(
+                    post=post.post, verdict=verdict.verdict, spam_probability=verdict.spam_probability,
+                    text_probability=features["text_probability"], reasons=verdict.reasons, features=features,
+                    short_circuit=verdict.short_circuit, model_versions=self.publisher.model_versions,
+                    received_at_ms=post.received_at_ms, decided_at_ms=decided_at)
+                self.publisher.publish(record, post.ctx, post.received_at_ms, bundler, pending)
+                metrics.END_TO_END_LATENCY.observe(record["latency_ms"] / 1000)
+            self.publisher.send_bundles(bundler, pending)
+            pending.seal()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # The posts stay unacked, so they are decided again after the restart; crash rather than skip.
+            _log.exception("batch failed; stopping the worker so the batch is retried", extra={"error": str(exc)})
+            self.on_error(exc)
+        finally:
+            self._inflight -= 1
+            metrics.BATCHES_IN_FLIGHT.dec()
+            self._slots.release()
+
+    async def close(self) -> None:
+        for task in [self._runner, *self._tasks]:
+            if task is not None:
+                task.cancel()

@@ -1,0 +1,149 @@
+"""The feature stages as plain classes: items in, table states updated, items out. No Kafka here.
+
+A post walks its route of stages (features.events.STAGES): user -> link (url + domain) -> ip -> post.
+At each stage it updates that stage's tables and collects their share of its features (`counts`);
+the post stage adds the bans and assembles the feature map (features.vector), and the post is ready
+for the text model and the decision. Side events (reports, engagements, labels, decisions, bans) go
+straight to the stages of the tables they update; states may ask for follow-ups on other tables (a
+label reaches the ip table through the post table, a ban the posts of its domain) and the post table
+may ask for a re-decision.
+
+Each `Stage` applies items with `TableStates` (one write per changed key per batch) and collects what
+they produce; an item's outputs are kept only if the whole item succeeded (a failed item leaves no
+trace in the tables and sends nothing; the wiring dead-letters it). The wiring (`agents.py`) decodes
+bundles, calls `apply`, flushes the states and publishes `outputs` through the outbox.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from features import events as fe
+from features.state import Limits, ban_features
+from features.vector import assemble
+from streams.table_states import TableStates
+
+
+@dataclasses.dataclass
+class ReadyPost:
+    """A post with its feature map, waiting for the text model and the decision."""
+    post: dict
+    received_at_ms: int
+    ctx: dict
+    features: dict
+    source: Any = None  # the wiring's handle (a `Pending`) released once the decision is delivered
+
+
+@dataclasses.dataclass
+class Redecision:
+    """The post table asked to decide a post again from its stored snapshot."""
+    post_id: str
+    ctx: dict  # post_id, user_id, ip, ts: where the verdict is fed back
+    request: dict  # features.state.PostState.redecision()
+
+
+@dataclasses.dataclass
+class StageOutputs:
+    """What a batch of items produced: items for stage topics, posts ready to decide, re-decisions."""
+    items: list[tuple[str, str, dict]] = dataclasses.field(default_factory=list)  # (stage, partition key, item)
+    ready: list[ReadyPost] = dataclasses.field(default_factory=list)
+    redecisions: list[Redecision] = dataclasses.field(default_factory=list)
+
+    def extend(self, other: StageOutputs) -> None:
+        self.items += other.items
+        self.ready += other.ready
+        self.redecisions += other.redecisions
+
+
+def post_item(post: dict, received_at_ms: int) -> tuple[str, str, dict]:
+    """A valid post as it enters the stages: (first stage, its partition key, item)."""
+    ctx = fe.prepare_post(post)
+    route = [[stage, pkey, [list(t) for t in targets]] for stage, pkey, targets in fe.hops(fe.routes("post", ctx), ctx)]
+    stage, pkey, targets = route.pop(0)
+    return stage, pkey, {"kind": "post", "ctx": ctx, "to": targets, "post": post,
+                         "received_at_ms": received_at_ms, "counts": {}, "route": route}
+
+
+def event_items(kind: str, ctx: dict) -> list[tuple[str, str, dict]]:
+    """A side event's items: one per stage hop of the tables it updates directly. (The bans table has no
+    stage: every worker reads the ban log itself, streams/bans.py.)"""
+    direct = [(table, key) for table, key in fe.routes(kind, ctx) if table in fe.STAGE_OF]
+    return [(stage, pkey, {"kind": kind, "ctx": ctx, "to": [list(t) for t in targets]})
+            for stage, pkey, targets in fe.hops(direct, ctx)]
+
+
+def decision_items(post_ctx: dict, spam: bool, revision: int, snapshot: dict | None) -> list[tuple[str, str, dict]]:
+    """The pipeline's verdict fed back to the tables that count it; the post table also keeps the snapshot
+    the verdict was made from, for a re-decision."""
+    dctx = fe.prepare_decision(post_ctx, spam, revision=revision)
+    out = []
+    for stage, pkey, targets in fe.hops(fe.routes("decision", dctx), dctx):
+        ctx = {**dctx, "snapshot": snapshot} if stage == "post" else dctx
+        out.append((stage, pkey, {"kind": "decision", "ctx": ctx, "to": [list(t) for t in targets]}))
+    return out
+
+
+class Stage:
+    """One stage's tables on this worker."""
+
+    def __init__(self, name: str, tables: dict[str, Any], limits: Limits, *, is_banned: Callable[[str], bool],
+                 redecide_reports: int = 0, writers: dict[str, Callable] | None = None):
+        self.name = name
+        writers = writers or {}
+        self.states = {t: TableStates(t, tables[t], limits, write=writers.get(t)) for t in fe.STAGES[name]}
+        self.is_banned = is_banned
+        self.redecide_reports = redecide_reports
+
+    def apply(self, item: dict, event) -> StageOutputs:
+        """Apply one item under `event` (the record it came in); raises after undoing its table changes."""
+        out = StageOutputs()
+        kind, ctx = item["kind"], item["ctx"]
+        done = []  # (states, key, op, changed): recorded once the whole item succeeded
+        try:
+            for table, key in item["to"]:
+                states = self.states[table]
+                state = states.state(key, event)
+                done.append((states, key, ("apply", kind, ctx), False))
+                update = state.apply(kind, ctx)
+                done[-1] = (states, key, ("apply", kind, ctx), update.changed)
+                if table == fe.POST and kind != "post":
+                    request = state.redecision(self.redecide_reports)
+                    if request:
+                        done.append((states, key, ("redecide", self.redecide_reports), True))
+                        info = state.info or {}
+                        out.redecisions.append(Redecision(key, {"post_id": key, "user_id": info.get("user_id"),
+                                                                "ip": info.get("ip"), "ts": info.get("ts")}, request))
+                for f_table, f_key, f_kind, f_ctx in update.followups:
+                    stage, pkey, targets = fe.hops([(f_table, f_key)], f_ctx)[0]
+                    out.items.append((stage, pkey, {"kind": f_kind, "ctx": f_ctx, "to": [list(t) for t in targets]}))
+                if kind == "post":
+                    item["counts"].update(update.features)
+            if kind == "post":
+                self._forward_post(item, out)
+        except Exception:
+            for states, key, _, _ in done:  # back to the state before this item (earlier items kept)
+                states.rebuild(key, event)
+            raise
+        for states, key, op, changed in done:
+            states.done(key, event, op, changed)
+        return out
+
+    def _forward_post(self, item: dict, out: StageOutputs) -> None:
+        if item["route"]:
+            stage, pkey, targets = item["route"].pop(0)
+            out.items.append((stage, pkey, {**item, "to": targets}))
+            return
+        ctx = item["ctx"]
+        counts = {**item["counts"], **ban_features(ctx, self.is_banned)}
+        out.ready.append(ReadyPost(post=item["post"], received_at_ms=item["received_at_ms"], ctx=ctx,
+                                   features=assemble(item["post"], counts)))
+
+    def flush(self, pending=None) -> dict[str, int]:
+        """End of a batch: write each changed state once (under `pending`). Returns writes per table."""
+        return {t: states.flush(pending) for t, states in self.states.items()}
+
+    def invalidate(self) -> None:
+        for states in self.states.values():
+            states.invalidate()

