@@ -26,6 +26,13 @@ and returns when the records arrive; the wake-up changes nothing there.
 loop after every record. `fetch_in_delivery()` tells whether it is in the middle of such a batch, and
 `on_fetch_delivered` hooks run when it has handed over the whole batch: `take.take_ready` ends a round
 there, so that a round is what one fetch brought (no timer, whatever the load).
+
+5. aiokafka sends no fetch to a broker while records it fetched from that broker wait to be consumed,
+for up to `prefetch_backoff` (0.1 s) after they arrived. faust keeps the changelog partitions of its
+own active tables assigned but never consumes them once recovered, so every changelog record this
+worker wrote was fetched and then held the next fetch for every other partition of that broker for
+100 ms: a post's hops through the stage topics took ~100 ms each at low load. The backoff is
+PREFETCH_BACKOFF_S instead (records of partitions being consumed are drained long before).
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ _original_fetch = fetcher.Fetcher._proc_fetch_request
 _original_getmany = faust_consumer.Consumer.getmany
 _delivering = False
 _fetch_delivered_hooks: list[Callable[[], None]] = []
+PREFETCH_BACKOFF_S = 0.005
 EMPTY_FETCH_BACKOFF_S = 0.002
 EMPTY_FETCH_BACKOFF_MAX_S = 0.025
 _wake: asyncio.Event | None = None  # set by wake_fetcher(); created in the worker's event loop
@@ -117,7 +125,16 @@ async def _getmany(self, timeout: float):
                 hook()
 
 
+_original_fetcher_init = fetcher.Fetcher.__init__
+
+
+def _fetcher_init(self, *args, **kwargs):
+    _original_fetcher_init(self, *args, **kwargs)
+    self._prefetch_backoff = PREFETCH_BACKOFF_S
+
+
 def install() -> None:
+    fetcher.Fetcher.__init__ = _fetcher_init
     group_coordinator.CoordinatorGroupRebalance.perform_group_join = _perform_group_join
     fetcher.Fetcher._proc_fetch_request = _proc_fetch_request
     faust_consumer.Consumer.getmany = _getmany
