@@ -86,6 +86,12 @@ SETTINGS_SPEC: dict[str, Spec] = {
                              "Reports on a post that trigger a re-decision (a new decision, revision + 1); 0: never.",
                              int),
     # -- worker runtime
+    "local_hops": Spec("MODPIPE_LOCAL_HOPS", "on",
+                       "`on`: an item whose next stage partition this worker owns is applied at once, without "
+                       "the Kafka hop; `off`: every stage hop goes through its stage topic."),
+    "state_flush_ms": Spec("MODPIPE_STATE_FLUSH_MS", "200",
+                           "Checkpoint interval: table states changed since the last checkpoint are written "
+                           "(one changelog record per key) and the input behind them committed.", float),
     "producer_linger_ms": Spec("MODPIPE_PRODUCER_LINGER_MS", "1",
                                "librdkafka linger.ms of the worker's producer (decisions, stage bundles, dead "
                                "letters): each round is already one record per partition.", float),
@@ -139,6 +145,8 @@ class Settings:
     decider: str
     decision_model: str
     redecide_reports: int
+    local_hops: str
+    state_flush_ms: float
     producer_linger_ms: float
     worker_name: str
     workers: int
@@ -176,6 +184,8 @@ class Settings:
             raise SettingsError("MODPIPE_TABLE_STORE must be `rocksdb` or `memory`")
         if self.text_model not in ("on", "off"):
             raise SettingsError("MODPIPE_TEXT_MODEL must be `on` or `off`")
+        if self.local_hops not in ("on", "off"):
+            raise SettingsError("MODPIPE_LOCAL_HOPS must be `on` or `off`")
         if self.decider not in ("lightgbm", "text-only"):
             raise SettingsError("MODPIPE_DECIDER must be `lightgbm` or `text-only`")
         if self.redecide_reports < 0:

@@ -1,26 +1,37 @@
 """The faust agents: thin wiring between topics and the plain logic in `stages.py` and `decisions.py`.
 
-ingest            posts -> decode + validate -> the user stage, in place when the record already sits
-                  on its user's partition (else through features.user) -> the post's next stage | posts.dlq
-features-<stage>  bundles of items -> `Stage.apply` (user; link = url + domain; ip; post) -> the next
-                  stages; the post stage hands ready posts to the `DecisionBatcher` -> decisions, and
-                  the verdict back to the stage topics
+ingest            posts -> decode + validate -> the post's stages | posts.dlq
+features-<stage>  bundles of items from other workers (and from this one when hops go through
+                  Kafka) -> `Stage.apply` (user; link = url + domain; ip; post) -> the next stages
 ingest-<kind>     reports, engagements, labels, bans -> decode + validate -> the stages of the tables
                   they update | posts.dlq (every worker also reads the ban log itself: bans.py)
+the post stage    hands ready posts to the `DecisionBatcher` -> Triton -> decisions, and the verdict
+                  back to the tables through features.post (and features.user / features.ip)
 
-Every agent takes what is ready (`take_ready`) as one round: it applies the round's events, writes
+Where an item goes next: a stage's tables live on the partition of the item's key. When this worker
+owns that partition of the stage topic, the item is applied here and now, in the same round (no Kafka
+hop: what Kafka would have done is deliver it to us); otherwise it joins the round's bundle for that
+partition (streams/bundles.py) and whichever worker owns it applies it. MODPIPE_LOCAL_HOPS=off sends
+every hop through Kafka. Either way a table is only ever written by the owner of its partition, under
+that partition (`PartitionEvent`), and one worker's view of its partitions is cleared at every
+rebalance.
+
+Every agent takes what is ready (`take_ready`) as one `Round`: it applies the round's events, writes
 each changed table state once, and publishes one bundle record per destination partition through the
 outbox, all without awaiting anything. The round's input events are acked (so committed) only when
-everything they produced is delivered: stage bundles, dead letters, and for posts their decisions
-(`outbox.Pending`). A worker killed at any point loses nothing; what it had not committed is
+everything they produced is delivered: bundles, changelog records, dead letters, and for posts their
+decisions (`outbox.Pending`). A worker killed at any point loses nothing; what it had not committed is
 processed again, and the states ignore events they have already counted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+from dataclasses import dataclass, field
 
 import orjson
+from faust.types import TP
 
 from features import events as fe
 from features.state import DEFAULT_LIMITS
@@ -35,23 +46,51 @@ from streams.dead_letters import event_timestamp_ms, send_dead_letter
 from streams.decisions import DecisionBatcher, Publisher
 from streams.outbox import Outbox, Pending
 from streams.scoring import TextScorer
-from streams.stages import Stage, StageOutputs, event_items, post_item
+from streams.stages import ReadyPost, Redecision, Stage, event_items, post_item
 from streams.table_states import ChangelogWriter
 from streams.take import take_ready
 
 _log = log.get(__name__)
 
-ROUND_MAX = 256  # records handled per round at most (a stage record is a bundle of many items)
-DECODERS = {"report": schema.decode_report, "engagement": schema.decode_engagement, "label": schema.decode_label}
+ROUND_MAX = 128  # records handled per round at most (a stage record is a bundle of many items)
+DECODERS = {"report": schema.decode_report, "engagement": schema.decode_engagement, "label": schema.decode_label,
+            "ban": schema.decode_ban}
+
+
+class PartitionEvent:
+    """Stands in for a record of a stage topic's partition when an item is applied without the Kafka hop:
+    faust's table store and our changelog writer take the partition from the current event."""
+
+    class _Message:
+        __slots__ = ("topic", "partition", "offset", "key", "tp")
+
+        def __init__(self, topic: str, partition: int):
+            self.topic, self.partition, self.offset, self.key = topic, partition, -1, None
+            self.tp = TP(topic, partition)
+
+    def __init__(self, topic: str, partition: int):
+        self.message = self._Message(topic, partition)
+
+
+@dataclass
+class Round:
+    """What one round of an agent produced, and the events it holds until that is delivered."""
+    pending: Pending
+    bundler: Bundler
+    events: list = field(default_factory=list)
+    ready: list[ReadyPost] = field(default_factory=list)
+    redecisions: list[Redecision] = field(default_factory=list)
 
 
 class Wiring:
-    """What the agents share: the stages' tables, the outbox, the decision batcher."""
+    """What the agents share: the stages' tables, the outbox, the decision batcher, the partitions owned."""
 
     def __init__(self, pipe: Pipeline, settings: Settings, scorer: TextScorer, decider: Decider,
                  bans: BanRegistry, outbox: Outbox):
         self.pipe, self.settings, self.decider, self.outbox = pipe, settings, decider, outbox
         self.topics = pipe.topics
+        self.partitions = pipe.partitions
+        self.local_hops = settings.local_hops == "on"
         writers = {name: ChangelogWriter(table, outbox) for name, table in pipe.tables.items()}
         outbox.after_delivery += [writer.persist_offsets for writer in writers.values()]
         self.stages = {name: Stage(name, pipe.tables, DEFAULT_LIMITS, is_banned=bans.is_banned,
@@ -59,86 +98,162 @@ class Wiring:
                        for name in fe.STAGES}
         model_versions = {"text_model": "off" if scorer.disabled else scorer.model_version,
                           "decider": decider.version}
-        self.publisher = Publisher(outbox, pipe.topics, pipe.partitions, model_versions)
+        self.publisher = Publisher(outbox, pipe.topics, model_versions)
         self.batcher = DecisionBatcher(scorer, decider, self.publisher, max_batch=settings.max_batch,
                                        max_wait_s=settings.max_wait_ms / 1000, max_inflight=settings.max_inflight,
-                                       on_error=self.crash)
+                                       on_error=self.crash, feedback=self.feedback)
+        self.owned: set[TP] = set()  # stage-topic partitions assigned to this worker (empty while rebalancing)
+        self._partition_events: dict[tuple[str, int], PartitionEvent] = {}
+        self.flush_interval_s = settings.state_flush_ms / 1000
+        self._awaiting_flush: list[Pending] = []  # rounds whose state changes are not written yet
+        self._flush_timer: asyncio.TimerHandle | None = None
 
     def crash(self, exc: Exception) -> None:
         """Stop the worker: what is not acked is processed again after the restart (at-least-once)."""
         asyncio.ensure_future(self.pipe.app.crash(exc))
 
-    def route(self, bundler: Bundler, outputs: StageOutputs) -> None:
-        for stage, pkey, item in outputs.items:
-            bundler.add(self.topics.stages[stage], pkey, item)
+    def new_round(self, stream=None, events=()) -> Round:
+        return Round(Pending(stream, events, on_error=self.crash), Bundler(self.partitions), list(events))
 
     def dead_letter(self, event, error: Exception, pending: Pending, raw: bytes | None = None) -> None:
         send_dead_letter(self.outbox, self.topics.dead_letters, event, error, pending, raw)
 
-    def round(self, stream, events) -> tuple[Pending, Bundler]:
-        return Pending(stream, events, on_error=self.crash), Bundler(self.pipe.partitions)
+    def dispatch(self, r: Round, items, origin) -> None:
+        """Send items to their stages: applied here when this worker owns the partition (and what they
+        produce in turn), else bundled for the owner. `origin` is the input record they stem from."""
+        queue = collections.deque(items)
+        while queue:
+            stage, pkey, item = queue.popleft()
+            topic = self.topics.stages[stage]
+            partition = partition_for(pkey, self.partitions)
+            if not (self.local_hops and TP(topic, partition) in self.owned):
+                r.bundler.add(topic, pkey, item)
+                continue
+            event = self._partition_events.get((topic, partition))
+            if event is None:
+                event = self._partition_events[(topic, partition)] = PartitionEvent(topic, partition)
+            try:
+                out = self.stages[stage].apply(item, event)
+            except Exception as exc:  # noqa: BLE001 - one bad item must not stall the round
+                _log.exception("feature stage failed on an item", extra={"stage": stage})
+                self.dead_letter(origin, exc, r.pending, raw=orjson.dumps(item))
+                continue
+            metrics.LOCAL_HOPS.labels(stage).inc()
+            queue.extend(out.items)
+            r.ready += out.ready
+            r.redecisions += out.redecisions
 
-    def finish(self, bundler: Bundler, pending: Pending) -> None:
+    def finish(self, r: Round, seal: bool = True) -> None:
+        """End of a round: re-decisions, one write per changed state, ready posts to the batcher, bundles out."""
+        while r.redecisions:  # a re-decision's feedback can reach the post table here and now
+            redecisions, r.redecisions = r.redecisions, []
+            items = self.publisher.redecide(self.decider, redecisions, r.pending)
+            self.dispatch(r, items, origin=r.events[0])
+        self._await_flush(r.pending)
+        for post in r.ready:  # each holds the round's events until its decision is delivered
+            post.source = r.pending
+        r.pending.hold(len(r.ready))
+        self.batcher.submit(r.ready)
+        self.publisher.send_bundles(r.bundler, r.pending)
+        if seal:
+            r.pending.seal()
+
+    def _await_flush(self, pending: Pending) -> None:
+        """The round's table changes are written at the next checkpoint; its events wait for that too."""
+        pending.hold()
+        self._awaiting_flush.append(pending)
+        if self._flush_timer is None:
+            self._flush_timer = asyncio.get_running_loop().call_later(self.flush_interval_s, self.flush_states)
+
+    def flush_states(self) -> None:
+        """Checkpoint: each state changed since the last one written once, its changelog record holding
+        the rounds that changed it (Kafka Streams' record cache and Quix Streams' checkpoints do the same:
+        a hot key costs one record per checkpoint, not one per round). Runs every MODPIPE_STATE_FLUSH_MS
+        and before partitions are given up."""
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        if not self._awaiting_flush:
+            return
+        rounds, self._awaiting_flush = self._awaiting_flush, []
+        checkpoint = Pending(on_error=self.crash, on_done=lambda: [p.release() for p in rounds])
+        for stage in self.stages.values():
+            for table, n in stage.flush(checkpoint).items():
+                if n:
+                    metrics.STATE_WRITES.labels(table).inc(n)
+        checkpoint.seal()
+
+    def feedback(self, items, pending: Pending) -> None:
+        """A batch's verdicts back to the tables: through the stage topics. (Not applied here even when this
+        worker owns the partition: the decision is already out, and the worker may be recovering a table
+        partition it was just given while Triton answered.)"""
+        bundler = Bundler(self.partitions)
+        for stage, pkey, item in items:
+            bundler.add(self.topics.stages[stage], pkey, item)
         self.publisher.send_bundles(bundler, pending)
-        pending.seal()
+
+    def assigned(self, assigned) -> None:
+        stage_topics = set(self.topics.stages.values())
+        self.owned = {tp for tp in assigned if tp.topic in stage_topics}
+        self.invalidate()
+
+    def revoked(self) -> None:
+        self.flush_states()  # while the partitions are still ours
+        self.owned = set()
+        self.invalidate()
+
+    def invalidate(self) -> None:
+        for stage in self.stages.values():
+            stage.invalidate()  # another worker may update these keys before we see them again
 
 
 def attach_agents(pipe: Pipeline, settings: Settings, scorer: TextScorer, decider: Decider, bans: BanRegistry,
                   outbox: Outbox) -> Wiring:
     app = pipe.app
     w = Wiring(pipe, settings, scorer, decider, bans, outbox)
-    partitions = pipe.partitions
 
     @app.agent(pipe.posts, name="ingest")
     async def ingest(stream):
-        user = w.stages["user"]
         async for events in take_ready(stream, ROUND_MAX):
-            pending, bundler = w.round(stream, events)
+            r = w.new_round(stream, events)
             for event in events:
                 metrics.POSTS_CONSUMED.inc()
                 try:
                     post = schema.decode_post(event.value, settings.max_text_chars)
-                    stage, pkey, item = post_item(post, event_timestamp_ms(event))
-                    if stage == "user" and event.message.partition == partition_for(pkey, partitions):
-                        w.route(bundler, user.apply(item, event))  # the record sits on its user's partition
-                    else:
-                        bundler.add(w.topics.stages[stage], pkey, item)
+                    first_hop = post_item(post, event_timestamp_ms(event))
                 except schema.InvalidMessage as exc:
-                    w.dead_letter(event, exc, pending)
+                    w.dead_letter(event, exc, r.pending)
+                    continue
                 except Exception as exc:  # noqa: BLE001 - one bad post must not stall the partition
                     _log.exception("ingest failed on a post")
-                    w.dead_letter(event, exc, pending)
-            _count_writes(user.flush(pending))
-            w.finish(bundler, pending)
+                    w.dead_letter(event, exc, r.pending)
+                    continue
+                w.dispatch(r, [first_hop], origin=event)
+            w.finish(r)
 
     def make_stage_agent(name: str):
-        stage = w.stages[name]
-
         async def stage_agent(stream):
             async for events in take_ready(stream, ROUND_MAX):
-                pending, bundler = w.round(stream, events)
-                out = StageOutputs()
+                r = w.new_round(stream, events)
                 for event in events:
                     try:
                         items = decode_bundle(event.value)
                     except Exception as exc:  # noqa: BLE001 - only if someone else writes to our topic
-                        w.dead_letter(event, exc, pending)
+                        w.dead_letter(event, exc, r.pending)
                         continue
+                    # The bundle's partition is this worker's (faust assigned it), so its items apply here.
+                    stage = w.stages[name]
                     for item in items:
                         try:
-                            out.extend(stage.apply(item, event))
+                            out = stage.apply(item, event)
                         except Exception as exc:  # noqa: BLE001 - one bad item must not stall the partition
                             _log.exception("feature stage failed on an item", extra={"stage": name})
-                            w.dead_letter(event, exc, pending, raw=orjson.dumps(item))
-                _count_writes(stage.flush(pending))
-                w.route(bundler, out)
-                if out.redecisions:
-                    w.publisher.redecide(decider, out.redecisions, bundler, pending)
-                for post in out.ready:  # each holds the round's events until its decision is delivered
-                    post.source = pending
-                pending.hold(len(out.ready))
-                w.batcher.submit(out.ready)
-                w.finish(bundler, pending)
+                            w.dead_letter(event, exc, r.pending, raw=orjson.dumps(item))
+                            continue
+                        r.ready += out.ready
+                        r.redecisions += out.redecisions
+                        w.dispatch(r, out.items, origin=event)
+                w.finish(r)
 
         stage_agent.__name__ = f"features_{name}"
         return stage_agent
@@ -147,27 +262,25 @@ def attach_agents(pipe: Pipeline, settings: Settings, scorer: TextScorer, decide
         app.agent(topic, name=f"features-{name}")(make_stage_agent(name))
 
     def make_side_input(kind: str):
-        decode = DECODERS.get(kind, schema.decode_ban)
+        decode = DECODERS[kind]
 
         async def side_input(stream):
             async for events in take_ready(stream, ROUND_MAX):
-                pending, bundler = w.round(stream, events)
+                r = w.new_round(stream, events)
                 for event in events:
                     try:
                         raw = decode(event.value)
                     except schema.InvalidMessage as exc:
-                        w.dead_letter(event, exc, pending)
+                        w.dead_letter(event, exc, r.pending)
                         continue
                     metrics.EVENTS_CONSUMED.labels(kind).inc()
-                    ctx = fe.PREPARE[kind](raw)
                     if kind == "ban":
                         # Every worker's BanRegistry applies it to new posts; the domain table finds the
                         # posts decided before it, so they are decided again.
                         _log.info("ban received", extra={"kind": raw["kind"], "value": raw["value"],
                                                          "action": raw["action"]})
-                    for stage, pkey, item in event_items(kind, ctx):
-                        bundler.add(w.topics.stages[stage], pkey, item)
-                w.finish(bundler, pending)
+                    w.dispatch(r, event_items(kind, fe.PREPARE[kind](raw)), origin=event)
+                w.finish(r)
 
         side_input.__name__ = f"ingest_{kind}"
         return side_input
@@ -179,13 +292,11 @@ def attach_agents(pipe: Pipeline, settings: Settings, scorer: TextScorer, decide
 
     @app.on_partitions_revoked.connect
     async def on_revoked(app, revoked, **kwargs) -> None:
-        for stage in w.stages.values():
-            stage.invalidate()  # another worker may update these keys before we see them again
+        w.revoked()
 
     @app.on_partitions_assigned.connect
     async def on_assigned(app, assigned, **kwargs) -> None:
-        for stage in w.stages.values():
-            stage.invalidate()
+        w.assigned(assigned)
         for topic in inputs:
             metrics.ASSIGNED_PARTITIONS.labels(topic).set(sum(tp.topic == topic for tp in assigned))
 
@@ -207,9 +318,3 @@ def attach_agents(pipe: Pipeline, settings: Settings, scorer: TextScorer, decide
                 metrics.CONSUMER_LAG.labels(tp.topic, str(tp.partition)).set(max(0, highwater - committed))
 
     return w
-
-
-def _count_writes(writes: dict[str, int]) -> None:
-    for table, n in writes.items():
-        if n:
-            metrics.STATE_WRITES.labels(table).inc(n)

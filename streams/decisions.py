@@ -6,10 +6,10 @@ taken, posts gather into the next batch (up to MODPIPE_MAX_BATCH), and a batch t
 another request is still at Triton waits up to MODPIPE_MAX_WAIT_MS to fill. Bans short-circuit before
 the text model; repeats come from the text cache (`scoring.TextCache`).
 
-`publish_decision` is the one place a decision is published: the record to `decisions` (key post_id)
-and the verdict back to the tables through the stage topics (stages.decision_items). A post's source
-(`Pending`) is released only when its decision and feedback are delivered, so its offsets are
-committed only then (at-least-once).
+`Publisher.publish` is the one place a decision is published: the record to `decisions` (key post_id);
+it returns the verdict's feedback items for the tables (stages.decision_items), which the wiring sends
+on. A post's source (`Pending`) is released only when its decision and feedback are delivered, so its
+offsets are committed only then (at-least-once).
 """
 
 from __future__ import annotations
@@ -37,33 +37,34 @@ def features_for(features: dict, text_probability: float | None) -> dict:
 
 
 class Publisher:
-    """Publishes decisions and their feedback through the outbox."""
+    """Publishes decisions and bundles through the outbox."""
 
-    def __init__(self, outbox: Outbox, topics: TopicNames, partitions: int, model_versions: dict):
-        self.outbox, self.topics, self.partitions = outbox, topics, partitions
+    def __init__(self, outbox: Outbox, topics: TopicNames, model_versions: dict):
+        self.outbox, self.topics = outbox, topics
         self.model_versions = model_versions
 
-    def publish(self, record: dict, ctx: dict, received_at_ms: int, bundler: Bundler, pending: Pending) -> None:
+    def publish(self, record: dict, ctx: dict, received_at_ms: int, pending: Pending) -> list:
+        """Produce the decision; returns its feedback items (stage, partition key, item) for the tables."""
         snapshot = {"post": {"post_id": record["post_id"], "user_id": record["user_id"]},
                     "received_at_ms": received_at_ms, "features": record["features"], "revision": record["revision"]}
         self.outbox.produce(self.topics.decisions, schema.dumps(record), key=record["post_id"].encode(),
                             pending=pending)
-        for stage, pkey, item in decision_items(ctx, record["verdict"] == "block", record["revision"], snapshot):
-            bundler.add(self.topics.stages[stage], pkey, item)
         metrics.DECISIONS.labels(record["verdict"]).inc()
         if record["short_circuit"]:
             metrics.SHORTCUTS.labels(record["short_circuit"]).inc()
+        return decision_items(ctx, record["verdict"] == "block", record["revision"], snapshot)
 
     def send_bundles(self, bundler: Bundler, pending: Pending) -> None:
         for topic, partition, value, n in bundler.records():
             self.outbox.produce(topic, value, partition=partition, pending=pending)
             metrics.BUNDLE_ITEMS.observe(n)
 
-    def redecide(self, decider: Decider, redecisions: Sequence[Redecision], bundler: Bundler,
-                 pending: Pending) -> None:
-        """Decide posts again from their stored snapshots (reports crossed the threshold, or a later ban)."""
+    def redecide(self, decider: Decider, redecisions: Sequence[Redecision], pending: Pending) -> list:
+        """Decide posts again from their stored snapshots (reports crossed the threshold, or a later ban);
+        returns the feedback items."""
         verdicts = cascade(decider, [r.request["features"] for r in redecisions])
         now = schema.now_ms()
+        items = []
         for r, verdict in zip(redecisions, verdicts, strict=True):
             request, features = r.request, r.request["features"]
             record = schema.decision(
@@ -71,18 +72,21 @@ class Publisher:
                 text_probability=features.get("text_probability"), reasons=verdict.reasons, features=features,
                 short_circuit=verdict.short_circuit, model_versions=self.model_versions,
                 received_at_ms=request["received_at_ms"], decided_at_ms=now, revision=request["revision"])
-            self.publish(record, r.ctx, request["received_at_ms"], bundler, pending)
+            items += self.publish(record, r.ctx, request["received_at_ms"], pending)
             metrics.REDECISIONS.labels(request["reason"]).inc()
             _log.info("post decided again", extra={"post_id": r.post_id, "reason": request["reason"],
                                                    "revision": request["revision"], "verdict": verdict.verdict})
+        return items
 
 
 class DecisionBatcher:
     """Ready posts -> Triton batches -> verdicts -> decisions (see the module docstring)."""
 
     def __init__(self, scorer: TextScorer, decider: Decider, publisher: Publisher, *, max_batch: int,
-                 max_wait_s: float, max_inflight: int, on_error: Callable[[Exception], None]):
+                 max_wait_s: float, max_inflight: int, on_error: Callable[[Exception], None],
+                 feedback: Callable[[list, Pending], None]):
         self.scorer, self.decider, self.publisher = scorer, decider, publisher
+        self.feedback = feedback  # sends a batch's feedback items on (under the batch's Pending)
         self.max_batch, self.max_wait_s = max_batch, max_wait_s
         self.on_error = on_error
         self._queue: collections.deque[ReadyPost] = collections.deque()
@@ -157,7 +161,7 @@ class DecisionBatcher:
             sources = [p.source for p in batch if p.source is not None]
             pending = Pending(on_error=self.on_error,
                               on_done=lambda: [source.release() for source in sources])
-            bundler = Bundler(self.publisher.partitions)
+            items = []
             decided_at = schema.now_ms()
             for post, features, verdict in zip(batch, features_list, verdicts, strict=True):
                 record = schema.decision(
@@ -165,9 +169,9 @@ class DecisionBatcher:
                     text_probability=features["text_probability"], reasons=verdict.reasons, features=features,
                     short_circuit=verdict.short_circuit, model_versions=self.publisher.model_versions,
                     received_at_ms=post.received_at_ms, decided_at_ms=decided_at)
-                self.publisher.publish(record, post.ctx, post.received_at_ms, bundler, pending)
+                items += self.publisher.publish(record, post.ctx, post.received_at_ms, pending)
                 metrics.END_TO_END_LATENCY.observe(record["latency_ms"] / 1000)
-            self.publisher.send_bundles(bundler, pending)
+            self.feedback(items, pending)
             pending.seal()
         except asyncio.CancelledError:
             raise

@@ -29,6 +29,8 @@ TRITON_LATENCY = Histogram("modpipe_triton_request_duration_seconds", "Duration 
 TEXT_CACHE = Counter("modpipe_text_cache_requests_total",
                      "Texts looked up in the text-probability cache, by result (hit: Triton not asked).", ["result"])
 TEXT_CACHE_ENTRIES = Gauge("modpipe_text_cache_entries", "Texts in the text-probability cache.")
+LOCAL_HOPS = Counter("modpipe_local_hops_total",
+                     "Items applied to a stage partition this worker owns without a Kafka hop, by stage.", ["stage"])
 BUNDLE_ITEMS = Histogram("modpipe_bundle_items", "Items per bundle record published to a stage topic.",
                          buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
 TRITON_ERRORS = Counter("modpipe_triton_errors_total", "Failed Triton requests (each is retried).")

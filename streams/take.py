@@ -83,7 +83,19 @@ async def take_ready(stream, max_: int, max_delay_s: float = MAX_DELAY_S) -> Asy
             if timer is not None:
                 timer.cancel()
                 timer = None
-            events = list(buffer)
+            # Records buffered before a rebalance are not ours to process any more (faust's own stream
+            # iterator skips them the same way): ack them unprocessed; their new owner reads them again.
+            generation = stream.app.consumer_generation_id
+            events = [e for e in buffer if e.message.generation_id == generation]
+            stale = [e for e in buffer if e.message.generation_id != generation]
+            for event in stale:
+                await stream.ack(event)
+            if not events:
+                buffer.clear()
+                notify(buffer_consuming)
+                buffer_full.clear()
+                buffer_consumed.set()
+                continue
             try:
                 yield events
             finally:

@@ -59,8 +59,8 @@ def build_worker(settings: Settings, name: str | None = None):
     decider = make_decider(settings, build.version)
     bans = BanRegistry(settings, bootstrap, pipe.topics.bans)
     outbox = Outbox(settings, bootstrap, linger_ms=settings.producer_linger_ms)
-    attach_agents(pipe, settings, scorer, decider, bans, outbox)
-    return pipe, scorer, bans, outbox, bootstrap
+    wiring = attach_agents(pipe, settings, scorer, decider, bans, outbox)
+    return pipe, scorer, bans, outbox, wiring, bootstrap
 
 
 # A worker allocates a few hundred small objects per post and keeps tens of thousands of decoded
@@ -73,7 +73,7 @@ GC_THRESHOLDS = (50_000, 20, 100)
 def run_worker(settings: Settings, name: str | None = None) -> int:
     kafka_compat.install()
     name = name or settings.worker_name or f"{socket.gethostname()}-{os.getpid()}"
-    pipe, scorer, bans, outbox, bootstrap = build_worker(settings, name)
+    pipe, scorer, bans, outbox, wiring, bootstrap = build_worker(settings, name)
     metrics.serve(settings.metrics_host, settings.metrics_port)
     _log.info("worker starting", extra={"worker": name, "bootstrap": bootstrap, "app_id": settings.app_id,
                                         "metrics": f"http://{settings.metrics_host}:{settings.metrics_port}/metrics",
@@ -84,6 +84,7 @@ def run_worker(settings: Settings, name: str | None = None) -> int:
     @pipe.app.on_before_shutdown.connect
     async def _close_client(app, **kwargs) -> None:
         bans.stop()
+        wiring.flush_states()
         outbox.close()
         await scorer.close()
 
