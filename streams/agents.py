@@ -300,6 +300,9 @@ def attach_agents(pipe: Pipeline, settings: Settings, scorer: TextScorer, decide
         for topic in inputs:
             metrics.ASSIGNED_PARTITIONS.labels(topic).set(sum(tp.topic == topic for tp in assigned))
 
+    # Posts beyond the next Triton batch are waiting anyway: fetching faster would not decide them sooner.
+    kafka_compat.set_backlog_check(lambda: w.batcher.queued >= settings.max_batch)
+
     @app.task
     async def start_outbox() -> None:
         outbox.after_delivery.append(kafka_compat.wake_fetcher)  # our own next stage may be waiting for these

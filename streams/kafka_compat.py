@@ -11,10 +11,11 @@ member wait its backoff and join again, which completes the rebalance normally.
 consumer burned most of a core. After a fetch that brought nothing, the fetcher now waits before
 asking that broker again: EMPTY_FETCH_BACKOFF_S after the first empty answer, doubling with each
 further one up to EMPTY_FETCH_BACKOFF_MAX_S, and back to nothing as soon as a fetch brings records.
-A busy pipeline (records somewhere on every fetch) never waits; an idle worker wakes up ~10 times a
-second instead of 100 (at 10 ms it still spent a quarter of a core, and the broker as much again,
-answering empty fetches for its 52 partitions). Against Apache Kafka an empty answer already took
-fetch_max_wait_ms, so the extra wait is noise.
+A busy pipeline (records somewhere on every fetch) never waits; an idle worker looks ~40 times a second
+(an empty fetch of its ~36 partitions costs ~1.3 ms of its CPU: 0.09 cores idle at the 25 ms cap, 0.17
+at 10 ms). While posts wait for the text model (`set_backlog_check`), the cap is 100 ms: fetching faster
+would not decide them sooner. Against Apache Kafka an empty answer already took fetch_max_wait_ms, so
+the extra wait is noise.
 
 3. That backoff would add up to its cap to every hop of a post through our own stage topics. A worker
 knows when it has just delivered records, possibly to partitions it consumes itself: `wake_fetcher()`
@@ -54,6 +55,22 @@ _fetch_delivered_hooks: list[Callable[[], None]] = []
 PREFETCH_BACKOFF_S = 0.005
 EMPTY_FETCH_BACKOFF_S = 0.002
 EMPTY_FETCH_BACKOFF_MAX_S = 0.025
+# While the worker has a backlog that fetching faster cannot shorten (posts queued for the text model),
+# an empty fetch costs ~1.3 ms of worker CPU for nothing: the cap is longer then.
+EMPTY_FETCH_BACKOFF_BACKLOG_MAX_S = 0.1
+
+
+def _no_backlog() -> bool:
+    return False
+
+
+_has_backlog: Callable[[], bool] = _no_backlog
+
+
+def set_backlog_check(check: Callable[[], bool]) -> None:
+    """`check()` is True while the worker has more work queued than fetching could add to (see above)."""
+    global _has_backlog
+    _has_backlog = check
 _wake: asyncio.Event | None = None  # set by wake_fetcher(); created in the worker's event loop
 
 
@@ -71,20 +88,21 @@ async def _perform_group_join(self):
     return result
 
 
-def empty_fetch_backoff(empty_in_a_row: int) -> float:
+def empty_fetch_backoff(empty_in_a_row: int, backlog: bool = False) -> float:
     """Seconds to wait after the n-th empty fetch in a row (0 after a fetch that brought records)."""
     if empty_in_a_row <= 0:
         return 0.0
+    cap = EMPTY_FETCH_BACKOFF_BACKLOG_MAX_S if backlog else EMPTY_FETCH_BACKOFF_MAX_S
     # the exponent is capped: 2 ** n overflows a float after ~1,000 empty fetches (an idle minute), and
     # an exception here ended aiokafka's fetcher routine for good
-    return min(EMPTY_FETCH_BACKOFF_S * 2 ** min(empty_in_a_row - 1, 30), EMPTY_FETCH_BACKOFF_MAX_S)
+    return min(EMPTY_FETCH_BACKOFF_S * 2 ** min(empty_in_a_row - 1, 30), cap)
 
 
 async def _proc_fetch_request(self, assignment, node_id, request):
     has_new_data = await _original_fetch(self, assignment, node_id, request)
     empties = self.__dict__.setdefault("_modpipe_empty_fetches", {})  # node id -> empty fetches in a row
     empties[node_id] = 0 if has_new_data else empties.get(node_id, 0) + 1
-    delay = empty_fetch_backoff(empties[node_id])
+    delay = empty_fetch_backoff(empties[node_id], _has_backlog())
     if delay:
         global _wake
         if _wake is None:

@@ -97,6 +97,8 @@ class TextScorer:
         if self.disabled:
             return np.full(len(texts), np.nan)
         ids, mask = self.tokenizer(texts)
+        if self.cache.capacity <= 0:  # off: every text computed, repeats included
+            return await self._score(ids, mask, len(texts))
         lengths = mask.sum(axis=1)
         keys = [self.cache.key(ids[i, :lengths[i]]) for i in range(len(texts))]
         out = np.empty(len(texts), dtype=np.float64)

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from streams.kafka_compat import EMPTY_FETCH_BACKOFF_MAX_S, EMPTY_FETCH_BACKOFF_S, empty_fetch_backoff
+from streams.kafka_compat import (
+    EMPTY_FETCH_BACKOFF_BACKLOG_MAX_S,
+    EMPTY_FETCH_BACKOFF_MAX_S,
+    EMPTY_FETCH_BACKOFF_S,
+    empty_fetch_backoff,
+)
 
 
 def test_no_wait_while_fetches_bring_records():
@@ -14,6 +19,11 @@ def test_wait_doubles_with_each_empty_fetch_up_to_the_cap():
     assert waits[0] == EMPTY_FETCH_BACKOFF_S
     assert all(b == min(2 * a, EMPTY_FETCH_BACKOFF_MAX_S) for a, b in zip(waits, waits[1:], strict=False))
     assert max(waits) == EMPTY_FETCH_BACKOFF_MAX_S  # an idle worker still looks ~40 times a second
+
+
+def test_a_backlog_waits_longer_between_empty_fetches():
+    assert empty_fetch_backoff(30, backlog=True) == EMPTY_FETCH_BACKOFF_BACKLOG_MAX_S > EMPTY_FETCH_BACKOFF_MAX_S
+    assert empty_fetch_backoff(1, backlog=True) == EMPTY_FETCH_BACKOFF_S  # the first waits are as short
 
 
 def test_a_long_idle_spell_keeps_the_cap():
