@@ -1,6 +1,9 @@
-"""`modpipe bench features`: posts/s through ingest + feature stages + batching with the text model off,
+"""`modpipe bench features`: posts/s through ingest + feature stages + decisions with the text model off,
 beside a plain consume-and-produce loop on the same broker in the same run. The ratio is the cost of
-our stages (validation, five keyed table stages, decision assembly) over moving bytes through Kafka."""
+our stages (validation, five keyed tables, decision assembly and publishing) over moving bytes through
+Kafka. The feature path runs twice, on the same traffic with fresh ids: with local hops (the default: a stage
+partition this worker owns is applied without a Kafka hop) and with every hop through its stage topic.
+Each reports decisions/s over the steady part and the CPU per post of the workers and the broker."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import random
 import time
 import uuid
 
+import orjson
 from confluent_kafka import Consumer, Producer
 from tqdm import tqdm
 
@@ -64,32 +68,50 @@ def plain_loop(settings: Settings, bootstrap: str, posts: list[dict]) -> float:
     return len(posts) / elapsed
 
 
-def pipeline(settings: Settings, bootstrap: str, posts: list[dict], workers: int, progress: bool) -> float:
-    """posts/s from the first post produced to the last decision received, text model off."""
+def pipeline(settings: Settings, bootstrap: str, posts: list[dict], workers: int, progress: bool,
+             broker_pid: int | None, local_hops: str) -> dict:
+    """The feature path at saturation, text model off: decisions/s over the steady part, CPU per post."""
+    from loadgen.bench import CpuMeter, saturation_rates
+
+    settings = dataclasses.replace(settings, local_hops=local_hops,
+                                   topic_prefix=f"{settings.topic_prefix}{local_hops}.",
+                                   app_id=f"{settings.app_id}-{local_hops}")
+    ensure_topics(settings, bootstrap)
     with LocalStack(settings, workers=workers) as stack:
         consumer = end_consumer(settings, bootstrap, [stack.topics.decisions])
+        groups = {w.name: w.process.pid for w in stack.workers}
+        if broker_pid:
+            groups["broker"] = broker_pid
         wanted = {p["post_id"] for p in posts}
-        started = time.perf_counter()
+        cpu = CpuMeter(groups)
+        started = time.time()
         _produce(bootstrap, stack.topics.posts, posts)
-        seen: set[str] = set()
-        with tqdm(total=len(posts), desc="decisions", disable=not progress) as bar:
-            while seen < wanted and time.perf_counter() - started < 600:
+        decided: dict[str, float] = {}
+        with tqdm(total=len(posts), desc=f"decisions (local hops {local_hops})", disable=not progress) as bar:
+            while len(decided) < len(wanted) and time.time() - started < 600:
                 if not all(w.process.alive() for w in stack.workers):
                     raise RuntimeError(f"a worker died; see {stack.workers[0].process.log_path.parent}")
-                msg = consumer.poll(0.2)
-                if msg is not None and not msg.error():
-                    pid = schema.decode_decision(msg.value())["post_id"]
-                    if pid in wanted and pid not in seen:
-                        seen.add(pid)
+                for msg in consumer.consume(1000, 0.2):
+                    if msg.error():
+                        continue
+                    pid = orjson.loads(msg.value())["post_id"]
+                    if pid in wanted and pid not in decided:
+                        decided[pid] = msg.timestamp()[1] / 1000.0  # set by the worker when it published
                         bar.update(1)
-        elapsed = time.perf_counter() - started
+        used = cpu.stop()
         consumer.close()
-    if seen != wanted:
-        raise RuntimeError(f"{len(wanted - seen)} posts got no decision")
-    return len(posts) / elapsed
+    if len(decided) != len(wanted):
+        raise RuntimeError(f"{len(wanted) - len(decided)} posts got no decision")
+    rates = saturation_rates(started, list(decided.values()))
+    worker_s = sum(v for k, v in used["cpu_s"].items() if k.startswith("worker-"))
+    return {"posts_per_s": rates["steady"] or rates["overall"], "posts_per_s_overall": rates["overall"],
+            "worker_cpu_ms_per_post": round(1000 * worker_s / len(posts), 3),
+            "broker_cpu_ms_per_post": round(1000 * used["cpu_s"].get("broker", 0.0) / len(posts), 3)
+            if broker_pid else None,
+            "other_cores": used.get("other_cores")}
 
 
-def run(settings: Settings, n_posts: int = 2000, workers: int = 1, progress: bool = True) -> dict:
+def run(settings: Settings, n_posts: int = 3000, workers: int = 1, progress: bool = True) -> dict:
     own_broker = None
     bootstrap = settings.bootstrap_servers
     if not bootstrap:
@@ -103,10 +125,30 @@ def run(settings: Settings, n_posts: int = 2000, workers: int = 1, progress: boo
         ensure_topics(settings, bootstrap)
         posts = _posts(n_posts)
         plain = plain_loop(settings, bootstrap, posts)
-        ours = pipeline(settings, bootstrap, posts, workers, progress)
+        broker_pid = own_broker.process.pid if own_broker else None
+        paths = {mode: pipeline(settings, bootstrap, _posts(n_posts), workers,
+                                progress, broker_pid, mode) for mode in ("on", "off")}
     finally:
         if own_broker:
             own_broker.stop()
             own_broker.wipe()
-    return {"posts": n_posts, "workers": workers, "plain_loop_posts_per_s": round(plain, 1),
-            "feature_path_posts_per_s": round(ours, 1), "ratio_feature_path_over_plain": round(ours / plain, 4)}
+    ours = paths["on"]
+    report = {"posts": n_posts, "workers": workers, "plain_loop_posts_per_s": round(plain, 1),
+              "feature_path_posts_per_s": round(ours["posts_per_s"], 1),
+              "ratio_feature_path_over_plain": round(ours["posts_per_s"] / plain, 4),
+              "worker_cpu_ms_per_post": ours["worker_cpu_ms_per_post"],
+              "broker_cpu_ms_per_post": ours["broker_cpu_ms_per_post"],
+              "every_hop_through_kafka": {**paths["off"], "ratio_over_plain": round(paths["off"]["posts_per_s"] / plain, 4)},
+              "local_hops": paths["on"]}
+    per_worker = report["feature_path_posts_per_s"] / workers
+    report["targets"] = {
+        "posts_per_s_per_worker": {"target": ">= 1000", "value": round(per_worker, 1), "met": per_worker >= 1000},
+        "ratio_over_plain": {"target": ">= 0.08", "value": report["ratio_feature_path_over_plain"],
+                             "met": report["ratio_feature_path_over_plain"] >= 0.08},
+        "worker_cpu_ms_per_post": {"target": "<= 1.0", "value": ours["worker_cpu_ms_per_post"],
+                                   "met": ours["worker_cpu_ms_per_post"] <= 1.0},
+        "broker_cpu_ms_per_post": {"target": "<= 1.5", "value": ours["broker_cpu_ms_per_post"],
+                                   "met": ours["broker_cpu_ms_per_post"] is not None
+                                   and ours["broker_cpu_ms_per_post"] <= 1.5},
+    }
+    return report

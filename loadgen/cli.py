@@ -131,21 +131,23 @@ def _loadgen(args: argparse.Namespace) -> int:
 
 
 BENCH_DESCRIPTION = """\
-With no TARGET: the end-to-end comparison (issue #5), one run on this machine, the same texts for
-all three paths:
+With no TARGET: the end-to-end comparison, one run on this machine, the same texts for all paths:
 
-  pipeline  modpipe end to end (broker -> ingest -> feature stages -> batching -> Triton -> decisions)
-            on a local stack of --workers worker processes: posts/s at saturation (every post
-            produced up front, decisions/s over the steady part), then p50/p95/p99 end-to-end
-            latency (produce -> decision published) at --load x that rate;
+  pipeline  modpipe end to end (broker -> ingest -> feature stages -> Triton batches -> decisions)
+            on a local stack of --workers worker processes, text cache off: posts/s at saturation
+            (every post produced up front, decisions/s over the steady part), p50/p95/p99
+            end-to-end latency (produce -> decision published) at --low-rate posts/s and at --load x
+            the saturation rate; then saturation again with the text cache on;
   seed      one synchronous gRPC request per post to the same Triton, padded to 128, batch 1;
   ceiling   in-process ONNX Runtime on the same model file and threads, best batch size,
-            per-batch padding.
+            per-batch padding; and the same with the texts sorted by length first.
 
-It prints posts/s of each path, the ratios pipeline/seed and pipeline/ceiling against their targets
-(>= 10 and >= 0.8 on 2 cores), where the pipeline's CPU went, and how busy the machine was with other
-work; the markdown table goes to --markdown. The stack runs on its own ports, topics and state
-directory (KAFKA_BOOTSTRAP_SERVERS / TRITON_URL, when set, are used instead of starting them).
+It prints posts/s of each path, the targets (worker and broker CPU per post, pipeline/sorted ceiling,
+latency at 5 posts/s and at 50% load) with the measured values, the ratios pipeline/seed and
+pipeline/ceiling, where the pipeline's CPU went, the capacity per worker core beside what one GPU
+serves, and how busy the machine was with other work; the markdown table goes to --markdown. The
+stack runs on its own ports, topics and state directory (KAFKA_BOOTSTRAP_SERVERS / TRITON_URL, when
+set, are used instead of starting them).
 
 Targets: `model` (Triton vs ONNX Runtime by batch size and padding), `features` (the feature path
 with the text model off vs a plain Kafka loop).
@@ -158,7 +160,8 @@ def _bench_e2e(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     batches = [int(b) for b in args.ceiling_batch_sizes.split(",") if b.strip()]
     try:
-        report = run(settings, n_posts=args.posts, workers=args.workers, load=args.load, arrivals=args.arrivals,
+        report = run(settings, n_posts=args.posts, workers=args.workers, load=args.load, low_rate=args.low_rate,
+                     low_posts=args.low_posts, arrivals=args.arrivals,
                      scenario=args.scenario, seed=args.seed, ceiling_batch_sizes=batches, timeout_s=args.timeout,
                      progress=not args.json, keep_state=args.keep_state)
     except (BenchError, ValueError) as exc:
@@ -173,7 +176,13 @@ def _bench_e2e(args: argparse.Namespace) -> int:
 
 def register_bench(sub: argparse._SubParsersAction) -> None:
     """`modpipe bench` with no target runs the end-to-end comparison; `bench model|features` stay as they are."""
-    from loadgen.bench import DEFAULT_CEILING_BATCHES, DEFAULT_LOAD, DEFAULT_POSTS
+    from loadgen.bench import (
+        DEFAULT_CEILING_BATCHES,
+        DEFAULT_LOAD,
+        DEFAULT_LOW_POSTS,
+        DEFAULT_LOW_RATE,
+        DEFAULT_POSTS,
+    )
     from modpipe.serving.cli import _bench_subparsers
 
     _bench_subparsers(sub).metavar = "[TARGET]"  # optional: no target = the end-to-end comparison
@@ -185,8 +194,12 @@ def register_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=None, help="stream workers of the pipeline (default MODPIPE_WORKERS)")
     p.add_argument("--load", type=float, default=DEFAULT_LOAD,
                    help=f"latency pass rate as a fraction of the saturation rate (default {DEFAULT_LOAD})")
+    p.add_argument("--low-rate", type=float, default=DEFAULT_LOW_RATE,
+                   help=f"posts/s of the low-load latency pass (default {DEFAULT_LOW_RATE:g})")
+    p.add_argument("--low-posts", type=int, default=DEFAULT_LOW_POSTS,
+                   help=f"posts of the low-load latency pass (default {DEFAULT_LOW_POSTS})")
     p.add_argument("--arrivals", choices=("poisson", "constant"), default="poisson",
-                   help="arrivals of the latency pass (default poisson)")
+                   help="arrivals of the latency passes (default poisson)")
     p.add_argument("--scenario", choices=sorted(SCENARIOS), default="mixed", help="simulation the posts come from")
     p.add_argument("--seed", type=int, default=0, help="seed of the simulation and the arrivals")
     p.add_argument("--ceiling-batch-sizes", default=",".join(map(str, DEFAULT_CEILING_BATCHES)),

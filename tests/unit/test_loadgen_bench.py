@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from loadgen.bench import TARGETS, bench_posts, group_cpu_seconds, ratio, saturation_rates, targets
+from loadgen.bench import TARGETS, bench_posts, capacity, group_cpu_seconds, ratio, saturation_rates, targets
 from modpipe.cli import build_parser
 
 
@@ -20,7 +20,7 @@ def test_bench_without_target_is_the_end_to_end_comparison(argv, handler):
     args = build_parser().parse_args(argv)
     assert args.func.__name__ == handler
     if handler == "_bench_e2e":
-        assert args.json == ("--json" in argv) and args.load == 0.7
+        assert args.json == ("--json" in argv) and args.load == 0.5 and args.low_rate == 5.0
     if argv[1] == "features":
         assert args.posts == 5 and args.workers == 1  # the target's own defaults win over bench's
 
@@ -31,7 +31,7 @@ def test_bench_help_explains_the_three_paths(capsys):
     assert exc.value.code == 0
     out = capsys.readouterr().out
     for word in ("pipeline", "seed", "ceiling", "padded to 128", "pipeline/seed", "pipeline/ceiling", "model",
-                 "features", "--markdown"):
+                 "features", "--markdown", "--low-rate", "sorted ceiling", "capacity"):
         assert word in out, word
 
 
@@ -52,11 +52,20 @@ def test_saturation_rates_without_a_window_fall_back_to_none():
 
 def test_ratios_and_targets():
     assert ratio(30.0, 12.0) == 2.5 and ratio(None, 2.0) is None and ratio(1.0, 0.0) is None
-    t = targets({"pipeline_over_seed": 10.0, "pipeline_over_ceiling": 0.5})
+    t = targets({"worker_cpu_ms_per_post": 1.0, "broker_cpu_ms_per_post": 1.6, "pipeline_over_sorted_ceiling": 0.95,
+                 "low_rate_p50_ms": 49.0, "low_rate_p99_ms": 151.0})
     assert set(t) == set(TARGETS)
-    assert t["pipeline_over_seed"] == {"target": 10.0, "value": 10.0, "met": True}
-    assert t["pipeline_over_ceiling"]["met"] is False
-    assert targets({})["pipeline_over_seed"]["met"] is False
+    assert t["worker_cpu_ms_per_post"] == {"target": 1.0, "direction": "max", "value": 1.0, "met": True}
+    assert t["broker_cpu_ms_per_post"]["met"] is False  # a "max" target exceeded
+    assert t["pipeline_over_sorted_ceiling"]["met"] is True and t["low_rate_p50_ms"]["met"] is True
+    assert t["low_rate_p99_ms"]["met"] is False
+    assert t["load_p99_ms"] == {"target": 300.0, "direction": "max", "value": None, "met": False}  # not measured
+
+
+def test_capacity_per_worker_core_beside_one_gpu():
+    c = capacity(0.5, gpu_texts_per_s=18_000)
+    assert c == {"posts_per_worker_core_s": 2000.0, "gpu_texts_per_s_reference": 18_000, "worker_cores_per_gpu": 9.0}
+    assert capacity(None)["worker_cores_per_gpu"] is None
 
 
 def test_bench_posts_give_the_same_texts_under_another_run_id():
