@@ -170,8 +170,11 @@ def assert_matches_offline(s: Script, replayed_before: str | None = None) -> Non
         assert not diff, f"{post_id}: streaming != offline for {diff}"
 
 
-def test_scripted_features_equal_offline_with_two_workers(local_stack, pipeline_settings, request):
-    stack = local_stack(workers=2)
+@pytest.mark.parametrize("local_hops", ["on", "off"])
+def test_scripted_features_equal_offline_with_two_workers(local_stack, pipeline_settings, request, local_hops):
+    """With local hops a worker applies the stages of partitions it owns itself and bundles the rest for
+    the other worker; with them off every hop goes through the stage topics."""
+    stack = local_stack(workers=2, modpipe_local_hops=local_hops)
     s = Script(stack, pipeline_settings)
     request.addfinalizer(s.close)
     run_script(s)
@@ -193,6 +196,8 @@ def test_scripted_features_equal_offline_with_two_workers(local_stack, pipeline_
     assert f("p7")["domain_banned"] is False and f("p7")["ip_banned"] is True
     assert all(len(ds) == 1 for ds in s.decisions.values())
     assert_matches_offline(s)
+    local = sum(v for k, v in stack.scrape().items() if k.startswith("modpipe_local_hops_total"))
+    assert (local > 0) == (local_hops == "on")
 
 
 @pytest.mark.parametrize("store", ["memory", "rocksdb"])
