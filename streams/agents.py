@@ -305,7 +305,6 @@ def attach_agents(pipe: Pipeline, settings: Settings, scorer: TextScorer, decide
 
     @app.task
     async def start_outbox() -> None:
-        outbox.after_delivery.append(kafka_compat.wake_fetcher)  # our own next stage may be waiting for these
         outbox.start(asyncio.get_running_loop())
 
     @app.timer(5.0)

@@ -17,18 +17,12 @@ at 10 ms). While posts wait for the text model (`set_backlog_check`), the cap is
 would not decide them sooner. Against Apache Kafka an empty answer already took fetch_max_wait_ms, so
 the extra wait is noise.
 
-3. That backoff would add up to its cap to every hop of a post through our own stage topics. A worker
-knows when it has just delivered records, possibly to partitions it consumes itself: `wake_fetcher()`
-(called by the outbox after each delivery report) ends the backoff at once, so a hop between this
-worker's own stages waits for no timer. Against Apache Kafka a fetch is already waiting at the broker
-and returns when the records arrive; the wake-up changes nothing there.
-
-4. faust's consumer hands each fetched batch to the streams one record at a time, yielding to the event
+3. faust's consumer hands each fetched batch to the streams one record at a time, yielding to the event
 loop after every record. `fetch_in_delivery()` tells whether it is in the middle of such a batch, and
 `on_fetch_delivered` hooks run when it has handed over the whole batch: `take.take_ready` ends a round
 there, so that a round is what one fetch brought (no timer, whatever the load).
 
-5. aiokafka sends no fetch to a broker while records it fetched from that broker wait to be consumed,
+4. aiokafka sends no fetch to a broker while records it fetched from that broker wait to be consumed,
 for up to `prefetch_backoff` (0.1 s) after they arrived. faust keeps the changelog partitions of its
 own active tables assigned but never consumes them once recovered, so every changelog record this
 worker wrote was fetched and then held the next fetch for every other partition of that broker for
@@ -71,13 +65,6 @@ def set_backlog_check(check: Callable[[], bool]) -> None:
     """`check()` is True while the worker has more work queued than fetching could add to (see above)."""
     global _has_backlog
     _has_backlog = check
-_wake: asyncio.Event | None = None  # set by wake_fetcher(); created in the worker's event loop
-
-
-def wake_fetcher() -> None:
-    """End the fetcher's current empty-fetch backoff (call from the event loop's thread)."""
-    if _wake is not None:
-        _wake.set()
 
 
 async def _perform_group_join(self):
@@ -104,18 +91,10 @@ async def _proc_fetch_request(self, assignment, node_id, request):
     empties[node_id] = 0 if has_new_data else empties.get(node_id, 0) + 1
     delay = empty_fetch_backoff(empties[node_id], _has_backlog())
     if delay:
-        global _wake
-        if _wake is None:
-            _wake = asyncio.Event()
-        _wake.clear()
         try:
-            await asyncio.wait_for(_wake.wait(), delay)
-        except asyncio.TimeoutError:
-            pass
+            await asyncio.sleep(delay)
         except asyncio.CancelledError:  # closing or reassigned: like the original, end quietly
             return False
-        else:
-            empties[node_id] = 0  # woken: records are probably there, start the backoff afresh
     return has_new_data
 
 

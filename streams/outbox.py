@@ -92,8 +92,7 @@ class Outbox:
             # own queue deep enough for a burst of decisions.
             "queue.buffering.max.messages": 1_000_000, "compression.type": "none",
         })
-        # called on the event loop after each batch of delivery reports (e.g. wake our own fetcher: we may
-        # consume what we produced; persist changelog offsets)
+        # called on the event loop after each batch of delivery reports (persist changelog offsets)
         self.after_delivery: list[Callable[[], None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reports: collections.deque = collections.deque()  # (pending, error) from librdkafka
