@@ -232,6 +232,8 @@ def attach_agents(pipe: Pipeline, settings: Settings, scorer: TextScorer, decide
             w.finish(r)
 
     def make_stage_agent(name: str):
+        stage = w.stages[name]
+
         async def stage_agent(stream):
             async for events in take_ready(stream, ROUND_MAX):
                 r = w.new_round(stream, events)
@@ -242,7 +244,6 @@ def attach_agents(pipe: Pipeline, settings: Settings, scorer: TextScorer, decide
                         w.dead_letter(event, exc, r.pending)
                         continue
                     # The bundle's partition is this worker's (faust assigned it), so its items apply here.
-                    stage = w.stages[name]
                     for item in items:
                         try:
                             out = stage.apply(item, event)

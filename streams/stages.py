@@ -51,11 +51,6 @@ class StageOutputs:
     ready: list[ReadyPost] = dataclasses.field(default_factory=list)
     redecisions: list[Redecision] = dataclasses.field(default_factory=list)
 
-    def extend(self, other: StageOutputs) -> None:
-        self.items += other.items
-        self.ready += other.ready
-        self.redecisions += other.redecisions
-
 
 def post_item(post: dict, received_at_ms: int) -> tuple[str, str, dict]:
     """A valid post as it enters the stages: (first stage, its partition key, item)."""
