@@ -143,8 +143,9 @@ class Wiring:
             r.ready += out.ready
             r.redecisions += out.redecisions
 
-    def finish(self, r: Round, seal: bool = True) -> None:
-        """End of a round: re-decisions, one write per changed state, ready posts to the batcher, bundles out."""
+    def finish(self, r: Round) -> None:
+        """End of a round: re-decisions, state changes to the next checkpoint, ready posts to the batcher,
+        bundles out."""
         while r.redecisions:  # a re-decision's feedback can reach the post table here and now
             redecisions, r.redecisions = r.redecisions, []
             items = self.publisher.redecide(self.decider, redecisions, r.pending)
@@ -155,8 +156,7 @@ class Wiring:
         r.pending.hold(len(r.ready))
         self.batcher.submit(r.ready)
         self.publisher.send_bundles(r.bundler, r.pending)
-        if seal:
-            r.pending.seal()
+        r.pending.seal()
 
     def _await_flush(self, pending: Pending) -> None:
         """The round's table changes are written at the next checkpoint; its events wait for that too."""
