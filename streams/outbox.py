@@ -98,7 +98,6 @@ class Outbox:
         self._reports: collections.deque = collections.deque()  # (pending, error) from librdkafka
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.records = 0
 
     def start(self, loop: asyncio.AbstractEventLoop) -> Outbox:
         self._loop = loop
@@ -126,7 +125,6 @@ class Outbox:
             except BufferError:  # librdkafka's queue is full: wait for deliveries (back-pressure)
                 self.producer.poll(0.05)
                 self._hand_over()
-        self.records += 1
 
     def _callback(self, pending: Pending | None, on_delivered: Callable[[int], None] | None):
         reports = self._reports
@@ -160,10 +158,6 @@ class Outbox:
             pending.release(DeliveryFailed(str(err)) if err is not None else None)
         for hook in self.after_delivery:
             hook()
-
-    def flush(self, timeout: float = 30.0) -> int:
-        """Wait for every queued record; returns how many are still undelivered."""
-        return self.producer.flush(timeout)
 
     def close(self, timeout: float = 10.0) -> None:
         try:
