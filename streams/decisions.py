@@ -185,6 +185,8 @@ class DecisionBatcher:
             self._slots.release()
 
     async def close(self) -> None:
-        for task in [self._runner, *self._tasks]:
-            if task is not None:
-                task.cancel()
+        """Cancel the runner and the batches in flight (their posts stay unacked) and wait for them to end."""
+        tasks = [t for t in (self._runner, *self._tasks) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

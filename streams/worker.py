@@ -84,6 +84,8 @@ def run_worker(settings: Settings, name: str | None = None) -> int:
     @pipe.app.on_before_shutdown.connect
     async def _close_client(app, **kwargs) -> None:
         bans.stop()
+        # Batches still at Triton are dropped: their posts were never acked and are decided after restart.
+        await wiring.batcher.close()
         wiring.flush_states()
         outbox.close()
         await scorer.close()
