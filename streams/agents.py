@@ -118,6 +118,21 @@ class Wiring:
     def dead_letter(self, event, error: Exception, pending: Pending, raw: bytes | None = None) -> None:
         send_dead_letter(self.outbox, self.topics.dead_letters, event, error, pending, raw)
 
+    def decoded(self, r: Round, decode):
+        """(event, decode(event)) for each event of the round; an event that does not decode goes to the
+        dead letters with its reason (one bad record must not stall its partition)."""
+        for event in r.events:
+            try:
+                value = decode(event)
+            except schema.InvalidMessage as exc:
+                self.dead_letter(event, exc, r.pending)
+                continue
+            except Exception as exc:  # noqa: BLE001 - a bug or a foreign record: logged, dead-lettered
+                _log.exception("record could not be decoded", extra={"topic": event.message.topic})
+                self.dead_letter(event, exc, r.pending)
+                continue
+            yield event, value
+
     def dispatch(self, r: Round, items, origin) -> None:
         """Send items to their stages: applied here when this worker owns the partition (and what they
         produce in turn), else bundled for the owner. `origin` is the input record they stem from."""
@@ -216,20 +231,14 @@ def attach_agents(pipe: Pipeline, settings: Settings, scorer: TextScorer, decide
     async def ingest(stream):
         async for events in take_ready(stream, ROUND_MAX):
             r = w.new_round(stream, events)
-            for event in events:
-                metrics.POSTS_CONSUMED.inc()
-                try:
-                    post = schema.decode_post(event.value, settings.max_text_chars)
-                    first_hop = post_item(post, event_timestamp_ms(event))
-                except schema.InvalidMessage as exc:
-                    w.dead_letter(event, exc, r.pending)
-                    continue
-                except Exception as exc:  # noqa: BLE001 - one bad post must not stall the partition
-                    _log.exception("ingest failed on a post")
-                    w.dead_letter(event, exc, r.pending)
-                    continue
+            metrics.POSTS_CONSUMED.inc(len(events))
+            for event, first_hop in w.decoded(r, first_hop_of):
                 w.dispatch(r, [first_hop], origin=event)
             w.finish(r)
+
+    def first_hop_of(event):
+        post = schema.decode_post(event.value, settings.max_text_chars)
+        return post_item(post, event_timestamp_ms(event))
 
     def make_stage_agent(name: str):
         stage = w.stages[name]
@@ -237,12 +246,7 @@ def attach_agents(pipe: Pipeline, settings: Settings, scorer: TextScorer, decide
         async def stage_agent(stream):
             async for events in take_ready(stream, ROUND_MAX):
                 r = w.new_round(stream, events)
-                for event in events:
-                    try:
-                        items = decode_bundle(event.value)
-                    except Exception as exc:  # noqa: BLE001 - only if someone else writes to our topic
-                        w.dead_letter(event, exc, r.pending)
-                        continue
+                for event, items in w.decoded(r, lambda event: decode_bundle(event.value)):
                     # The bundle's partition is this worker's (faust assigned it), so its items apply here.
                     for item in items:
                         try:
@@ -268,12 +272,7 @@ def attach_agents(pipe: Pipeline, settings: Settings, scorer: TextScorer, decide
         async def side_input(stream):
             async for events in take_ready(stream, ROUND_MAX):
                 r = w.new_round(stream, events)
-                for event in events:
-                    try:
-                        raw = decode(event.value)
-                    except schema.InvalidMessage as exc:
-                        w.dead_letter(event, exc, r.pending)
-                        continue
+                for event, raw in w.decoded(r, lambda event: decode(event.value)):
                     metrics.EVENTS_CONSUMED.labels(kind).inc()
                     if kind == "ban":
                         # Every worker's BanRegistry applies it to new posts; the domain table finds the
