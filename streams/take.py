@@ -20,7 +20,10 @@ from collections.abc import AsyncIterator
 
 from mode.utils.futures import notify
 
+from modpipe import log
 from streams import kafka_compat
+
+_log = log.get(__name__)
 
 MAX_DELAY_S = 0.02  # safety net: a round's first event never waits longer than this
 
@@ -83,11 +86,19 @@ async def take_ready(stream, max_: int, max_delay_s: float = MAX_DELAY_S) -> Asy
             if timer is not None:
                 timer.cancel()
                 timer = None
-            # Records buffered before a rebalance are not ours to process any more (faust's own stream
-            # iterator skips them the same way): ack them unprocessed; their new owner reads them again.
+            # Records buffered before a rebalance, of partitions this worker no longer has, are not ours to
+            # process (their new owner reads them again from its committed offset): acked unprocessed, as
+            # faust's own stream iterator does. A record of a partition that stayed ours is processed:
+            # acking it unprocessed would let its offset be committed before faust's re-fetched copy is
+            # decided, and a crash in between would lose it.
             generation = stream.app.consumer_generation_id
-            events = [e for e in buffer if e.message.generation_id == generation]
-            stale = [e for e in buffer if e.message.generation_id != generation]
+            assigned = stream.app.consumer.assignment()
+            events, stale = [], []
+            for e in buffer:
+                (events if e.message.generation_id == generation or e.message.tp in assigned else stale).append(e)
+            if stale:
+                _log.info("records of partitions given up during a rebalance left to their new owner",
+                          extra={"records": len(stale), "partitions": sorted({str(e.message.tp) for e in stale})})
             for event in stale:
                 await stream.ack(event)
             if not events:
