@@ -13,9 +13,11 @@ A build directory (``$MODPIPE_CACHE_DIR/models/<key>/``) holds:
 - ``split.json``          how the data was split (seed, sizes, hashes of each split's texts)
 - ``heldout.jsonl``       the test-split texts {"text", "label", "dataset"}; drawn on by smoke tests and the demo
 - ``MODEL_CARD.md``       sources, licenses, metrics, intended use, known limits
+- ``torch/``              the trained weights for PyTorch (``config.json``, ``model.safetensors``): what
+                          Triton's cuda variant serves (fp16 on a GPU, fp32 on a CPU)
 
 ``$MODPIPE_CACHE_DIR/models/current`` is a symlink to the newest complete full build,
-``$MODPIPE_CACHE_DIR/models/current-demo`` to the newest demo build.
+``$MODPIPE_CACHE_DIR/models/current-demo`` to the newest demo build, ``current-gpu`` to the newest gpu-profile build.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ SPAM_INDEX = 1
 INPUT_NAMES = ("input_ids", "attention_mask")
 OUTPUT_NAME = "logits"
 REQUIRED_FILES = ("model.onnx", "tokenizer.json", "served.json")
+TORCH_DIR = "torch"
+TORCH_FILES = (f"{TORCH_DIR}/config.json", f"{TORCH_DIR}/model.safetensors")
 
 
 class ModelNotBuilt(FileNotFoundError):
@@ -48,6 +52,11 @@ class ModelBuild:
     @property
     def tokenizer(self) -> Path:
         return self.path / "tokenizer.json"
+
+    @property
+    def torch_dir(self) -> Path:
+        """PyTorch weights (builds before the cuda variant have none: rebuild to serve it)."""
+        return self.path / TORCH_DIR
 
     @property
     def served(self) -> dict:

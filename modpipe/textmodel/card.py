@@ -61,8 +61,8 @@ Base checkpoint: `{base['source']}` (sha256 `{base['sha256'][:16]}…`). Data fi
 `heldout.jsonl` (the test split) holds texts of both corpora; it stays in the local build cache.
 
 ## Architecture
-`DistilBertForSequenceClassification`: dim 384, 6 layers, 12 heads, FFN 1536, GELU, vocabulary 30,522,
-512 positions, ~22.7M parameters. The MiniLM (BERT) encoder maps onto it exactly: BERT's
+`DistilBertForSequenceClassification`: dim {base.get('dim', 384)}, {base.get('layers', 6)} layers (the default
+MiniLM base: 12 heads, FFN 1536, GELU, vocabulary 30,522, 512 positions, ~22.7M parameters). The MiniLM (BERT) encoder maps onto it exactly: BERT's
 `token_type_embeddings[0]` is added to the position embeddings (DistilBERT has no token types), layer
 weights are renamed one to one (hidden states match BertModel within 1e-4, checked by the unit tests). The
 classification head (pre-classifier 384x384 + ReLU + dropout 0.2 + linear 384x2) is new.
@@ -79,15 +79,16 @@ classification head (pre-classifier 384x384 + ReLU + dropout 0.2 + linear 384x2)
   test {sizes['test']['total']}.
 - One model on the union of both train splits: AdamW (lr {cfg['lr']}, weight decay {cfg['weight_decay']}),
   linear warmup ({cfg['warmup_ratio']:.0%}) and linear decay, batch {cfg['batch_size']}, {cfg['epochs']} epochs
-  planned, length-bucketed batches with dynamic padding, max {cfg['max_seq_len']} tokens, bf16 autocast
-  {'on' if train['bf16'] else 'off'} (CPU with native bf16), seed {train['seed']}, 2 threads; spam class weight
+  planned, length-bucketed batches with dynamic padding, max {cfg['max_seq_len']} tokens, on
+  {train.get('device', 'cpu')} ({train.get('device_name', '')}), bf16 autocast {'on' if train['bf16'] else 'off'},
+  seed {train['seed']}, {cfg['threads']} threads; spam class weight
   {cfg['spam_weight']} in the cross-entropy; oversampling per data set {cfg['oversample'] or 'none'};
   word embeddings {'frozen' if cfg['freeze_word_embeddings'] else 'trained'}; lowest {cfg['freeze_layers']}
   layers frozen; learning rate x{cfg.get('layer_lr_decay', 1.0)} per transformer layer down from the top;
   {averaging}.
   Validation spam F1 (mean over the two data sets) every 1/{cfg['evals_per_epoch']} epoch; the best checkpoint
-  is kept, early stopping after {cfg['patience']} evaluations without improvement, wall-clock cap
-  {cfg['max_train_seconds']:.0f} s.
+  is kept, early stopping after {cfg['patience']} evaluations without improvement; the step budget ends
+  training (a wall-clock cap of {cfg['max_train_seconds']:.0f} s is only a safety net).
 - Run: {train['result']['steps']} steps in {train['result']['seconds']:.0f} s, stopped by
   `{train['result']['stopped']}`; best at epoch {best.get('epoch')} (validation F1 SMS
   {best.get('sms', float('nan')):.4f}, SpamAssassin {best.get('spamassassin', float('nan')):.4f}).
@@ -99,6 +100,8 @@ classification head (pre-classifier 384x384 + ReLU + dropout 0.2 + linear 384x2)
   PyTorch on {export['check']['texts']} held-out texts: max |logit diff| = {export['check']['max_abs_diff']:.2e}
   (limit {export['check']['tolerance']:.0e}).
 - `model.int8.onnx`: ONNX Runtime dynamic quantization (int8 weights, per channel).
+- `torch/` (config.json + model.safetensors): the same weights for PyTorch, served by Triton's cuda variant
+  (fp16 on a GPU, fp32 on a CPU).
 - Validation spam F1, fp32 vs int8: {json.dumps(val)}.
 - Batch invariance (largest change of a validation text's probability, alone vs in a batch of 64):
   {json.dumps(served['validation'].get('batch_shift'))}, allowed {served['validation'].get('max_allowed_batch_shift')}.

@@ -29,12 +29,19 @@ def register(subparsers) -> None:
         "build", help="fine-tune, export to ONNX, evaluate; cached by a key of code, config, data and base",
         description="Build the text model into $MODPIPE_CACHE_DIR/models/<key>/ and point models/current "
                     "(full) or models/current-demo (demo) at it. A complete build with the same key is reused.")
-    b.add_argument("--profile", choices=("full", "demo"), default=None,
-                   help="full: accuracy targets, <= 20 min on 2 cores; demo: <= 3 min, demo quality "
-                        "(default: $MODPIPE_MODEL_PROFILE, else full)")
+    b.add_argument("--profile", choices=("full", "gpu", "demo"), default=None,
+                   help="full: the served CPU recipe, 715 steps at 128 tokens (~14-28 min on 2 cores); gpu: 512 "
+                        "tokens, trained embeddings, 4 epochs (minutes on a GPU; models/current-gpu); demo: "
+                        "<= 3 min, demo quality (default: $MODPIPE_MODEL_PROFILE, else full)")
+    b.add_argument("--device", default="auto",
+                   help="where training runs: auto (cuda if PyTorch sees a GPU, else cpu), cpu, cuda, cuda:N "
+                        "(default auto; the device is part of the build key)")
     b.add_argument("--base", type=Path, default=None,
-                   help="local DistilBERT checkpoint directory (config.json + weights + tokenizer) to fine-tune "
-                        "instead of the converted all-MiniLM-L6-v2")
+                   help="local BERT or DistilBERT checkpoint directory (config.json + weights + tokenizer.json "
+                        "or vocab.txt) to fine-tune instead of the converted all-MiniLM-L6-v2")
+    b.add_argument("--base-layers", type=int, default=0, metavar="N",
+                   help="keep N evenly spaced layers of the base, first and last included (12 -> 6 keeps "
+                        "0,2,4,7,9,11, as DistilBERT was initialised); 0 keeps all (default)")
     b.add_argument("--force", action="store_true", help="rebuild even if a build with the same key exists")
     b.add_argument("--reuse-any", action="store_true",
                    help="if any complete full build exists (models/current), use it; else build the profile asked")
@@ -51,11 +58,16 @@ def register(subparsers) -> None:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from modpipe.textmodel.build import build
+    from modpipe.textmodel.build import BuildError, build
 
     settings = Settings.from_env()
     profile = args.profile or settings.model_profile
-    path = build(settings, profile, base=args.base, force=args.force, reuse_any=args.reuse_any, seed=args.seed)
+    try:
+        path = build(settings, profile, base=args.base, force=args.force, reuse_any=args.reuse_any, seed=args.seed,
+                     device=args.device, base_layers=args.base_layers)
+    except BuildError as exc:
+        print(f"modpipe model build: {exc}", file=sys.stderr)
+        return 2
     print(path)
     return 0
 

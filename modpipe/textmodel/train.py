@@ -72,6 +72,19 @@ def bf16_supported(device: str = "cpu") -> bool:
         return False
 
 
+def device_name(device: str) -> str:
+    """What the build ran on, for its card: the GPU's name, or the CPU's model name."""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "cpu"
+
+
 def bucketed_batches(lengths: Sequence[int], batch_size: int, rng: random.Random, chunk: int = 50) -> list[list[int]]:
     """Batches of similar length: shuffle, sort within chunks of `chunk` batches, shuffle batch order.
 
