@@ -33,7 +33,7 @@ SETTINGS_SPEC: dict[str, Spec] = {
     "model_dir": Spec("MODPIPE_MODEL_DIR", "",
                       "Served text-model build (model.onnx, tokenizer, card). Empty: the newest build in the cache."),
     "model_profile": Spec("MODPIPE_MODEL_PROFILE", "full",
-                          "Build profile: `full` (accuracy targets) or `demo` (minutes, for `make demo`)."),
+                          "Build profile: `full` (the served CPU recipe), `gpu` (512 tokens, needs a GPU) or `demo` (minutes, for `make demo`)."),
     # -- Kafka
     "bootstrap_servers": Spec("KAFKA_BOOTSTRAP_SERVERS", "",
                               "Kafka bootstrap servers. Empty: start the embedded broker (noida-db)."),
@@ -55,6 +55,9 @@ SETTINGS_SPEC: dict[str, Spec] = {
     "triton_grpc_port": Spec("TRITON_GRPC_PORT", "8001", "gRPC port of the embedded Triton.", int),
     "triton_metrics_port": Spec("TRITON_METRICS_PORT", "8002", "Metrics port of the embedded Triton.", int),
     "triton_model": Spec("MODPIPE_TRITON_MODEL", "spam_text", "Name of the text model in Triton."),
+    "triton_variant": Spec("MODPIPE_TRITON_VARIANT", "cpu",
+                           "spam_text variant the embedded Triton serves: `cpu` (ONNX Runtime) or `cuda` (PyTorch, "
+                           "fp16 on a GPU; on a machine without one it runs on the CPU in fp32)."),
     "text_model": Spec("MODPIPE_TEXT_MODEL", "on",
                        "`on`, or `off` to decide without the text model (no Triton; text_probability null): "
                        "for benchmarks of the feature path."),
@@ -69,7 +72,10 @@ SETTINGS_SPEC: dict[str, Spec] = {
     "text_cache_size": Spec("MODPIPE_TEXT_CACHE_SIZE", "100000",
                             "Texts whose spam probability is kept (LRU) so that a repeated text skips Triton; 0: off.",
                             int),
-    "max_seq_len": Spec("MODPIPE_MAX_SEQ_LEN", "128", "Tokens kept per text (longer texts are truncated).", int),
+    "max_seq_len": Spec("MODPIPE_MAX_SEQ_LEN", "0",
+                        "Tokens kept per text (longer texts are truncated). 0: the served build's own `max_seq_len` "
+                        "(128 for full, 512 for gpu), which Triton's tokenizer also uses; a value above it is "
+                        "capped to it.", int),
     "max_text_chars": Spec("MODPIPE_MAX_TEXT_CHARS", "10000", "Longest accepted post text.", int),
     "review_threshold": Spec("MODPIPE_REVIEW_THRESHOLD", "0.5", "spam_probability at or above which a post is reviewed.",
                              float),
@@ -132,6 +138,7 @@ class Settings:
     triton_grpc_port: int
     triton_metrics_port: int
     triton_model: str
+    triton_variant: str
     text_model: str
     triton_timeout_s: float
     max_batch: int
@@ -190,8 +197,13 @@ class Settings:
             raise SettingsError("MODPIPE_DECIDER must be `lightgbm` or `text-only`")
         if self.redecide_reports < 0:
             raise SettingsError("MODPIPE_REDECIDE_REPORTS must be >= 0")
-        if self.model_profile not in ("full", "demo"):
-            raise SettingsError("MODPIPE_MODEL_PROFILE must be `full` or `demo`")
+        if self.triton_variant not in ("cpu", "cuda"):
+            raise SettingsError("MODPIPE_TRITON_VARIANT must be `cpu` or `cuda` (tensorrt runs in NVIDIA's Triton "
+                                "container: `modpipe triton export --variant tensorrt`)")
+        if self.max_seq_len < 0:
+            raise SettingsError("MODPIPE_MAX_SEQ_LEN must be >= 0 (0: the build's own)")
+        if self.model_profile not in ("full", "gpu", "demo"):
+            raise SettingsError("MODPIPE_MODEL_PROFILE must be `full`, `gpu` or `demo`")
 
     def topic(self, name: str) -> str:
         """Physical topic name for a logical one (`posts` -> `<prefix>posts`)."""

@@ -74,7 +74,9 @@ class TextScorer:
     def __init__(self, build: ModelBuild, triton_url: str, model_name: str, timeout_s: float = 10.0,
                  max_seq_len: int | None = None, disabled: bool = False, cache_texts: int = DEFAULT_CACHE_TEXTS):
         self.disabled = disabled  # MODPIPE_TEXT_MODEL=off: NaN probabilities, no Triton call
-        self.tokenizer = BatchTokenizer.for_build(build, max_seq_len)
+        # The build's window is what Triton's own tokenizer uses: a shorter MODPIPE_MAX_SEQ_LEN may cut texts
+        # further, a longer one would feed positions the model never learnt.
+        self.tokenizer = BatchTokenizer.for_build(build, min(max_seq_len or build.max_seq_len, build.max_seq_len))
         self.model_version = build.version
         self.cache = TextCache(build.version, cache_texts)
         self.triton_url = triton_url

@@ -3,7 +3,7 @@
 #   OUT/build/       model.onnx, tokenizer.json, served.json (+ MODEL_CARD.md): MODPIPE_MODEL_DIR of workers
 #   OUT/build/decision/  the LightGBM decision model trained on that text model (model.txt + model.json):
 #                    MODPIPE_DECISION_MODEL of workers
-#   OUT/triton-gpu/  `modpipe triton export --variant gpu`: Triton repository, spam_text/1/model.onnx;
+#   OUT/triton-gpu/  `modpipe triton export --variant tensorrt`: Triton repository, spam_text/1/model.onnx;
 #                    Triton's init container builds model.plan from it on the serving GPU (from the
 #                    fp32 export: TensorRT cannot parse the int8 one).
 # The build is MODPIPE_MODEL_DIR if set, else the newest full build in the cache (as `modpipe` resolves it).
@@ -29,7 +29,7 @@ if [ ! -f "$DECISION/model.txt" ]; then
 fi
 mkdir -p "$OUT/build/decision"
 cp -L "$DECISION/model.txt" "$DECISION/model.json" "$OUT/build/decision/"
-MODPIPE_MODEL_DIR="$BUILD" "$MODPIPE" triton export --variant gpu --out "$OUT/triton-gpu"
+MODPIPE_MODEL_DIR="$BUILD" "$MODPIPE" triton export --variant tensorrt --out "$OUT/triton-gpu"
 rm -f "$OUT/triton-gpu-build_engine.sh"   # the Triton pod's init container runs trtexec itself
 # TensorRT cannot parse the dynamically quantized int8 export (MatMulInteger, DynamicQuantizeLinear):
 # when the build serves int8 on CPU, give trtexec the fp32 export (the engine is built with --fp16).

@@ -1,13 +1,16 @@
-"""`modpipe bench model`: throughput and latency of the text model through Triton vs in-process ONNX Runtime.
+"""`modpipe bench model`: throughput and latency of the text model through Triton vs an in-process ceiling.
 
 One run measures, on the same held-out texts (the build's heldout.jsonl, a fixed sample):
 
-- Triton (gRPC, client-side tokenization, `inflight` requests in flight) at each batch size, with
-  per-batch padding (to the longest text of the batch) and with fixed padding to max_seq_len;
-- the in-process ONNX Runtime ceiling (same model file, same thread count, no server) at the same
-  batch sizes and both paddings.
+- Triton (gRPC, client-side tokenization) at each request size x requests in flight, with per-batch
+  padding (to the longest text of the request) and with fixed padding to max_seq_len; request size 1
+  with fixed padding is the seed's request shape (one text, padded to 128, batch 1);
+- the in-process ceiling at the same request sizes and both paddings, no server: ONNX Runtime on the
+  CPU (same model file and thread count as the cpu variant) or PyTorch on a device (the build's `torch/`
+  weights, fp16 on a GPU: what the cuda variant runs).
 
-Tokenization happens before the clock starts, in both cases, so the ratios isolate serving cost.
+Tokenization happens before the clock starts, in both cases, so the ratios isolate serving cost. `--gpu`
+is the GPU section's preset: request sizes 1/64/256, 1/2/8/32 in flight, PyTorch's ceiling on CUDA.
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ from modpipe.textmodel.artifacts import ModelBuild
 from modpipe.textmodel.tokenize import BatchTokenizer
 
 DEFAULT_BATCH_SIZES = (1, 8, 32, 64)
+GPU_BATCH_SIZES = (1, 64, 256)
+GPU_INFLIGHT = (1, 2, 8, 32)
 PADDINGS = ("batch", "fixed")
+CEILINGS = ("ort", "torch", "none")
 
 
 def bench_texts(build: ModelBuild, n: int, seed: int = 0) -> list[str]:
@@ -71,24 +77,26 @@ async def _stats(client: TextModelClient) -> tuple[int, int]:
 
 
 async def bench_triton(url: str, model_name: str, tok: BatchTokenizer, texts: Sequence[str],
-                       batch_sizes: Sequence[int], inflight: int, tick: Callable[[int], None],
+                       batch_sizes: Sequence[int], inflight: int | Sequence[int], tick: Callable[[int], None],
                        timeout_s: float = 60.0) -> tuple[list[dict], dict]:
     rows = []
+    inflights = [inflight] if isinstance(inflight, int) else list(inflight)
     async with TextModelClient(url, model_name=model_name, timeout_s=timeout_s) as client:
         version = await client.model_versions()
         await client.spam_probabilities(*tok(texts[:8]))  # connection + first-call warm-up
         # padding modes alternate within each batch size: drift in machine load hits both alike
-        for batch in batch_sizes:
-            for padding in PADDINGS:
-                chunks = _chunks(tok, texts, batch, padding)
-                inf0, exe0 = await _stats(client)
-                wall, lat = await _triton_pass(client, chunks, inflight, tick)
-                inf1, exe1 = await _stats(client)
-                row = _summary("triton", batch, padding, len(texts), wall, lat, chunks)
-                row["inflight"] = inflight
-                # > batch means the dynamic batcher merged requests in the server
-                row["server_avg_batch"] = round((inf1 - inf0) / max(exe1 - exe0, 1), 1)
-                rows.append(row)
+        for n_inflight in inflights:
+            for batch in batch_sizes:
+                for padding in PADDINGS:
+                    chunks = _chunks(tok, texts, batch, padding)
+                    inf0, exe0 = await _stats(client)
+                    wall, lat = await _triton_pass(client, chunks, n_inflight, tick)
+                    inf1, exe1 = await _stats(client)
+                    row = _summary("triton", batch, padding, len(texts), wall, lat, chunks)
+                    row["inflight"] = n_inflight
+                    # > batch means the dynamic batcher merged requests in the server
+                    row["server_avg_batch"] = round((inf1 - inf0) / max(exe1 - exe0, 1), 1)
+                    rows.append(row)
     return rows, version
 
 
@@ -117,9 +125,51 @@ def bench_ort(build: ModelBuild, tok: BatchTokenizer, texts: Sequence[str], batc
     return rows
 
 
+def bench_torch(build: ModelBuild, tok: BatchTokenizer, texts: Sequence[str], batch_sizes: Sequence[int],
+                tick: Callable[[int], None], device: str = "auto", threads: int = 2) -> list[dict]:
+    """PyTorch in process on the build's `torch/` weights: fp16 on CUDA (the cuda variant's runtime without
+    the server), fp32 on the CPU. The clock stops after the device has finished (synchronize)."""
+    import torch
+    from transformers import DistilBertForSequenceClassification
+
+    if not (build.torch_dir / "model.safetensors").exists():
+        raise ValueError(f"{build.path} has no torch/ weights (built before the cuda variant): rebuild it")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.set_num_threads(threads)
+    dtype = torch.float16 if device.startswith("cuda") else torch.float32
+    model = DistilBertForSequenceClassification.from_pretrained(str(build.torch_dir)).to(device, dtype).eval()
+
+    def sync():
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    rows = []
+    with torch.inference_mode():
+        ids, mask = tok(texts[:8])
+        model(input_ids=torch.from_numpy(ids).to(device), attention_mask=torch.from_numpy(mask).to(device))
+        sync()
+        for batch in batch_sizes:
+            for padding in PADDINGS:
+                chunks = _chunks(tok, texts, batch, padding)
+                latencies = []
+                t_start = time.perf_counter()
+                for ids, mask in chunks:
+                    t0 = time.perf_counter()
+                    model(input_ids=torch.from_numpy(ids).to(device), attention_mask=torch.from_numpy(mask).to(device))
+                    sync()
+                    latencies.append(time.perf_counter() - t0)
+                    tick(ids.shape[0])
+                row = _summary("torch", batch, padding, len(texts), time.perf_counter() - t_start, latencies, chunks)
+                row["device"] = device
+                rows.append(row)
+    return rows
+
+
 def ratios(triton_rows: list[dict], ort_rows: list[dict]) -> dict:
+    """Triton against the ceiling per request size; where several in-flight levels ran, Triton's best."""
     def tps(rows, batch, padding):
-        return next((r["texts_per_s"] for r in rows if r["batch"] == batch and r["padding"] == padding), None)
+        return max((r["texts_per_s"] for r in rows if r["batch"] == batch and r["padding"] == padding), default=None)
 
     def div(a, b):
         return round(a / b, 3) if a and b else None
@@ -128,60 +178,71 @@ def ratios(triton_rows: list[dict], ort_rows: list[dict]) -> dict:
     for batch in sorted({r["batch"] for r in triton_rows}):
         out["per_batch"][str(batch)] = {
             "triton_batch_vs_fixed_padding": div(tps(triton_rows, batch, "batch"), tps(triton_rows, batch, "fixed")),
-            "ort_batch_vs_fixed_padding": div(tps(ort_rows, batch, "batch"), tps(ort_rows, batch, "fixed")),
-            "triton_vs_ort": div(tps(triton_rows, batch, "batch"), tps(ort_rows, batch, "batch")),
+            "ceiling_batch_vs_fixed_padding": div(tps(ort_rows, batch, "batch"), tps(ort_rows, batch, "fixed")),
+            "triton_vs_ceiling": div(tps(triton_rows, batch, "batch"), tps(ort_rows, batch, "batch")),
         }
     best_triton = max((r["texts_per_s"] for r in triton_rows), default=None)
     best_ort = max((r["texts_per_s"] for r in ort_rows), default=None)
     out["best_triton_texts_per_s"] = best_triton
-    out["best_ort_texts_per_s"] = best_ort
-    out["best_triton_vs_best_ort"] = div(best_triton, best_ort)
+    out["best_ceiling_texts_per_s"] = best_ort
+    out["best_triton_vs_best_ceiling"] = div(best_triton, best_ort)
     return out
 
 
 def run(url: str, build: ModelBuild, model_name: str, n_texts: int = 256,
-        batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, inflight: int = 2, include_ort: bool = True,
-        ort_threads: int = 2, progress: bool = True) -> dict:
+        batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, inflight: int | Sequence[int] = 2, include_ort: bool = True,
+        ort_threads: int = 2, progress: bool = True, ceiling: str = "ort", torch_device: str = "auto") -> dict:
     from tqdm import tqdm
 
+    if not include_ort:
+        ceiling = "none"
+    if ceiling not in CEILINGS:
+        raise ValueError(f"ceiling {ceiling!r}: expected one of {CEILINGS}")
+    inflights = [inflight] if isinstance(inflight, int) else list(inflight)
     texts = bench_texts(build, n_texts)
     tok = BatchTokenizer.for_build(build)
     t0 = time.perf_counter()
     tok(texts)
     tokenize_s = time.perf_counter() - t0
     lengths = [len(ids) for ids in tok.ids(texts)]
-    passes = len(batch_sizes) * len(PADDINGS) * (2 if include_ort else 1)
+    passes = len(batch_sizes) * len(PADDINGS) * (len(inflights) + (ceiling != "none"))
     with tqdm(total=n_texts * passes, unit="text", disable=not progress, desc="bench model") as bar:
-        triton_rows, version = asyncio.run(bench_triton(url, model_name, tok, texts, batch_sizes, inflight,
+        triton_rows, version = asyncio.run(bench_triton(url, model_name, tok, texts, batch_sizes, inflights,
                                                         bar.update))
-        ort_rows = bench_ort(build, tok, texts, batch_sizes, bar.update, ort_threads) if include_ort else []
+        if ceiling == "ort":
+            ceiling_rows = bench_ort(build, tok, texts, batch_sizes, bar.update, ort_threads)
+        elif ceiling == "torch":
+            ceiling_rows = bench_torch(build, tok, texts, batch_sizes, bar.update, torch_device, ort_threads)
+        else:
+            ceiling_rows = []
     return {
         "model": version, "build_path": str(build.path), "url": url, "texts": n_texts,
-        "batch_sizes": list(batch_sizes), "inflight": inflight, "ort_threads": ort_threads,
+        "batch_sizes": list(batch_sizes), "inflight": inflights, "ort_threads": ort_threads, "ceiling": ceiling,
         "max_seq_len": build.max_seq_len,
         "tokens_per_text": {"mean": round(float(np.mean(lengths)), 1), "p50": float(np.median(lengths)),
                             "max": int(max(lengths))},
         "tokenize_texts_per_s": round(n_texts / tokenize_s, 1) if tokenize_s else None,
-        "triton": triton_rows, "ort": ort_rows, "ratios": ratios(triton_rows, ort_rows),
+        "triton": triton_rows, "ceiling_rows": ceiling_rows, "ratios": ratios(triton_rows, ceiling_rows),
     }
 
 
 def format_table(report: dict) -> str:
     lines = [f"model {report['model']['model']} build {report['model']['build_version']}  texts {report['texts']}  "
-             f"tokens/text mean {report['tokens_per_text']['mean']}  triton in-flight {report['inflight']}",
-             f"{'target':<7} {'padding':<7} {'batch':>5} {'texts/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
+             f"tokens/text mean {report['tokens_per_text']['mean']}  ceiling {report['ceiling']}  url {report['url']}",
+             "(request size 1 with fixed padding = the seed's request: one text padded to max_seq_len)",
+             f"{'target':<7} {'padding':<7} {'batch':>5} {'inflight':>8} {'texts/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
              f"{'width':>6} {'srv batch':>9}"]
-    rows = sorted(report["triton"], key=lambda r: (r["padding"], r["batch"])) + \
-        sorted(report["ort"], key=lambda r: (r["padding"], r["batch"]))
+    rows = sorted(report["triton"], key=lambda r: (r["padding"], r["inflight"], r["batch"])) + \
+        sorted(report["ceiling_rows"], key=lambda r: (r["padding"], r["batch"]))
     for row in rows:
-        lines.append(f"{row['target']:<7} {row['padding']:<7} {row['batch']:>5} {row['texts_per_s']:>9.1f} "
-                     f"{row['p50_ms']:>8.1f} {row['p99_ms']:>8.1f} {row['mean_width']:>6.1f} "
+        lines.append(f"{row['target']:<7} {row['padding']:<7} {row['batch']:>5} {row.get('inflight', ''):>8} "
+                     f"{row['texts_per_s']:>9.1f} {row['p50_ms']:>8.1f} {row['p99_ms']:>8.1f} {row['mean_width']:>6.1f} "
                      f"{row.get('server_avg_batch', ''):>9}")
-    lines.append("ratios (texts/s):")
+    lines.append("ratios (texts/s; Triton's best over in-flight levels):")
     for batch, r in report["ratios"]["per_batch"].items():
         lines.append(f"  batch {batch:>3}: triton per-batch/fixed padding {r['triton_batch_vs_fixed_padding']}, "
-                     f"ORT per-batch/fixed {r['ort_batch_vs_fixed_padding']}, triton/ORT {r['triton_vs_ort']}")
+                     f"ceiling per-batch/fixed {r['ceiling_batch_vs_fixed_padding']}, triton/ceiling {r['triton_vs_ceiling']}")
     r = report["ratios"]
-    lines.append(f"  best triton {r['best_triton_texts_per_s']} texts/s vs best ORT {r['best_ort_texts_per_s']}: "
-                 f"{r['best_triton_vs_best_ort']}")
+    lines.append(f"  best triton {r['best_triton_texts_per_s']} texts/s vs best ceiling {r['best_ceiling_texts_per_s']}: "
+                 f"{r['best_triton_vs_best_ceiling']}")
     return "\n".join(lines)

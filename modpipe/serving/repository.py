@@ -1,28 +1,33 @@
 """Triton model repository: templates in `triton_models/` + a model build -> a runnable repository.
 
-`triton_models/` (in git) holds configs and python-backend code only, in three groups:
+`triton_models/` (in git) holds configs and python-backend code only, in four groups:
 
-- `common/`  spam_tokenizer, spam_postprocess, spam_text_ensemble (the same for both deployments)
-- `cpu/`     spam_text as ONNX Runtime inside the python backend (what runs here)
-- `gpu/`     spam_text as a TensorRT plan, spam_decision on the FIL backend (NVIDIA's Triton container)
+- `common/`    spam_tokenizer, spam_postprocess, spam_text_ensemble (the same for every deployment)
+- `cpu/`       spam_text as ONNX Runtime inside the python backend (what runs here and in CI)
+- `cuda/`      spam_text as PyTorch inside the python backend, fp16 on a GPU: config and card only, laid
+               over `cpu/spam_text` (same model.py, `runtime: torch`); runs on nvidia-pytriton's tritonserver
+- `tensorrt/`  spam_text as a TensorRT plan, spam_decision on the FIL backend (NVIDIA's Triton container)
 
-Weights never enter git. `assemble()` copies a variant's templates into a directory, links (or
-copies) the build's `model.onnx` / `tokenizer.json` into the version directories, and writes the
-build's identity into each config's `parameters` (build_version, build_path, max_seq_len, tail_tokens), which
-clients read back through Triton's model-config API.
+A variant is a list of groups; a model directory of a later group is laid over the same model's directory
+of an earlier one (its files replace theirs). Weights never enter git. `assemble()` copies a variant's
+templates into a directory, links (or copies) the build's weights (`model.onnx`, `torch/`, `tokenizer.json`)
+into the version directories, and writes the build's identity into each config's `parameters`
+(build_version, build_path, max_seq_len, tail_tokens), which clients read back through Triton's model-config
+API.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 import modpipe
-from modpipe.textmodel.artifacts import ModelBuild
+from modpipe.textmodel.artifacts import TORCH_DIR, TORCH_FILES, ModelBuild
 
 # Env override of where the templates live (e.g. a deployment that ships them elsewhere).
 REPO_SRC_ENV = "MODPIPE_TRITON_REPO_SRC"
@@ -31,7 +36,10 @@ TOKENIZER_MODEL = "spam_tokenizer"
 POSTPROCESS_MODEL = "spam_postprocess"
 ENSEMBLE_MODEL = "spam_text_ensemble"
 DECISION_MODEL = "spam_decision"
-VARIANTS = {"cpu": ("common", "cpu"), "gpu": ("common", "gpu")}
+VARIANTS = {"cpu": ("common", "cpu"), "cuda": ("common", "cpu", "cuda"), "tensorrt": ("common", "tensorrt")}
+# Variants the embedded launcher (nvidia-pytriton's tritonserver: python backend only) can serve.
+EMBEDDED_VARIANTS = ("cpu", "cuda")
+INSTANCE_KINDS = ("auto", "gpu", "cpu")
 _IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "MODEL_CARD.md", ".gitkeep")
 
 
@@ -49,16 +57,44 @@ def source_dir() -> Path:
     return path
 
 
-def template_models(variant: str = "cpu", src: Path | None = None) -> dict[str, Path]:
-    """Model name -> template directory for a variant (a later group overrides an earlier one)."""
+def template_layers(variant: str = "cpu", src: Path | None = None) -> dict[str, list[Path]]:
+    """Model name -> its template directories for a variant, earliest group first (later ones laid over)."""
     if variant not in VARIANTS:
         raise RepositoryError(f"unknown variant {variant!r}; expected one of {sorted(VARIANTS)}")
     src = src or source_dir()
-    models: dict[str, Path] = {}
+    models: dict[str, list[Path]] = {}
     for group in VARIANTS[variant]:
         for config in sorted((src / group).glob("*/config.pbtxt")):
-            models[config.parent.name] = config.parent
+            models.setdefault(config.parent.name, []).append(config.parent)
     return models
+
+
+def template_models(variant: str = "cpu", src: Path | None = None) -> dict[str, Path]:
+    """Model name -> the template directory whose config.pbtxt a variant uses (the last layer)."""
+    return {name: layers[-1] for name, layers in template_layers(variant, src).items()}
+
+
+def gpu_present() -> bool:
+    """Whether this machine has an NVIDIA GPU (nvidia-smi lists one); no torch import on the serving path."""
+    if not shutil.which("nvidia-smi"):
+        return False
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.returncode == 0 and "GPU" in out.stdout
+
+
+def _instance_kind(config: model_config_pb2.ModelConfig, kind: str) -> None:
+    """`cpu` turns GPU instance groups into one CPU instance (a python-backend model then runs on the CPU);
+    `auto` does so only when this machine has no GPU; `gpu` keeps the template's groups."""
+    if kind not in INSTANCE_KINDS:
+        raise RepositoryError(f"unknown instance kind {kind!r}; expected one of {INSTANCE_KINDS}")
+    gpu_groups = [g for g in config.instance_group if g.kind == model_config_pb2.ModelInstanceGroup.KIND_GPU]
+    if not gpu_groups or kind == "gpu" or (kind == "auto" and gpu_present()):
+        return
+    del config.instance_group[:]
+    config.instance_group.add(count=1, kind=model_config_pb2.ModelInstanceGroup.KIND_CPU)
 
 
 def read_config(path: Path) -> model_config_pb2.ModelConfig:
@@ -84,15 +120,21 @@ def _place(src: Path, dest: Path, link: bool) -> None:
 
 
 def assemble(dest: Path, build: ModelBuild, variant: str = "cpu", model_name: str = TEXT_MODEL,
-             link: bool = True, plan: Path | None = None, decision_model: Path | None = None) -> Path:
+             link: bool = True, plan: Path | None = None, decision_model: Path | None = None,
+             instance_kind: str = "gpu") -> Path:
     """Write a complete Triton model repository for `build` into `dest` (replaced if it exists).
 
     `model_name` renames the text model (MODPIPE_TRITON_MODEL); the ensemble follows it.
     `link=False` copies weights instead of symlinking them (a repository to ship elsewhere).
-    For the gpu variant, `model.onnx` is placed beside the (absent) `model.plan` for trtexec,
+    For the tensorrt variant, `model.onnx` is placed beside the (absent) `model.plan` for trtexec,
     or `plan` is copied in when already built; `decision_model` (a `modpipe decision train` directory)
-    provides spam_decision's model.txt.
+    provides spam_decision's model.txt. For the cuda variant the build's `torch/` weights go in, and
+    `instance_kind` decides where its instances run (`auto`: the GPU if this machine has one, else the CPU;
+    an exported repository keeps `gpu`).
     """
+    if variant == "cuda" and not all((build.path / f).exists() for f in TORCH_FILES):
+        raise RepositoryError(f"build {build.version} at {build.path} has no PyTorch weights ({TORCH_DIR}/): it "
+                              "predates the cuda variant; rebuild it with `modpipe model build --force`")
     dest = Path(dest)
     if dest.exists():
         shutil.rmtree(dest)
@@ -101,17 +143,23 @@ def assemble(dest: Path, build: ModelBuild, variant: str = "cpu", model_name: st
     identity = {"build_version": build.version, "build_path": str(build.path),
                 "max_seq_len": build.max_seq_len, "tail_tokens": build.tail_tokens,
                 "precision": served.get("precision", "")}
-    for name, template in template_models(variant).items():
-        config = read_config(template / "config.pbtxt")
+    for name, layers in template_layers(variant).items():
+        config = read_config(layers[-1] / "config.pbtxt")
         target_name = model_name if name == TEXT_MODEL else name
         out = dest / target_name
-        shutil.copytree(template, out, ignore=_IGNORE)
+        for template in layers:
+            shutil.copytree(template, out, ignore=_IGNORE, dirs_exist_ok=True)
         version = out / "1"
         version.mkdir(exist_ok=True)
         config.name = target_name
+        _instance_kind(config, instance_kind)
         if name == TEXT_MODEL:
             _set_params(config, **identity)
-            if config.backend == "python":
+            runtime = config.parameters["runtime"].string_value if "runtime" in config.parameters else ""
+            if config.backend == "python" and runtime == "torch":
+                for f in TORCH_FILES:
+                    _place(build.path / f, version / f, link)
+            elif config.backend == "python":
                 _set_params(config, onnx_file="model.onnx")
                 _place(build.onnx, version / "model.onnx", link)
             elif config.platform == "tensorrt_plan":

@@ -98,15 +98,20 @@ class TritonServer:
     """One tritonserver process serving a model build. Use as a context manager or start()/stop()."""
 
     def __init__(self, settings: Settings, build: ModelBuild | None = None, *, http_port: int | None = None,
-                 grpc_port: int | None = None, metrics_port: int | None = None, variant: str = "cpu",
-                 log_verbose: int = 0, extra_args: list[str] | None = None):
+                 grpc_port: int | None = None, metrics_port: int | None = None, variant: str | None = None,
+                 log_verbose: int = 0, extra_args: list[str] | None = None, instance_kind: str = "auto"):
         self.settings = settings
         self.build = build or resolve_model(settings)
         self.http_port = http_port or settings.triton_http_port
         self.grpc_port = grpc_port or settings.triton_grpc_port
         self.metrics_port = metrics_port or settings.triton_metrics_port
         self.model_name = settings.triton_model
-        self.variant = variant
+        self.variant = variant or settings.triton_variant
+        if self.variant not in repository.EMBEDDED_VARIANTS:
+            raise ServiceError(f"variant {self.variant!r} does not run in the embedded Triton (python backend only; "
+                               f"it serves {', '.join(repository.EMBEDDED_VARIANTS)}): export it with "
+                               f"`modpipe triton export --variant {self.variant}` for NVIDIA's Triton container")
+        self.instance_kind = instance_kind  # cuda variant: auto = the GPU when there is one, else the CPU
         self.log_verbose = log_verbose
         self.extra_args = list(extra_args or [])
         self.root = settings.state_dir / "triton"
@@ -189,7 +194,8 @@ class TritonServer:
                 raise ServiceError(f"port {port} on {HOST} is already in use: another Triton running? "
                                    "Set TRITON_URL to use it, or TRITON_*_PORT to other ports")
         self.repo = self._claim_repo()
-        repository.assemble(self.repo, self.build, variant=self.variant, model_name=self.model_name)
+        repository.assemble(self.repo, self.build, variant=self.variant, model_name=self.model_name,
+                            instance_kind=self.instance_kind)
         prepare_backends(self.root / "backends")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.log_path.write_bytes(b"")  # one log per run: old lines would confuse `tail()`
@@ -235,7 +241,8 @@ class TritonServer:
 
     def info(self) -> dict:
         return {"grpc": self.grpc_url, "http": self.http_url, "metrics": self.metrics_url,
-                "model": self.model_name, "build_version": self.build.version, "build_path": str(self.build.path),
+                "model": self.model_name, "variant": self.variant, "build_version": self.build.version,
+                "build_path": str(self.build.path),
                 "repository": str(self.repo), "log": str(self.log_path), "pid": self.pid,
                 "startup_s": None if self.startup_s is None else round(self.startup_s, 2)}
 

@@ -223,14 +223,14 @@ def test_bench_model_json_small(triton_env):
                   env=triton_env)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
-    assert report["texts"] == 16 and report["batch_sizes"] == [1, 8]
-    assert len(report["triton"]) == 4 and len(report["ort"]) == 4
-    for row in report["triton"] + report["ort"]:
+    assert report["texts"] == 16 and report["batch_sizes"] == [1, 8] and report["ceiling"] == "ort"
+    assert len(report["triton"]) == 4 and len(report["ceiling_rows"]) == 4
+    for row in report["triton"] + report["ceiling_rows"]:
         assert row["texts_per_s"] > 0 and 0 < row["p50_ms"] <= row["p99_ms"]
         assert row["padding"] in ("batch", "fixed")
         limit = report["max_seq_len"]
         assert row["mean_width"] == limit if row["padding"] == "fixed" else row["mean_width"] <= limit
-    assert report["ratios"]["per_batch"]["8"]["triton_vs_ort"] > 0
+    assert report["ratios"]["per_batch"]["8"]["triton_vs_ceiling"] > 0
     assert report["model"]["model"] == "spam_text"
 
 

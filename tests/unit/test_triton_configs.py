@@ -1,5 +1,6 @@
 """The Triton model repository templates: every config parses with Triton's own ModelConfig protobuf,
-CPU and GPU spam_text share one contract, assembly wires a build in, the TensorRT command is right."""
+the cpu, cuda and tensorrt spam_text share one contract, assembly wires a build in (the cuda variant laid over
+the cpu one, on the CPU where there is no GPU), the TensorRT command is right."""
 
 from __future__ import annotations
 
@@ -31,21 +32,22 @@ def io(config: mc.ModelConfig) -> tuple:
 
 def test_templates_found_from_the_package():
     assert repository.source_dir() == ROOT
-    assert len(CONFIGS) == 6
+    assert len(CONFIGS) == 7
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_config_parses_and_names_its_directory(path):
     config = parse(path)
     assert config.name == path.parent.name
-    assert config.max_batch_size == 128
+    # 128 rows: a worker's request (MODPIPE_MAX_BATCH 64) merged with one more; a GPU merges more
+    assert config.max_batch_size == (512 if path.parent.parent.name == "cuda" else 128)
     assert config.backend in ("python", "fil") or config.platform in ("tensorrt_plan", "ensemble")
-    if config.backend == "python":
-        assert (path.parent / "1" / "model.py").exists()
+    if config.backend == "python":  # the cuda variant's code is cpu/spam_text's, laid under it
+        assert (path.parent / "1" / "model.py").exists() or (ROOT / "cpu" / path.parent.name / "1" / "model.py").exists()
     assert (path.parent / "MODEL_CARD.md").exists()
 
 
-@pytest.mark.parametrize("variant", ["cpu", "gpu"])
+@pytest.mark.parametrize("variant", ["cpu", "cuda", "tensorrt"])
 def test_spam_text_contract(variant):
     config = parse(ROOT / variant / "spam_text" / "config.pbtxt")
     assert config.name == "spam_text"
@@ -57,14 +59,17 @@ def test_spam_text_contract(variant):
     assert 0 < db.max_queue_delay_microseconds <= 5000
     assert config.model_warmup
     kind = mc.ModelInstanceGroup.KIND_CPU if variant == "cpu" else mc.ModelInstanceGroup.KIND_GPU
-    assert [g.kind for g in config.instance_group] == [kind]
+    assert {g.kind for g in config.instance_group} == {kind}
 
 
 def test_cpu_and_gpu_spam_text_share_name_and_io():
     cpu = parse(ROOT / "cpu" / "spam_text" / "config.pbtxt")
-    gpu = parse(ROOT / "gpu" / "spam_text" / "config.pbtxt")
-    strip = [(n, b, tuple((a, t, d) for a, t, d in ins), outs) for n, b, ins, outs in [io(cpu), io(gpu)]]
-    assert strip[0] == strip[1]
+    gpu = parse(ROOT / "tensorrt" / "spam_text" / "config.pbtxt")
+    cuda = parse(ROOT / "cuda" / "spam_text" / "config.pbtxt")
+    strip = [(n, tuple((a, t, d) for a, t, d in ins), outs) for n, _, ins, outs in [io(cpu), io(gpu), io(cuda)]]
+    assert strip[0] == strip[1] == strip[2]
+    assert cpu.parameters["runtime"].string_value == "onnxruntime" and cuda.parameters["runtime"].string_value == "torch"
+    assert all(i.allow_ragged_batch for i in cuda.input)
     assert cpu.backend == "python" and gpu.platform == "tensorrt_plan"
     # CPU merges requests of different lengths (model.py pads them); TensorRT cannot take ragged input.
     assert all(i.allow_ragged_batch for i in cpu.input)
@@ -127,12 +132,57 @@ def test_assemble_renames_text_model_and_ensemble_follows(tmp_path, fake_build):
 def test_assemble_gpu_copies_onnx_for_trtexec(tmp_path, fake_build):
     plan = tmp_path / "model.plan"
     plan.write_bytes(b"plan")
-    repo = repository.assemble(tmp_path / "repo", fake_build, variant="gpu", link=False, plan=plan)
+    repo = repository.assemble(tmp_path / "repo", fake_build, variant="tensorrt", link=False, plan=plan)
     version = repo / "spam_text" / "1"
     assert not (version / "model.onnx").is_symlink() and (version / "model.onnx").read_bytes() == b"onnx"
     assert (version / "model.plan").read_bytes() == b"plan"
     assert parse(repo / "spam_text" / "config.pbtxt").platform == "tensorrt_plan"
     assert (repo / "spam_tokenizer" / "1" / "model.py").exists()
+
+
+def _with_torch_weights(build: ModelBuild) -> ModelBuild:
+    (build.torch_dir).mkdir()
+    (build.torch_dir / "config.json").write_text("{}")
+    (build.torch_dir / "model.safetensors").write_bytes(b"weights")
+    return build
+
+
+def test_assemble_cuda_lays_its_config_over_the_cpu_code_and_links_torch_weights(tmp_path, fake_build):
+    repo = repository.assemble(tmp_path / "repo", _with_torch_weights(fake_build), variant="cuda",
+                               instance_kind="gpu")
+    version = repo / "spam_text" / "1"
+    assert (version / "model.py").read_text() == (ROOT / "cpu" / "spam_text" / "1" / "model.py").read_text()
+    assert (version / "torch" / "model.safetensors").read_bytes() == b"weights"
+    assert not (version / "model.onnx").exists()
+    config = parse(repo / "spam_text" / "config.pbtxt")
+    assert config.parameters["runtime"].string_value == "torch" and config.max_batch_size == 512
+    assert config.parameters["max_seq_len"].string_value == "96"
+    assert [(g.kind, g.count) for g in config.instance_group] == [(mc.ModelInstanceGroup.KIND_GPU, 2)]
+    assert "spam_decision" not in [p.name for p in repo.iterdir()]
+
+
+def test_cuda_instances_move_to_the_cpu_where_there_is_no_gpu(tmp_path, fake_build, monkeypatch):
+    build = _with_torch_weights(fake_build)
+    on_cpu = repository.assemble(tmp_path / "cpu", build, variant="cuda", instance_kind="cpu")
+    assert [(g.kind, g.count) for g in parse(on_cpu / "spam_text" / "config.pbtxt").instance_group] == \
+        [(mc.ModelInstanceGroup.KIND_CPU, 1)]
+    monkeypatch.setattr(repository, "gpu_present", lambda: False)
+    auto = repository.assemble(tmp_path / "auto", build, variant="cuda", instance_kind="auto")
+    assert parse(auto / "spam_text" / "config.pbtxt").instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU
+    monkeypatch.setattr(repository, "gpu_present", lambda: True)
+    auto = repository.assemble(tmp_path / "auto", build, variant="cuda", instance_kind="auto")
+    assert parse(auto / "spam_text" / "config.pbtxt").instance_group[0].kind == mc.ModelInstanceGroup.KIND_GPU
+    # the cpu variant's groups are CPU ones already: untouched by any kind
+    cpu = repository.assemble(tmp_path / "plain", build, variant="cpu", instance_kind="cpu")
+    assert parse(cpu / "spam_text" / "config.pbtxt").instance_group == \
+        parse(ROOT / "cpu" / "spam_text" / "config.pbtxt").instance_group
+
+
+def test_cuda_variant_needs_a_build_with_torch_weights(tmp_path, fake_build):
+    with pytest.raises(repository.RepositoryError, match="no PyTorch weights"):
+        repository.assemble(tmp_path / "repo", fake_build, variant="cuda")
+    with pytest.raises(repository.RepositoryError, match="unknown variant"):
+        repository.assemble(tmp_path / "repo", fake_build, variant="gpu")
 
 
 def test_trtexec_command():
@@ -150,7 +200,7 @@ def test_trtexec_command():
 def test_trt_build_script_is_valid_bash_and_matches_the_config():
     script = tensorrt.build_script()
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
-    gpu = parse(ROOT / "gpu" / "spam_text" / "config.pbtxt")
+    gpu = parse(ROOT / "tensorrt" / "spam_text" / "config.pbtxt")
     assert f"input_ids:{gpu.max_batch_size}x128" in script
     assert "spam_text/1/model.plan" in script and "--fp16" in script
     assert tensorrt.TRITON_RELEASE in script
@@ -159,7 +209,7 @@ def test_trt_build_script_is_valid_bash_and_matches_the_config():
 def test_fil_decision_config_matches_the_feature_list(tmp_path, fake_build):
     from modpipe.decision.model import DECISION_FEATURES
 
-    config = parse(ROOT / "gpu" / "spam_decision" / "config.pbtxt")
+    config = parse(ROOT / "tensorrt" / "spam_decision" / "config.pbtxt")
     assert config.backend == "fil" and config.parameters["model_type"].string_value == "lightgbm"
     assert config.parameters["predict_proba"].string_value == "true"
     assert [(i.name, i.data_type, list(i.dims)) for i in config.input] == [
@@ -169,5 +219,5 @@ def test_fil_decision_config_matches_the_feature_list(tmp_path, fake_build):
     trained = tmp_path / "decision"
     trained.mkdir()
     (trained / "model.txt").write_text("tree\n")
-    repo = repository.assemble(tmp_path / "repo", fake_build, variant="gpu", link=False, decision_model=trained)
+    repo = repository.assemble(tmp_path / "repo", fake_build, variant="tensorrt", link=False, decision_model=trained)
     assert (repo / "spam_decision" / "1" / "model.txt").read_text() == "tree\n"

@@ -16,6 +16,16 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from tokenizers import Tokenizer
 
+# The `text` input is TYPE_STRING, which Triton 2.51's stub cannot read under numpy 2 at all (it fails while
+# loading the request, before execute()): this model needs numpy < 2 in the stub's environment. Its numeric
+# outputs follow the rule that works under both (spam_text's model.py explains it).
+_NUMPY2 = np.lib.NumpyVersion(np.__version__) >= "2.0.0"
+
+
+def _out(name, array):
+    array = np.require(array, requirements=["C", "W", "O"])
+    return pb_utils.Tensor.from_dlpack(name, array) if _NUMPY2 else pb_utils.Tensor(name, array)
+
 
 def _param(config, key, default):
     value = config.get("parameters", {}).get(key, {}).get("string_value", "")
@@ -61,6 +71,5 @@ class TritonPythonModel:
             raw = pb_utils.get_input_tensor_by_name(request, "text").as_numpy().reshape(-1)
             texts = [t.decode("utf-8", errors="replace") if isinstance(t, bytes) else str(t) for t in raw]
             ids, mask = self._encode(texts)
-            responses.append(pb_utils.InferenceResponse(output_tensors=[
-                pb_utils.Tensor("input_ids", ids), pb_utils.Tensor("attention_mask", mask)]))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[_out("input_ids", ids), _out("attention_mask", mask)]))
         return responses

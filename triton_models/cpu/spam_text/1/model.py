@@ -1,4 +1,8 @@
-"""spam_text on CPU: the build's ONNX model run by ONNX Runtime inside Triton's python backend.
+"""spam_text in Triton's python backend: the build's model run by ONNX Runtime (cpu variant) or PyTorch
+(cuda variant: fp16 on the GPU Triton gives the instance, fp32 when the instance is a CPU one).
+
+The cuda variant's directory (triton_models/cuda/spam_text) holds only its config and card: the assembler
+lays it over this one, so both variants run this file and differ by the config's `runtime` parameter.
 
 Triton hands `execute` every request the dynamic batcher grouped together, each with its own
 sequence length (clients pad per batch). We gather their rows, sort them by true length (the mask)
@@ -10,14 +14,16 @@ computes mostly padding; sorted sub-batches compute (almost) only real tokens. O
 ~16 long rows are also where ONNX Runtime is fastest (bigger batches spill its caches).
 
 The weights are not in git: the launcher (modpipe.serving.repository) links the build's
-`model.onnx` into this version directory, next to this file.
+`model.onnx` (onnxruntime) or `torch/` (torch) into this version directory, next to this file.
+
+Numeric I/O works with numpy 1 and 2 in the stub's environment (input_array / output_tensor: what was
+measured with Triton 2.51's stub is written beside them).
 """
 
 import json
 import os
 
 import numpy as np
-import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
 
@@ -51,10 +57,27 @@ def _param(config, key, default):
     return value if value not in ("", None) else default
 
 
-class TritonPythonModel:
-    def initialize(self, args):
-        config = json.loads(args["model_config"])
-        here = os.path.join(args["model_repository"], args["model_version"])
+_NUMPY2 = np.lib.NumpyVersion(np.__version__) >= "2.0.0"
+
+
+def input_array(request, name):
+    """A numeric input through DLPack: as_numpy() returns wrong data under numpy 2 (measured), this does not."""
+    return np.from_dlpack(pb_utils.get_input_tensor_by_name(request, name))
+
+
+def output_tensor(name, array):
+    """A numeric output: DLPack under numpy 2 (Tensor(name, array) came back empty), the plain constructor
+    under numpy 1 (from_dlpack of a numpy 1 array killed the stub). Contiguous, writable, owned."""
+    array = np.require(array, requirements=["C", "W", "O"])
+    return pb_utils.Tensor.from_dlpack(name, array) if _NUMPY2 else pb_utils.Tensor(name, array)
+
+
+class OnnxRuntimeLogits:
+    """logits = model(ids, mask) with ONNX Runtime's CPU execution provider (the cpu variant)."""
+
+    def __init__(self, here, config):
+        import onnxruntime as ort
+
         path = os.path.join(here, _param(config, "onnx_file", "model.onnx"))
         if not os.path.exists(path):
             raise pb_utils.TritonModelException(f"no ONNX model at {path}: run `modpipe model build`")
@@ -66,6 +89,58 @@ class TritonPythonModel:
         # workers and the client that share the machine (at a small wake-up latency cost).
         opts.add_session_config_entry("session.intra_op.allow_spinning", _param(config, "allow_spinning", "1"))
         self.session = ort.InferenceSession(path, sess_options=opts, providers=["CPUExecutionProvider"])
+        self.device = "cpu"
+
+    def __call__(self, ids, mask):
+        return self.session.run(["logits"], {"input_ids": np.ascontiguousarray(ids),
+                                             "attention_mask": np.ascontiguousarray(mask)})[0]
+
+
+class TorchLogits:
+    """logits = model(ids, mask) with PyTorch (the cuda variant): the build's `torch/` weights on the device
+    Triton assigned this instance, fp16 on a GPU (`torch_dtype` "auto"), fp32 on a CPU."""
+
+    def __init__(self, here, config, args):
+        import torch
+        from transformers import DistilBertForSequenceClassification
+
+        path = os.path.join(here, _param(config, "torch_dir", "torch"))
+        if not os.path.exists(os.path.join(path, "model.safetensors")):
+            raise pb_utils.TritonModelException(
+                f"no PyTorch weights at {path}: the build predates the cuda variant; rebuild it "
+                "(`modpipe model build --force`)")
+        if args.get("model_instance_kind") == "GPU":
+            self.device = f"cuda:{args.get('model_instance_device_id', '0')}"
+        else:
+            self.device = "cpu"
+            torch.set_num_threads(int(_param(config, "intra_op_threads", "2")))
+        dtype = _param(config, "torch_dtype", "auto")
+        if dtype == "auto":
+            dtype = "float16" if self.device.startswith("cuda") else "float32"
+        self.torch = torch
+        self.model = DistilBertForSequenceClassification.from_pretrained(path).to(self.device, getattr(torch, dtype))
+        self.model.eval()
+
+    def __call__(self, ids, mask):
+        torch = self.torch
+        with torch.inference_mode():
+            ids_t = torch.from_numpy(np.ascontiguousarray(ids)).to(self.device, non_blocking=True)
+            mask_t = torch.from_numpy(np.ascontiguousarray(mask)).to(self.device, non_blocking=True)
+            logits = self.model(input_ids=ids_t, attention_mask=mask_t).logits
+            return logits.float().cpu().numpy()
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        here = os.path.join(args["model_repository"], args["model_version"])
+        runtime = _param(config, "runtime", "onnxruntime")
+        if runtime == "onnxruntime":
+            self.logits_of = OnnxRuntimeLogits(here, config)
+        elif runtime == "torch":
+            self.logits_of = TorchLogits(here, config, args)
+        else:
+            raise pb_utils.TritonModelException(f"unknown runtime {runtime!r}: onnxruntime or torch")
         self.pad_id = int(_param(config, "pad_id", "0"))
         self.max_seq_len = int(_param(config, "max_seq_len", "0"))  # 0: no cap
         self.trim_padding = _param(config, "trim_padding", "true").lower() == "true"
@@ -78,8 +153,8 @@ class TritonPythonModel:
     def execute(self, requests):
         ids_list, mask_list, errors = [], [], {}
         for i, request in enumerate(requests):
-            ids = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy()
-            mask = pb_utils.get_input_tensor_by_name(request, "attention_mask").as_numpy()
+            ids = input_array(request, "input_ids")
+            mask = input_array(request, "attention_mask")
             if ids.shape != mask.shape or ids.ndim != 2:
                 errors[i] = f"input_ids {ids.shape} and attention_mask {mask.shape} must be the same [batch, seq]"
                 ids = mask = np.zeros((0, 1), dtype=np.int64)
@@ -119,14 +194,13 @@ class TritonPythonModel:
                 responses.append(pb_utils.InferenceResponse(output_tensors=[],
                                                             error=pb_utils.TritonError(errors[i])))
             else:
-                out = pb_utils.Tensor("logits", np.ascontiguousarray(logits[start:start + n]))
-                responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
+                responses.append(pb_utils.InferenceResponse(output_tensors=[
+                    output_tensor("logits", logits[start:start + n])]))
             start += n
         return responses
 
     def _run(self, ids, mask):
-        return self.session.run(["logits"], {"input_ids": np.ascontiguousarray(ids),
-                                             "attention_mask": np.ascontiguousarray(mask)})[0]
+        return self.logits_of(ids, mask)
 
     def finalize(self):
-        self.session = None
+        self.logits_of = None
