@@ -100,16 +100,10 @@ async def bench_triton(url: str, model_name: str, tok: BatchTokenizer, texts: Se
     return rows, version
 
 
-def bench_ort(build: ModelBuild, tok: BatchTokenizer, texts: Sequence[str], batch_sizes: Sequence[int],
-              tick: Callable[[int], None], threads: int = 2) -> list[dict]:
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    session = ort.InferenceSession(str(build.onnx), sess_options=opts, providers=["CPUExecutionProvider"])
-    ids, mask = tok(texts[:8])
-    session.run(["logits"], {"input_ids": ids, "attention_mask": mask})
+def _in_process(target: str, infer: Callable, tok: BatchTokenizer, texts: Sequence[str],
+                batch_sizes: Sequence[int], tick: Callable[[int], None], **extra) -> list[dict]:
+    """Time `infer(ids, mask)` (which returns when the result is there) per request, every size and padding."""
+    infer(*tok(texts[:8]))  # first-call allocations and kernel choices stay out of the clock
     rows = []
     for batch in batch_sizes:
         for padding in PADDINGS:
@@ -118,11 +112,24 @@ def bench_ort(build: ModelBuild, tok: BatchTokenizer, texts: Sequence[str], batc
             t_start = time.perf_counter()
             for ids, mask in chunks:
                 t0 = time.perf_counter()
-                session.run(["logits"], {"input_ids": ids, "attention_mask": mask})
+                infer(ids, mask)
                 latencies.append(time.perf_counter() - t0)
                 tick(ids.shape[0])
-            rows.append(_summary("ort", batch, padding, len(texts), time.perf_counter() - t_start, latencies, chunks))
+            row = _summary(target, batch, padding, len(texts), time.perf_counter() - t_start, latencies, chunks)
+            rows.append({**row, **extra})
     return rows
+
+
+def bench_ort(build: ModelBuild, tok: BatchTokenizer, texts: Sequence[str], batch_sizes: Sequence[int],
+              tick: Callable[[int], None], threads: int = 2) -> list[dict]:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(build.onnx), sess_options=opts, providers=["CPUExecutionProvider"])
+    return _in_process("ort", lambda ids, mask: session.run(["logits"], {"input_ids": ids, "attention_mask": mask}),
+                       tok, texts, batch_sizes, tick)
 
 
 def bench_torch(build: ModelBuild, tok: BatchTokenizer, texts: Sequence[str], batch_sizes: Sequence[int],
@@ -140,30 +147,13 @@ def bench_torch(build: ModelBuild, tok: BatchTokenizer, texts: Sequence[str], ba
     dtype = torch.float16 if device.startswith("cuda") else torch.float32
     model = DistilBertForSequenceClassification.from_pretrained(str(build.torch_dir)).to(device, dtype).eval()
 
-    def sync():
+    @torch.inference_mode()
+    def infer(ids, mask):
+        model(input_ids=torch.from_numpy(ids).to(device), attention_mask=torch.from_numpy(mask).to(device))
         if device.startswith("cuda"):
             torch.cuda.synchronize()
 
-    rows = []
-    with torch.inference_mode():
-        ids, mask = tok(texts[:8])
-        model(input_ids=torch.from_numpy(ids).to(device), attention_mask=torch.from_numpy(mask).to(device))
-        sync()
-        for batch in batch_sizes:
-            for padding in PADDINGS:
-                chunks = _chunks(tok, texts, batch, padding)
-                latencies = []
-                t_start = time.perf_counter()
-                for ids, mask in chunks:
-                    t0 = time.perf_counter()
-                    model(input_ids=torch.from_numpy(ids).to(device), attention_mask=torch.from_numpy(mask).to(device))
-                    sync()
-                    latencies.append(time.perf_counter() - t0)
-                    tick(ids.shape[0])
-                row = _summary("torch", batch, padding, len(texts), time.perf_counter() - t_start, latencies, chunks)
-                row["device"] = device
-                rows.append(row)
-    return rows
+    return _in_process("torch", infer, tok, texts, batch_sizes, tick, device=device)
 
 
 def ratios(triton_rows: list[dict], ort_rows: list[dict]) -> dict:
