@@ -71,3 +71,15 @@ def test_the_cache_stays_within_its_capacity():
     for i in range(4):
         asyncio.run(s.spam_probabilities([f"text number {i} {j}" for j in range(4)]))
     assert len(s.cache) == 5 and client.rows_scored == 16
+
+
+def test_the_window_is_the_builds_unless_a_shorter_one_is_configured():
+    """MODPIPE_MAX_SEQ_LEN=0 (default) reads as far as the build was trained (a gpu build: 512 tokens, which
+    Triton's tokenizer also uses); a shorter setting cuts further; a longer one is capped to the build's."""
+    build = types.SimpleNamespace(tokenizer=get_model_path() / "tokenizer.json", max_seq_len=512, tail_tokens=0,
+                                  version="gpu-v1")
+    long_text = " ".join(f"word{i}" for i in range(600))
+    for configured, window in ((0, 512), (None, 512), (64, 64), (2048, 512)):
+        s = TextScorer(build, "unused:0", "spam_text", max_seq_len=configured)
+        assert s.tokenizer.max_len == window
+        assert len(s.tokenizer.ids([long_text])[0]) == window
