@@ -65,14 +65,14 @@ def _up(args) -> int:
             status = StatusLine()
             while True:
                 time.sleep(args.interval)
+                # a dead broker, Triton or worker is restarted with backoff (logs in the state dir say why)
+                for event in stack.supervise():
+                    print(("\n" if sys.stderr.isatty() else "") + event, file=sys.stderr, flush=True)
                 line = status.render(stack)
                 if sys.stderr.isatty():
-                    print("\r" + line.ljust(140), end="", file=sys.stderr, flush=True)
+                    print("\r" + line.ljust(160), end="", file=sys.stderr, flush=True)
                 else:
                     print(line, file=sys.stderr, flush=True)
-                if any(not w.process.alive() for w in stack.workers):
-                    print("\na worker exited; see its log in " + str(settings.state_dir / "logs"), file=sys.stderr)
-                    return 1
     except (KeyboardInterrupt, _Stop):
         print("\nstopped", file=sys.stderr)
         return 0
@@ -90,7 +90,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "member id and table directory STATE_DIR/faust/NAME")
     p.set_defaults(func=_worker)
 
-    p = sub.add_parser("up", help="run broker, Triton and N workers in the foreground with a live status line")
+    p = sub.add_parser("up", help="run broker, Triton and N workers in the foreground with a live status line; "
+                                  "whatever dies is restarted with backoff (1, 2, 4 ... 30 s)")
     p.add_argument("--workers", type=int, default=None, help="workers (default: MODPIPE_WORKERS)")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between status lines")
     p.set_defaults(func=_up)

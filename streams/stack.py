@@ -2,6 +2,8 @@
 
 Services given through KAFKA_BOOTSTRAP_SERVERS / TRITON_URL are used instead of being started.
 Every child runs in its own process group and is stopped on exit, so Ctrl-C leaves no orphans.
+`supervise()` restarts a child that died (the broker on its data directory, Triton on its ports, a worker
+under its name) with exponential backoff per component (`Restarts`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,37 @@ _log = log.get(__name__)
 
 
 @dataclass
+class Restarts:
+    """When to restart one component: 1, 2, 4 ... 30 s after each death in a row; a component that stayed
+    up `healthy_after_s` starts again from the shortest delay. Pure bookkeeping: times are passed in."""
+
+    base_s: float = 1.0
+    max_s: float = 30.0
+    healthy_after_s: float = 60.0
+    failures: int = 0  # deaths in a row (reset once it stays up long enough)
+    total: int = 0  # restarts done, for the status line
+    next_at: float | None = None  # when the pending restart is due; None: none pending
+    started_at: float = 0.0
+
+    def died(self, now: float) -> float:
+        """Note a death (once per death); returns when to restart."""
+        if self.next_at is None:
+            if now - self.started_at >= self.healthy_after_s:
+                self.failures = 0
+            self.next_at = now + min(self.max_s, self.base_s * 2 ** min(self.failures, 16))
+            self.failures += 1
+        return self.next_at
+
+    def due(self, now: float) -> bool:
+        return self.next_at is not None and now >= self.next_at
+
+    def restarted(self, now: float) -> None:
+        self.total += 1
+        self.next_at = None
+        self.started_at = now
+
+
+@dataclass
 class WorkerProcess:
     name: str
     metrics_port: int
@@ -47,6 +80,7 @@ class LocalStack:
         self.triton_url = settings.triton_url
         self.workers: list[WorkerProcess] = []
         self.topics = TopicNames.from_settings(settings)
+        self.restarts: dict[str, Restarts] = {}
 
     # -- lifecycle
     def start(self) -> LocalStack:
@@ -102,6 +136,73 @@ class LocalStack:
 
     def assigned_partitions(self) -> int:
         return int(sum(v for k, v in self.scrape().items() if k.startswith("modpipe_assigned_partitions")))
+
+    # -- supervision
+    def components(self) -> dict[str, tuple]:
+        """name -> (alive?, restart) of every child this stack started."""
+        out: dict[str, tuple] = {}
+        if self.broker is not None:
+            out["broker"] = (lambda: self.broker.process is not None and self.broker.process.alive(), self._restart_broker)
+        if self.triton is not None:
+            out["triton"] = (lambda: self.triton.process is not None and self.triton.process.alive(),
+                             self._restart_triton)
+        for i, w in enumerate(self.workers):
+            out[w.name] = (w.process.alive, lambda i=i: self._restart_worker(i))
+        return out
+
+    def _restart_broker(self) -> None:
+        self.broker.stop()  # reaps the dead one and kills what is left of its group
+        self.broker.start()  # same port and data directory: the topics and offsets are still there
+
+    def _restart_triton(self) -> None:
+        self.triton.stop()  # its python-backend stubs go with the process group
+        self.triton.start()
+
+    def _restart_worker(self, index: int) -> None:
+        self.workers[index].process.stop()
+        self.start_worker(index)
+
+    def supervise(self, now: float | None = None) -> list[str]:
+        """Restart every child that died and whose backoff is over; returns what happened, for the log."""
+        now = time.monotonic() if now is None else now
+        events = []
+        for name, (alive, restart) in self.components().items():
+            policy = self.restarts.setdefault(name, Restarts(started_at=now))
+            if alive():
+                continue
+            if policy.next_at is None:
+                due = policy.died(now)
+                events.append(f"{name} died; restarting in {due - now:.0f} s")
+                _log.warning("component died", extra={"component": name, "restart_in_s": round(due - now, 1),
+                                                       "deaths_in_a_row": policy.failures})
+            if not policy.due(now):
+                continue
+            try:
+                restart()
+            except Exception as exc:  # noqa: BLE001 - a failed restart is retried after a longer backoff
+                policy.next_at = None
+                due = policy.died(time.monotonic())
+                events.append(f"{name} did not start ({exc}); next try in {due - time.monotonic():.0f} s")
+                _log.error("restart failed", extra={"component": name, "error": str(exc)[:500]})
+                continue
+            policy.restarted(time.monotonic())
+            events.append(f"{name} restarted ({policy.total} so far)")
+            _log.info("component restarted", extra={"component": name, "restarts": policy.total})
+        return events
+
+    def component_states(self) -> dict[str, str]:
+        """name -> up | down (restarting in N s), for the status line."""
+        now = time.monotonic()
+        states = {}
+        for name, (alive, _) in self.components().items():
+            policy = self.restarts.get(name)
+            if alive():
+                states[name] = "up" if not policy or not policy.total else f"up ({policy.total} restarts)"
+            elif policy and policy.next_at is not None:
+                states[name] = f"down (restart in {max(0.0, policy.next_at - now):.0f} s)"
+            else:
+                states[name] = "down"
+        return states
 
     def stop(self) -> None:
         for w in self.workers:
@@ -220,10 +321,17 @@ class StatusLine:
         def ms(v):
             return "-" if v is None else f"{v * 1000:.0f}ms"
 
+        states = stack.component_states()
+        services = " | ".join(f"{name} {state}" for name, state in states.items() if not name.startswith("worker-"))
+        down = {name: state for name, state in states.items() if name.startswith("worker-") and state != "up"}
+        restarts = sum(p.total for name, p in stack.restarts.items() if name.startswith("worker-"))
         return (f"posts {posts:.0f} ({rate_p:.0f}/s) | decisions {decisions:.0f} ({rate_d:.0f}/s) | "
                 f"lag {'-' if lag is None else lag} | p50 {ms(p50)} p99 {ms(p99)} | "
-                f"dead letters {total('modpipe_dead_letters_total', cur):.0f} | workers "
-                f"{sum(w.process.alive() for w in stack.workers)}/{len(stack.workers)}")
+                f"dead letters {total('modpipe_dead_letters_total', cur):.0f} | "
+                + (f"{services} | " if services else "")
+                + f"workers {sum(w.process.alive() for w in stack.workers)}/{len(stack.workers)}"
+                + (f" ({restarts} restarts)" if restarts else "")
+                + "".join(f" | {name} {state}" for name, state in down.items() if "restart" in state))
 
 
 def logs_dir(settings: Settings) -> Path:

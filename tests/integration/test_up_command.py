@@ -78,3 +78,95 @@ def test_up_starts_everything_and_ctrl_c_stops_it_all(tmp_path, triton_env):
     time.sleep(0.5)
     left = [pid for pid in children if alive(pid)]
     assert not left, f"processes left behind after Ctrl-C: {left}"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _child(root: int, needle: str) -> int:
+    """The live descendant of `root` whose command line contains `needle` (the group leader: lowest pid)."""
+    pids = sorted(p for p in descendants(root) if needle in _cmdline(p) and alive(p))
+    assert pids, f"no child running {needle!r}"
+    return pids[0]
+
+
+def test_up_restarts_what_dies_and_keeps_deciding(tmp_path, settings_env, model_build):
+    """Issue #14: a SIGKILLed Triton, worker or broker is restarted by `up`, and posts are decided afterwards."""
+    import threading
+
+    from loadgen.posts import make_post
+    from loadgen.smoke import end_consumer
+    from modpipe import schema
+    from modpipe.settings import Settings
+
+    broker_port = free_port()
+    env = {**settings_env, "MODPIPE_STATE_DIR": str(tmp_path), "MODPIPE_BROKER_PORT": str(broker_port),
+           "MODPIPE_METRICS_PORT": str(free_port()), "MODPIPE_WEB_PORT": str(free_port()), "TRITON_URL": "",
+           "TRITON_HTTP_PORT": str(free_port()), "TRITON_GRPC_PORT": str(free_port()),
+           "TRITON_METRICS_PORT": str(free_port()), "MODPIPE_MODEL_DIR": str(model_build.path),
+           "MODPIPE_TABLE_STORE": "memory", "PYTHONUNBUFFERED": "1"}
+    env.pop("KAFKA_BOOTSTRAP_SERVERS", None)
+    proc = subprocess.Popen([sys.executable, "-m", "modpipe", "up", "--workers", "1", "--interval", "1"],
+                            env=env, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)
+    reader.start()
+
+    def wait_for(predicate, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            if proc.poll() is not None:
+                break
+            time.sleep(0.5)
+        pytest.fail(f"{what} not seen within {timeout:.0f} s; last output:\n{''.join(lines[-30:])}")
+
+    try:
+        wait_for(lambda: any(line.startswith("posts ") for line in lines), 180, "a status line")
+        status = next(line for line in lines if line.startswith("posts "))
+        assert "broker up" in status and "triton up" in status and "workers 1/1" in status, status
+        for name, needle in (("triton", "bin/tritonserver"), ("worker-0", "modpipe worker"), ("broker", "noida")):
+            victim = _child(proc.pid, needle)
+            os.kill(victim, signal.SIGKILL)
+            wait_for(lambda name=name: any(f"{name} restarted" in line for line in lines), 180, f"{name} restarted")
+            assert _child(proc.pid, needle) != victim
+        wait_for(lambda: any(line.startswith("posts ") and "workers 1/1" in line and "broker up (1 restarts)" in line
+                             and "triton up (1 restarts)" in line for line in lines[-3:]), 60, "every component up")
+
+        settings = Settings.from_env({**env, "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{broker_port}"})
+        consumer = end_consumer(settings, settings.bootstrap_servers, [settings.topic("decisions")])
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": settings.bootstrap_servers})
+        import random
+
+        rng = random.Random(5)
+        wanted = set()
+        for i in range(20):
+            post = make_post(rng, f"after-restarts-{i}", "see you at the match tonight", user_id=f"u{i % 3}")
+            wanted.add(post["post_id"])
+            producer.produce(settings.topic("posts"), key=post["user_id"].encode(), value=schema.dumps(post))
+        assert producer.flush(30) == 0
+        got: set[str] = set()
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not wanted <= got:
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                got.add(schema.decode_decision(msg.value())["post_id"])
+        consumer.close()
+        assert wanted <= got, f"{len(wanted - got)} of 20 posts undecided after the restarts"
+        children = descendants(proc.pid)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=90)
+        assert proc.returncode == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    time.sleep(0.5)
+    assert not [pid for pid in children if alive(pid)], "processes left behind after Ctrl-C"

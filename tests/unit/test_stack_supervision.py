@@ -1,0 +1,85 @@
+"""`modpipe up`'s supervision without processes: the restart backoff and which component is restarted when."""
+
+from __future__ import annotations
+
+from streams.stack import LocalStack, Restarts
+
+
+def test_backoff_doubles_per_death_in_a_row_up_to_the_cap():
+    r = Restarts(base_s=1, max_s=30, healthy_after_s=60, started_at=0.0)
+    delays, now = [], 1.0
+    for _ in range(8):
+        due = r.died(now)
+        assert r.died(now + 0.5) == due  # the same death noted twice schedules once
+        assert not r.due(due - 0.01) and r.due(due)
+        delays.append(due - now)
+        r.restarted(due)
+        now = due + 1.0  # dies again a second after each restart
+    assert delays == [1, 2, 4, 8, 16, 30, 30, 30]
+    assert r.total == 8
+
+
+def test_a_component_that_stayed_up_starts_again_from_the_shortest_delay():
+    r = Restarts(base_s=1, max_s=30, healthy_after_s=60, started_at=0.0)
+    for t in (10.0, 20.0, 30.0):
+        r.restarted(r.died(t))
+    assert r.failures == 3
+    assert r.died(r.started_at + 61) - (r.started_at + 61) == 1  # up for over a minute: not "in a row"
+
+
+def test_no_overflow_after_many_deaths():
+    r = Restarts(base_s=1, max_s=30)
+    for i in range(5000):
+        r.restarted(r.died(float(i)))
+    assert r.failures == 5000
+    assert r.died(r.started_at + 1) == r.started_at + 31  # still the cap: 2 ** 5000 is never computed
+
+
+class FakeProcess:
+    def __init__(self):
+        self.up = True
+
+    def alive(self):
+        return self.up
+
+
+def test_supervise_restarts_what_died_once_its_backoff_is_over(monkeypatch):
+    from modpipe.settings import Settings
+
+    stack = LocalStack(Settings.from_env({}))
+    broker = type("B", (), {"process": FakeProcess()})()
+    stack.broker = broker
+    restarted = []
+
+    def restart_broker():
+        restarted.append("broker")
+        broker.process = FakeProcess()
+
+    monkeypatch.setattr(stack, "_restart_broker", restart_broker)
+    assert stack.supervise(now=0.0) == [] and stack.component_states() == {"broker": "up"}
+    broker.process.up = False
+    assert stack.supervise(now=100.0) == ["broker died; restarting in 1 s"]
+    assert stack.component_states()["broker"].startswith("down (restart in")
+    assert stack.supervise(now=100.5) == [] and restarted == []
+    events = stack.supervise(now=101.0)
+    assert restarted == ["broker"] and events == ["broker restarted (1 so far)"]
+    assert stack.component_states() == {"broker": "up (1 restarts)"}
+
+
+def test_a_restart_that_fails_is_tried_again_later(monkeypatch):
+    from modpipe.settings import Settings
+
+    stack = LocalStack(Settings.from_env({}))
+    stack.broker = type("B", (), {"process": FakeProcess()})()
+    stack.broker.process.up = False
+    calls = []
+
+    def failing():
+        calls.append(1)
+        raise RuntimeError("port 9092 is already in use")
+
+    monkeypatch.setattr(stack, "_restart_broker", failing)
+    stack.supervise(now=0.0)
+    events = stack.supervise(now=1.0)
+    assert calls == [1] and "did not start (port 9092 is already in use)" in events[0]
+    assert stack.restarts["broker"].next_at is not None  # scheduled again, with a longer delay
