@@ -69,6 +69,9 @@ SETTINGS_SPEC: dict[str, Spec] = {
                         "Longest a batch waits to fill when another is already at Triton (a batch that finds "
                         "Triton idle is sent at once).", float),
     "max_inflight": Spec("MODPIPE_MAX_INFLIGHT", "2", "Batches in flight to Triton per worker.", int),
+    "shutdown_grace_s": Spec("MODPIPE_SHUTDOWN_GRACE_S", "5",
+                             "On SIGTERM, how long batches at Triton may finish before they are cancelled (their "
+                             "posts stay uncommitted and are decided after the restart).", float),
     "text_cache_size": Spec("MODPIPE_TEXT_CACHE_SIZE", "100000",
                             "Texts whose spam probability is kept (LRU) so that a repeated text skips Triton; 0: off.",
                             int),
@@ -144,6 +147,7 @@ class Settings:
     max_batch: int
     max_wait_ms: float
     max_inflight: int
+    shutdown_grace_s: float
     text_cache_size: int
     max_seq_len: int
     max_text_chars: int

@@ -4,13 +4,18 @@ Agents are attached in `agents.py`; what the worker publishes goes through `outb
 from __future__ import annotations
 
 import ssl
+import warnings
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import faust
 
 from features.events import TABLES
+from modpipe import log
 from modpipe.settings import Settings
 from streams.topics import TopicNames
+
+_log = log.get(__name__)
 
 
 def broker_urls(bootstrap: str) -> list[str]:
@@ -35,11 +40,36 @@ def broker_credentials(settings: Settings):
     return None
 
 
+class PipelineApp(faust.App):
+    """faust's App with `before_stop` hooks, run when the app starts stopping, before faust stops its consumer.
+
+    At shutdown faust waits until every event its streams took is acked (stream_wait_empty). Posts waiting
+    for an unreachable Triton are never acked, so a worker ignored SIGTERM for as long as Triton was down
+    (issue #14). The hooks cancel such work; its events stay unacked, so faust must not wait for them:
+    wait_empty is off for the rest of the shutdown (rebalances keep it). Their offsets are not committed and
+    the posts are decided after the restart (at-least-once, as after a SIGKILL)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.before_stop: list[Callable[[], Awaitable[None]]] = []
+
+    async def on_stop(self) -> None:
+        for hook in self.before_stop:
+            try:
+                await hook()
+            except Exception:  # a failing hook must not keep the worker from stopping
+                _log.exception("before-stop hook failed")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # faust warns that a setting changes after start: it is meant to
+            self.conf.stream_wait_empty = False
+        await super().on_stop()
+
+
 @dataclass
 class Pipeline:
     """The app, the topics its agents read and the tables."""
 
-    app: faust.App
+    app: PipelineApp
     topics: TopicNames
     posts: faust.TopicT
     side_inputs: dict[str, faust.TopicT]   # event kind -> topic (report, engagement, label)
@@ -55,7 +85,7 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker-0"
     # app reusing another app's table directory (new topics) died with ConsistencyError at recovery.
     datadir = settings.state_dir / "faust" / settings.app_id / worker_name
     datadir.parent.mkdir(parents=True, exist_ok=True)
-    app = faust.App(
+    app = PipelineApp(
         settings.app_id,
         broker=broker_urls(bootstrap),
         broker_credentials=broker_credentials(settings),

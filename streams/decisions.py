@@ -184,8 +184,13 @@ class DecisionBatcher:
             metrics.BATCHES_IN_FLIGHT.dec()
             self._slots.release()
 
-    async def close(self) -> None:
-        """Cancel the runner and the batches in flight (their posts stay unacked) and wait for them to end."""
+    async def close(self, grace_s: float = 0.0) -> None:
+        """Let queued and in-flight batches finish for up to `grace_s` (their posts are then committed), then
+        cancel the runner and what is left (those posts stay unacked and are decided after the restart)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
+        while (self._queue or self._tasks) and loop.time() < deadline:
+            await asyncio.sleep(0.05)
         tasks = [t for t in (self._runner, *self._tasks) if t is not None]
         for task in tasks:
             task.cancel()

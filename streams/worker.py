@@ -81,6 +81,13 @@ def run_worker(settings: Settings, name: str | None = None) -> int:
     worker = faust.Worker(pipe.app, loglevel=logging.getLevelName(logging.getLogger().level),
                           override_logging=False, redirect_stdouts=False)
 
+    async def _stop_deciding() -> None:
+        # Before faust waits for its streams: batches get MODPIPE_SHUTDOWN_GRACE_S to finish, then are
+        # cancelled; a batch retrying an unreachable Triton would otherwise hold the shutdown for ever.
+        await wiring.batcher.close(settings.shutdown_grace_s)
+
+    pipe.app.before_stop.append(_stop_deciding)
+
     @pipe.app.on_before_shutdown.connect
     async def _close_client(app, **kwargs) -> None:
         bans.stop()
