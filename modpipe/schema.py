@@ -290,8 +290,9 @@ def decode_ban(raw: bytes | str) -> dict:
 
 def decision(*, post: dict, verdict: str, spam_probability: float, text_probability: float | None,
              reasons: list[dict], features: dict, short_circuit: str | None, model_versions: dict,
-             received_at_ms: int, decided_at_ms: int, revision: int = 1) -> dict:
-    """The verdict on one post, published to `decisions` keyed by post_id."""
+             received_at_ms: int, decided_at_ms: int, revision: int = 1, degraded: bool = False) -> dict:
+    """The verdict on one post, published to `decisions` keyed by post_id. `degraded`: decided without the
+    text model during an outage (a later revision decides it with the text model)."""
     if verdict not in VERDICTS:
         raise ValueError(f"verdict must be one of {VERDICTS}")
     return {
@@ -306,6 +307,7 @@ def decision(*, post: dict, verdict: str, spam_probability: float, text_probabil
         "short_circuit": short_circuit,
         "model_versions": model_versions,
         "revision": revision,
+        "degraded": bool(degraded),
         "received_at": rfc3339(received_at_ms),
         "decided_at": rfc3339(decided_at_ms),
         "latency_ms": max(0, decided_at_ms - received_at_ms),

@@ -63,6 +63,14 @@ SETTINGS_SPEC: dict[str, Spec] = {
                        "for benchmarks of the feature path."),
     "triton_timeout_s": Spec("MODPIPE_TRITON_TIMEOUT_S", "30",
                              "Timeout of one Triton request (it is retried; the posts stay uncommitted).", float),
+    "text_model_outage_s": Spec("MODPIPE_TEXT_MODEL_OUTAGE_S", "30",
+                                "Seconds of failed Triton requests in a row after which the text model counts as "
+                                "out and MODPIPE_TEXT_MODEL_OUTAGE_POLICY applies.", float),
+    "text_model_outage_policy": Spec("MODPIPE_TEXT_MODEL_OUTAGE_POLICY", "decide",
+                                     "During a text-model outage: `decide` (the decision model without "
+                                     "text_probability, marked `degraded`, decided again with revision + 1 when "
+                                     "Triton is back), `review` (those posts to the review band, also decided "
+                                     "again) or `wait` (decide nothing until Triton answers)."),
     # -- batching and verdicts
     "max_batch": Spec("MODPIPE_MAX_BATCH", "64", "Most posts per Triton request.", int),
     "max_wait_ms": Spec("MODPIPE_MAX_WAIT_MS", "5",
@@ -144,6 +152,8 @@ class Settings:
     triton_variant: str
     text_model: str
     triton_timeout_s: float
+    text_model_outage_s: float
+    text_model_outage_policy: str
     max_batch: int
     max_wait_ms: float
     max_inflight: int
@@ -204,6 +214,10 @@ class Settings:
         if self.triton_variant not in ("cpu", "cuda"):
             raise SettingsError("MODPIPE_TRITON_VARIANT must be `cpu` or `cuda` (tensorrt runs in NVIDIA's Triton "
                                 "container: `modpipe triton export --variant tensorrt`)")
+        if self.text_model_outage_policy not in ("decide", "review", "wait"):
+            raise SettingsError("MODPIPE_TEXT_MODEL_OUTAGE_POLICY must be `decide`, `review` or `wait`")
+        if self.text_model_outage_s < 0:
+            raise SettingsError("MODPIPE_TEXT_MODEL_OUTAGE_S must be >= 0")
         if self.max_seq_len < 0:
             raise SettingsError("MODPIPE_MAX_SEQ_LEN must be >= 0 (0: the build's own)")
         if self.model_profile not in ("full", "gpu", "demo"):

@@ -5,6 +5,7 @@ features-<stage>  bundles of items from other workers (and from this one when ho
                   Kafka) -> `Stage.apply` (user; link = url + domain; ip; post) -> the next stages
 ingest-<kind>     reports, engagements, labels, bans -> decode + validate -> the stages of the tables
                   they update | posts.dlq (every worker also reads the ban log itself: bans.py)
+awaiting-text     posts decided during a text-model outage -> decided again with it (revision + 1)
 the post stage    hands ready posts to the `DecisionBatcher` -> Triton -> decisions, and the verdict
                   back to the tables through features.post (and features.user / features.ip)
 
@@ -287,6 +288,16 @@ def attach_agents(pipe: Pipeline, settings: Settings, scorer: TextScorer, decide
 
     for kind, topic in {**pipe.side_inputs, "ban": pipe.bans}.items():
         app.agent(topic, name=f"ingest-{kind}")(make_side_input(kind))
+
+    @app.agent(pipe.awaiting_text, name="awaiting-text")
+    async def awaiting_text(stream):
+        # Waits for Triton for as long as it takes: these posts have a (degraded) decision already.
+        async for events in take_ready(stream, settings.max_batch):
+            r = w.new_round(stream, events)
+            records = [record for _, record in w.decoded(r, lambda event: orjson.loads(event.value))]
+            if records:
+                w.feedback(await w.publisher.decide_awaiting_text(scorer, decider, records, r.pending), r.pending)
+            r.pending.seal()
 
     inputs = set(pipe.topics.inputs())
 

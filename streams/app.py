@@ -75,6 +75,7 @@ class Pipeline:
     side_inputs: dict[str, faust.TopicT]   # event kind -> topic (report, engagement, label)
     bans: faust.TopicT
     stages: dict[str, faust.TopicT]        # stage name -> its stage topic (bundles)
+    awaiting_text: faust.TopicT            # posts decided during a text-model outage, to decide again
     tables: dict[str, faust.Table]         # table name -> faust table (changelog-backed)
     partitions: int
 
@@ -124,4 +125,5 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker-0"
         side_inputs={"report": topic(names.reports), "engagement": topic(names.engagements),
                      "label": topic(names.labels)},
         bans=topic(names.bans), stages={name: topic(t) for name, t in names.stages.items()},
+        awaiting_text=topic(names.awaiting_text),
         tables=tables, partitions=settings.partitions)

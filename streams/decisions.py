@@ -6,6 +6,11 @@ taken, posts gather into the next batch (up to MODPIPE_MAX_BATCH), and a batch t
 another request is still at Triton waits up to MODPIPE_MAX_WAIT_MS to fill. Bans short-circuit before
 the text model; repeats come from the text cache (`scoring.TextCache`).
 
+During a text-model outage (Triton failing for MODPIPE_TEXT_MODEL_OUTAGE_S) a batch is decided without it
+as MODPIPE_TEXT_MODEL_OUTAGE_POLICY says (`decide` or `review`; `wait` keeps retrying): each such decision
+is marked `degraded` and its post goes to `posts.awaiting-text`, where `Publisher.decide_awaiting_text`
+decides it again with the text model (revision + 1) once Triton answers.
+
 `Publisher.publish` is the one place a decision is published: the record to `decisions` (key post_id);
 it returns the verdict's feedback items for the tables (stages.decision_items), which the wiring sends
 on. A post's source (`Pending`) is released only when its decision and feedback are delivered, so its
@@ -20,11 +25,11 @@ from collections.abc import Callable, Sequence
 
 from modpipe import log, schema
 from modpipe.decision.engine import cascade, shortcut
-from modpipe.decision.verdict import Decider
+from modpipe.decision.verdict import Decider, without_text_model
 from streams import metrics
 from streams.bundles import Bundler
 from streams.outbox import Outbox, Pending
-from streams.scoring import TextScorer
+from streams.scoring import TextModelUnavailable, TextScorer
 from streams.stages import ReadyPost, Redecision, decision_items
 from streams.topics import TopicNames
 
@@ -53,6 +58,32 @@ class Publisher:
         if record["short_circuit"]:
             metrics.SHORTCUTS.labels(record["short_circuit"]).inc()
         return decision_items(ctx, record["verdict"] == "block", record["revision"], snapshot)
+
+    def await_text(self, post: ReadyPost, features: dict, revision: int, pending: Pending) -> None:
+        """A post decided without the text model, kept (key post_id) to be decided again with it."""
+        record = {"post": post.post, "ctx": post.ctx, "features": features, "received_at_ms": post.received_at_ms,
+                  "revision": revision}
+        self.outbox.produce(self.topics.awaiting_text, schema.dumps(record), key=post.post["post_id"].encode(),
+                            pending=pending)
+
+    async def decide_awaiting_text(self, scorer: TextScorer, decider: Decider, records: Sequence[dict],
+                                   pending: Pending) -> list:
+        """Posts decided during an outage, decided again with the text model (revision + 1); waits for Triton
+        for as long as it takes (their records stay uncommitted meanwhile). Returns the feedback items."""
+        probabilities = await scorer.spam_probabilities([r["post"]["text"] for r in records], wait=True)
+        features_list = [features_for(r["features"], None if p != p else p)
+                         for r, p in zip(records, probabilities, strict=True)]
+        now = schema.now_ms()
+        items = []
+        for r, features, verdict in zip(records, features_list, cascade(decider, features_list), strict=True):
+            record = schema.decision(
+                post=r["post"], verdict=verdict.verdict, spam_probability=verdict.spam_probability,
+                text_probability=features["text_probability"], reasons=verdict.reasons, features=features,
+                short_circuit=verdict.short_circuit, model_versions=self.model_versions,
+                received_at_ms=r["received_at_ms"], decided_at_ms=now, revision=r["revision"] + 1)
+            items += self.publish(record, r["ctx"], r["received_at_ms"], pending)
+            metrics.REDECISIONS.labels("text_model_back").inc()
+        return items
 
     def send_bundles(self, bundler: Bundler, pending: Pending) -> None:
         for topic, partition, value, n in bundler.records():
@@ -86,6 +117,7 @@ class DecisionBatcher:
                  max_wait_s: float, max_inflight: int, on_error: Callable[[Exception], None],
                  feedback: Callable[[list, Pending], None]):
         self.scorer, self.decider, self.publisher = scorer, decider, publisher
+        self.outage_policy = scorer.outage_policy
         self.feedback = feedback  # sends a batch's feedback items on (under the batch's Pending)
         self.max_batch, self.max_wait_s = max_batch, max_wait_s
         self.on_error = on_error
@@ -153,23 +185,34 @@ class DecisionBatcher:
             scored = [i for i, p in enumerate(batch) if shortcut(p.features) is None]  # bans skip the model
             if scored:
                 metrics.BATCH_SIZE.observe(len(scored))
-            probabilities = await self.scorer.spam_probabilities([batch[i].post["text"] for i in scored])
+            try:
+                probabilities = await self.scorer.spam_probabilities([batch[i].post["text"] for i in scored])
+                degraded: set[int] = set()
+            except TextModelUnavailable as exc:
+                probabilities, degraded = [float("nan")] * len(scored), set(scored)
+                _log.warning("deciding without the text model", extra={"posts": len(scored), "error": str(exc)[:300],
+                                                                         "policy": self.outage_policy})
             text_p = {i: None if p != p else float(p)  # NaN: the text model is switched off
                       for i, p in zip(scored, probabilities, strict=True)}
             features_list = [features_for(p.features, text_p.get(i)) for i, p in enumerate(batch)]
             verdicts = cascade(self.decider, features_list)
+            for i in degraded:
+                verdicts[i] = without_text_model(verdicts[i], self.outage_policy)
             sources = [p.source for p in batch if p.source is not None]
             pending = Pending(on_error=self.on_error,
                               on_done=lambda: [source.release() for source in sources])
             items = []
             decided_at = schema.now_ms()
-            for post, features, verdict in zip(batch, features_list, verdicts, strict=True):
+            for i, (post, features, verdict) in enumerate(zip(batch, features_list, verdicts, strict=True)):
                 record = schema.decision(
                     post=post.post, verdict=verdict.verdict, spam_probability=verdict.spam_probability,
                     text_probability=features["text_probability"], reasons=verdict.reasons, features=features,
                     short_circuit=verdict.short_circuit, model_versions=self.publisher.model_versions,
-                    received_at_ms=post.received_at_ms, decided_at_ms=decided_at)
+                    received_at_ms=post.received_at_ms, decided_at_ms=decided_at, degraded=i in degraded)
                 items += self.publisher.publish(record, post.ctx, post.received_at_ms, pending)
+                if i in degraded:
+                    self.publisher.await_text(post, features, record["revision"], pending)
+                    metrics.DEGRADED_DECISIONS.labels(self.outage_policy).inc()
                 metrics.END_TO_END_LATENCY.observe(record["latency_ms"] / 1000)
             self.feedback(items, pending)
             pending.seal()

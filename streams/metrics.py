@@ -34,6 +34,11 @@ LOCAL_HOPS = Counter("modpipe_local_hops_total",
 BUNDLE_ITEMS = Histogram("modpipe_bundle_items", "Items per bundle record published to a stage topic.",
                          buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512))
 TRITON_ERRORS = Counter("modpipe_triton_errors_total", "Failed Triton requests (each is retried).")
+TEXT_MODEL_AVAILABLE = Gauge("modpipe_text_model_available",
+                             "1 while Triton answers; 0 once its requests have failed for MODPIPE_TEXT_MODEL_OUTAGE_S.")
+DEGRADED_DECISIONS = Counter("modpipe_degraded_decisions_total",
+                             "Decisions made without the text model during an outage, by policy (decide, review).",
+                             ["policy"])
 BATCHES_IN_FLIGHT = Gauge("modpipe_batches_in_flight", "Batches sent to Triton and not yet decided.")
 ASSIGNED_PARTITIONS = Gauge("modpipe_assigned_partitions", "Partitions of our input topics assigned to this worker.",
                             ["topic"])

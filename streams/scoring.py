@@ -27,6 +27,11 @@ _log = log.get(__name__)
 
 
 DEFAULT_CACHE_TEXTS = 100_000
+OUTAGE_POLICIES = ("decide", "review", "wait")
+
+
+class TextModelUnavailable(RuntimeError):
+    """Triton has failed every request for longer than the outage limit (MODPIPE_TEXT_MODEL_OUTAGE_S)."""
 
 
 class TextCache:
@@ -67,12 +72,20 @@ class TextCache:
 class TextScorer:
     """Tokenizes on the client (padding to the batch's longest text) and asks Triton for spam probabilities.
 
-    A failed request is retried with backoff for as long as the worker runs: the batch's offsets stay
-    uncommitted meanwhile, so an outage of Triton delays decisions but never loses a post.
+    A failed request is retried with backoff; the batch's offsets stay uncommitted meanwhile, so an outage of
+    Triton delays decisions but never loses a post. Once requests have failed for `outage_s` in a row the
+    scorer raises `TextModelUnavailable` instead (policy `decide` or `review`: the batcher then decides
+    without the text model) and keeps raising at once until a request succeeds; `wait=True` (re-decisions
+    of degraded posts) and policy `wait` retry for as long as it takes.
     """
 
     def __init__(self, build: ModelBuild, triton_url: str, model_name: str, timeout_s: float = 10.0,
-                 max_seq_len: int | None = None, disabled: bool = False, cache_texts: int = DEFAULT_CACHE_TEXTS):
+                 max_seq_len: int | None = None, disabled: bool = False, cache_texts: int = DEFAULT_CACHE_TEXTS,
+                 outage_s: float = 30.0, outage_policy: str = "decide"):
+        if outage_policy not in OUTAGE_POLICIES:
+            raise ValueError(f"outage policy {outage_policy!r}: expected one of {OUTAGE_POLICIES}")
+        self.outage_s, self.outage_policy = outage_s, outage_policy
+        self._failing_since: float | None = None  # monotonic time of the first failure of the current run
         self.disabled = disabled  # MODPIPE_TEXT_MODEL=off: NaN probabilities, no Triton call
         # The build's window is what Triton's own tokenizer uses: a shorter MODPIPE_MAX_SEQ_LEN may cut texts
         # further, a longer one would feed positions the model never learnt.
@@ -92,15 +105,21 @@ class TextScorer:
             self._client = TextModelClient(self.triton_url, self.model_name, timeout_s=self.timeout_s)
         return self._client
 
-    async def spam_probabilities(self, texts: Sequence[str]) -> np.ndarray:
-        """One probability per text: repeats from the cache, the rest in one Triton request."""
+    @property
+    def in_outage(self) -> bool:
+        """Requests have failed for longer than the outage limit (and none succeeded since)."""
+        return self._failing_since is not None and time.monotonic() - self._failing_since >= self.outage_s
+
+    async def spam_probabilities(self, texts: Sequence[str], wait: bool = False) -> np.ndarray:
+        """One probability per text: repeats from the cache, the rest in one Triton request. Raises
+        `TextModelUnavailable` during an outage unless `wait` (or the policy is `wait`)."""
         if not texts:
             return np.zeros(0, dtype=np.float64)
         if self.disabled:
             return np.full(len(texts), np.nan)
         ids, mask = self.tokenizer(texts)
         if self.cache.capacity <= 0:  # off: every text computed, repeats included
-            return await self._score(ids, mask, len(texts))
+            return await self._score(ids, mask, len(texts), wait)
         lengths = mask.sum(axis=1)
         keys = [self.cache.key(ids[i, :lengths[i]]) for i in range(len(texts))]
         out = np.empty(len(texts), dtype=np.float64)
@@ -119,29 +138,41 @@ class TextScorer:
         metrics.TEXT_CACHE.labels("miss").inc(len(scored))
         if scored:
             width = int(lengths[scored].max())
-            probs = await self._score(ids[scored, :width], mask[scored, :width], len(scored))
+            probs = await self._score(ids[scored, :width], mask[scored, :width], len(scored), wait)
             for (key, rows), p in zip(misses.items(), probs, strict=True):
                 out[rows] = p
                 self.cache.put(key, float(p))
         metrics.TEXT_CACHE_ENTRIES.set(len(self.cache))
         return out
 
-    async def _score(self, ids: np.ndarray, mask: np.ndarray, n: int) -> np.ndarray:
+    async def _score(self, ids: np.ndarray, mask: np.ndarray, n: int, wait: bool = False) -> np.ndarray:
         delay = 0.1
+        degrade = not wait and self.outage_policy != "wait"
         while True:
             started = time.perf_counter()
             try:
                 probs = await self._get_client().spam_probabilities(ids, mask)
-                metrics.TRITON_LATENCY.observe(time.perf_counter() - started)
-                return probs
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - any failure: retry, the posts stay uncommitted
                 metrics.TRITON_ERRORS.inc()
+                if self._failing_since is None:
+                    self._failing_since = time.monotonic()
+                if self.in_outage:
+                    metrics.TEXT_MODEL_AVAILABLE.set(0)
+                    if degrade:
+                        raise TextModelUnavailable(f"Triton has failed for {self.outage_s:.0f} s: {exc}") from exc
                 _log.warning("triton request failed; retrying", extra={"error": str(exc)[:300], "retry_in_s": delay,
                                                                         "batch": n})
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+                continue
+            metrics.TRITON_LATENCY.observe(time.perf_counter() - started)
+            if self._failing_since is not None:
+                _log.info("triton answers again", extra={"failing_for_s": round(time.monotonic() - self._failing_since, 1)})
+                self._failing_since = None
+            metrics.TEXT_MODEL_AVAILABLE.set(1)
+            return probs
 
     async def close(self) -> None:
         if self._client is not None:

@@ -6,6 +6,7 @@
     reports, engagements, labels ──▶ the stage topics of the tables they update
     decisions ──▶ fed back to features.post (and features.user / features.ip when they count it)
     bans ──▶ read in full by every worker (streams/bans.py), and to features.link (re-decisions)
+    posts decided without the text model (an outage) ──▶ posts.awaiting-text ──▶ decided again (revision + 1)
 
 Stage topics (`features.<stage>`, stages in features.events.STAGES) carry bundles: one record per
 destination partition per round (streams/bundles.py), placed by the key their tables count (user_id,
@@ -31,6 +32,7 @@ LABELS = "labels"
 BANS = "bans"
 DECISIONS = "decisions"
 DEAD_LETTERS = "posts.dlq"
+AWAITING_TEXT = "posts.awaiting-text"
 
 
 class TopicConfigError(RuntimeError):
@@ -47,16 +49,18 @@ class TopicNames:
     decisions: str
     dead_letters: str
     stages: dict[str, str]  # stage name -> its internal topic `features.<stage>`
+    awaiting_text: str  # degraded decisions' posts, decided again once the text model answers
 
     @classmethod
     def from_settings(cls, settings: Settings) -> TopicNames:
         t = settings.topic
         return cls(t(POSTS), t(REPORTS), t(ENGAGEMENTS), t(LABELS), t(BANS), t(DECISIONS), t(DEAD_LETTERS),
-                   {stage: t(f"features.{stage}") for stage in STAGES})
+                   {stage: t(f"features.{stage}") for stage in STAGES}, t(AWAITING_TEXT))
 
     def inputs(self) -> list[str]:
         """Topics the worker group consumes."""
-        return [self.posts, self.reports, self.engagements, self.labels, self.bans, *self.stages.values()]
+        return [self.posts, self.reports, self.engagements, self.labels, self.bans, *self.stages.values(),
+                self.awaiting_text]
 
     def all(self) -> list[str]:
         return [*self.inputs(), self.decisions, self.dead_letters]

@@ -55,7 +55,8 @@ def build_worker(settings: Settings, name: str | None = None):
     pipe = create_app(settings, bootstrap, worker_name=name)
     scorer = TextScorer(build, default_triton_url(settings), settings.triton_model, settings.triton_timeout_s,
                         settings.max_seq_len, disabled=settings.text_model == "off",
-                        cache_texts=settings.text_cache_size)
+                        cache_texts=settings.text_cache_size, outage_s=settings.text_model_outage_s,
+                        outage_policy=settings.text_model_outage_policy)
     decider = make_decider(settings, build.version)
     bans = BanRegistry(settings, bootstrap, pipe.topics.bans)
     outbox = Outbox(settings, bootstrap, linger_ms=settings.producer_linger_ms)

@@ -28,6 +28,22 @@ class Decider(Protocol):
     def decide_many(self, features_list: Sequence[dict]) -> list[Verdict]: ...
 
 
+TEXT_MODEL_UNAVAILABLE = {
+    "feature": "text_probability", "value": None, "contribution": None,
+    "description": "the text model did not answer (an outage): decided without it, and decided again once it answers"}
+
+
+def without_text_model(verdict: Verdict, policy: str) -> Verdict:
+    """A verdict made while the text model is out. `decide`: the decision model's verdict from the other
+    signals, with the outage as its first reason; `review`: every such post goes to the review band."""
+    reasons = [TEXT_MODEL_UNAVAILABLE, *verdict.reasons]
+    if policy == "review":
+        return Verdict("review", verdict.spam_probability, reasons, verdict.short_circuit)
+    if policy == "decide":
+        return Verdict(verdict.verdict, verdict.spam_probability, reasons, verdict.short_circuit)
+    raise ValueError(f"no verdict without the text model under policy {policy!r}")
+
+
 def verdict_for(probability: float, review_threshold: float, block_threshold: float) -> str:
     if probability >= block_threshold:
         return "block"

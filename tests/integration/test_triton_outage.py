@@ -1,5 +1,7 @@
-"""A worker through a Triton outage (issue #14): it keeps the posts it cannot score uncommitted, stops on
-SIGTERM while it retries, and after Triton comes back every post is decided exactly once."""
+"""A worker through a Triton outage (issue #14). Policy `wait`: it keeps the posts it cannot score
+uncommitted, stops on SIGTERM while it retries, and after Triton comes back every post is decided exactly
+once. Policy `decide`: after MODPIPE_TEXT_MODEL_OUTAGE_S it decides without the text model (degraded), and
+decides those posts again with it (revision 2) once Triton is back."""
 
 from __future__ import annotations
 
@@ -17,11 +19,16 @@ from tests.integration.test_streaming import collect_decisions, produce_posts
 pytestmark = pytest.mark.integration
 
 
+def private_triton(settings, model_build, tmp_path) -> TritonServer:
+    """A Triton of the test's own (the session's is shared by other tests: not ours to kill)."""
+    return TritonServer(dataclasses.replace(settings, state_dir=tmp_path / "triton"), model_build,
+                        http_port=free_port(), grpc_port=free_port(), metrics_port=free_port()).start(timeout=180)
+
+
 def test_worker_waits_out_a_triton_outage_stops_on_sigterm_and_loses_nothing(pipeline_settings, model_build,
                                                                              tmp_path):
-    triton = TritonServer(dataclasses.replace(pipeline_settings, state_dir=tmp_path / "triton"), model_build,
-                          http_port=free_port(), grpc_port=free_port(), metrics_port=free_port()).start(timeout=180)
-    settings = dataclasses.replace(pipeline_settings, triton_url=triton.grpc_url)
+    triton = private_triton(pipeline_settings, model_build, tmp_path)
+    settings = dataclasses.replace(pipeline_settings, triton_url=triton.grpc_url, text_model_outage_policy="wait")
     stack = LocalStack(settings, workers=1).start()
     try:
         consumer = end_consumer(settings, stack.bootstrap, [stack.topics.decisions])
@@ -50,7 +57,52 @@ def test_worker_waits_out_a_triton_outage_stops_on_sigterm_and_loses_nothing(pip
         got = collect_decisions(consumer, set(during), 180)
         consumer.close()
         assert set(got) == set(during), f"{len(set(during) - set(got))} posts lost across the outage"
-        assert all(len(v) == 1 for v in got.values()), "a post was decided twice"
+        # At-least-once: a post whose records a restart's rebalance delivered twice may be decided twice, but
+        # never differently (same revision, verdict and scores): consumers upsert by (post_id, revision).
+        for pid, decisions in got.items():
+            seen = {(r["revision"], r["verdict"], r["spam_probability"], r["degraded"]) for _, r in decisions}
+            assert len(seen) == 1, f"{pid} decided differently: {seen}"
+            assert seen.pop()[0] == 1 and decisions[0][1]["degraded"] is False
+    finally:
+        stack.stop()
+        triton.stop()
+
+
+def test_after_the_outage_limit_posts_are_decided_degraded_then_again_with_the_text_model(pipeline_settings,
+                                                                                         model_build, tmp_path):
+    triton = private_triton(pipeline_settings, model_build, tmp_path)
+    settings = dataclasses.replace(pipeline_settings, triton_url=triton.grpc_url, text_model_outage_policy="decide",
+                                   text_model_outage_s=2.0)
+    stack = LocalStack(settings, workers=1).start()
+    try:
+        consumer = end_consumer(settings, stack.bootstrap, [stack.topics.decisions])
+        warm = produce_posts(settings, 5, "warm", model_build.heldout())
+        assert set(collect_decisions(consumer, set(warm), 120)) == set(warm)
+        triton.process.kill()
+        triton.stop()
+        during = produce_posts(settings, 20, "outage", model_build.heldout())
+        first = collect_decisions(consumer, set(during), 90)
+        assert set(first) == set(during), f"{len(set(during) - set(first))} posts undecided during the outage"
+        for decisions in first.values():
+            (_, record), = decisions
+            assert record["degraded"] is True and record["text_probability"] is None and record["revision"] == 1
+            assert "text model did not answer" in record["reasons"][0]["description"]
+        triton.start(timeout=180)
+        again: dict[str, dict] = {}
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and set(again) != set(during):
+            for pid, decisions in collect_decisions(consumer, set(during), 1).items():
+                for _, record in decisions:
+                    if record["revision"] == 2:
+                        again[pid] = record
+        consumer.close()
+        assert set(again) == set(during), f"{len(set(during) - set(again))} degraded posts not decided again"
+        for record in again.values():
+            assert record["degraded"] is False and record["text_probability"] is not None
+        metrics = stack.scrape()
+        assert metrics.get("modpipe_degraded_decisions_total{policy=decide}") == len(during)
+        assert metrics.get("modpipe_redecisions_total{reason=text_model_back}") == len(during)
+        assert metrics.get("modpipe_text_model_available") == 1
     finally:
         stack.stop()
         triton.stop()

@@ -495,6 +495,7 @@ def test_alerts_cover_the_failure_modes():
     assert "modpipe_dead_letters_total" in by_series
     assert any("histogram_quantile(0.99" in e for e in by_series["modpipe_end_to_end_latency_seconds_bucket"])
     assert "modpipe_triton_errors_total" in by_series
+    assert "modpipe_degraded_decisions_total" in by_series  # issue #14: decisions without the text model
     assert any(s.startswith("nv_inference_request_failure") for s in by_series)
     jobs = {m for e in by_series["up"] for m in re.findall(r'job="([^"]+)"', e)}
     assert jobs == {"modpipe-worker", "triton"}
