@@ -520,6 +520,19 @@ def test_promtool_check_rules():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_promtool_unit_tests_cover_every_alert():
+    """deploy/prometheus/alerts.test.yaml: every alert fires on its input (labels and rendered annotations as
+    expected) and at least one case per alert group stays quiet; `promtool test rules` runs them."""
+    tests = yaml.safe_load((ALERTS.parent / "alerts.test.yaml").read_text())
+    fired = {case["alertname"] for t in tests["tests"] for case in t["alert_rule_test"] if case["exp_alerts"]}
+    quiet = {case["alertname"] for t in tests["tests"] for case in t["alert_rule_test"] if not case["exp_alerts"]}
+    assert fired == {rule["alert"] for rule in alert_rules()}
+    assert len(quiet) >= 5
+    proc = subprocess.run([_promtool(), "test", "rules", str(ALERTS.parent / "alerts.test.yaml")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "SUCCESS" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
 def test_promtool_check_config(tmp_path):
     proc = subprocess.run([_promtool(), "check", "config", "--syntax-only", str(PROMETHEUS_YML)],
                           capture_output=True, text=True, timeout=60)
