@@ -46,5 +46,18 @@ CONSUMER_LAG = Gauge("modpipe_consumer_lag_messages", "Records behind the end of
                      ["topic", "partition"])
 
 
+def init_labels(verdicts, dead_letter_reasons, outage_policy: str | None) -> None:
+    """Export every known label value at 0 from the start: a dashboard's rate() of a series that was never
+    incremented returns nothing rather than 0, and an alert on it cannot tell "none" from "not scraped"."""
+    for verdict in verdicts:
+        DECISIONS.labels(verdict)
+    for reason in (*dead_letter_reasons, "processing_error"):
+        DEAD_LETTERS.labels(reason)
+    if outage_policy is not None:  # None: the text model is off
+        TEXT_MODEL_AVAILABLE.set(1)
+        if outage_policy != "wait":
+            DEGRADED_DECISIONS.labels(outage_policy)
+
+
 def serve(host: str, port: int) -> None:
     start_http_server(port, addr=host)

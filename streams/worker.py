@@ -9,7 +9,7 @@ import socket
 
 import faust
 
-from modpipe import log
+from modpipe import log, schema
 from modpipe.decision.verdict import Decider, ThresholdDecider
 from modpipe.settings import Settings
 from modpipe.textmodel.artifacts import resolve_model
@@ -75,6 +75,8 @@ def run_worker(settings: Settings, name: str | None = None) -> int:
     kafka_compat.install()
     name = name or settings.worker_name or f"{socket.gethostname()}-{os.getpid()}"
     pipe, scorer, bans, outbox, wiring, bootstrap = build_worker(settings, name)
+    metrics.init_labels(schema.VERDICTS, schema.InvalidMessage.REASONS,
+                        None if scorer.disabled else settings.text_model_outage_policy)
     metrics.serve(settings.metrics_host, settings.metrics_port)
     _log.info("worker starting", extra={"worker": name, "bootstrap": bootstrap, "app_id": settings.app_id,
                                         "metrics": f"http://{settings.metrics_host}:{settings.metrics_port}/metrics",

@@ -8,6 +8,7 @@ schemas, offline). A missing tool fails these tests with the install hint; it ne
 from __future__ import annotations
 
 import functools
+import json
 import re
 import shutil
 import subprocess
@@ -548,3 +549,37 @@ def test_promtool_check_config(tmp_path):
         proc = subprocess.run([_promtool(), "check", "config", str(tmp_path / "prometheus.yml")],
                               capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+DASHBOARD = DEPLOY / "k8s" / "components" / "grafana" / "modpipe-dashboard.json"
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every target of the Grafana dashboard."""
+    doc = json.loads(DASHBOARD.read_text())
+    return [(panel["title"], target["expr"]) for panel in doc["panels"] for target in panel["targets"]]
+
+
+def test_dashboard_covers_what_an_sre_looks_at_and_uses_only_exported_series():
+    known = known_metric_series()
+    used = set()
+    for title, expr in dashboard_queries():
+        assert expr.count("(") == expr.count(")"), title
+        for series in promql_series(expr):
+            assert series in known or series.startswith("nv_"), f"panel {title!r} uses unexported {series}"
+            used.add(series)
+    # issue #14: throughput, verdict mix, latency quantiles, batch sizes, Triton queue + compute time (nv_*),
+    # consumer lag, dead letters by reason, degraded decisions
+    assert {"modpipe_posts_consumed_total", "modpipe_decisions_total", "modpipe_end_to_end_latency_seconds_bucket",
+            "modpipe_batch_size_posts_sum", "nv_inference_queue_duration_us", "nv_inference_compute_infer_duration_us",
+            "modpipe_consumer_lag_messages", "modpipe_dead_letters_total",
+            "modpipe_degraded_decisions_total"} <= used
+    exprs = [e for _, e in dashboard_queries()]
+    assert any("sum by (verdict)" in e for e in exprs) and any("sum by (reason)" in e for e in exprs)
+    assert {q for q in ("0.5", "0.9", "0.99") if any(f"histogram_quantile({q}," in e for e in exprs)} == {"0.5", "0.9", "0.99"}
+
+
+def test_prod_provisions_the_dashboard_for_grafanas_sidecar():
+    maps = [d for d in render("prod") if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "modpipe-grafana-dashboard"]
+    assert len(maps) == 1 and maps[0]["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(maps[0]["data"]["modpipe-dashboard.json"]) == json.loads(DASHBOARD.read_text())
