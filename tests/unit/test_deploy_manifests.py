@@ -32,7 +32,8 @@ PROMETHEUS_YML = DEPLOY / "prometheus" / "prometheus.yml"
 K8S_VERSION = "1.31.0"
 KUBERNETES_VALIDATE_PIN = "kubernetes-validate==1.37.0"
 # Custom resources: kubernetes-validate has schemas for built-in kinds only; these get structural checks below.
-NO_SCHEMA = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+NO_SCHEMA = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("keda.sh/v1alpha1", "ScaledObject"),
+             ("keda.sh/v1alpha1", "TriggerAuthentication")}  # custom resources: checked field by field below
 
 # Environment variables set in manifests that are not modpipe settings, and why they are needed.
 K8S_ONLY_ENV = {
@@ -583,3 +584,68 @@ def test_prod_provisions_the_dashboard_for_grafanas_sidecar():
     maps = [d for d in render("prod") if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "modpipe-grafana-dashboard"]
     assert len(maps) == 1 and maps[0]["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(maps[0]["data"]["modpipe-dashboard.json"]) == json.loads(DASHBOARD.read_text())
+
+
+def test_keda_scales_the_workers_on_posts_lag_within_the_partition_count():
+    docs = render("prod")
+    settings = worker_settings(docs)
+    so = one(docs, "ScaledObject", "modpipe-worker")["spec"]
+    sts = worker(docs)
+    assert so["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": sts["metadata"]["name"]}
+    assert 1 <= so["minReplicaCount"] <= so["maxReplicaCount"] <= settings.partitions  # never beyond the partitions
+    assert so["minReplicaCount"] <= sts["spec"]["replicas"] <= so["maxReplicaCount"]
+    (trigger,) = so["triggers"]
+    meta = trigger["metadata"]
+    assert trigger["type"] == "kafka" and meta["allowIdleConsumers"] == "false"
+    assert meta["topic"] == settings.topic("posts") and meta["consumerGroup"] == settings.app_id
+    assert meta["bootstrapServers"] == settings.bootstrap_servers
+    keda_sasl = {"PLAIN": "plaintext", "SCRAM-SHA-256": "scram_sha256", "SCRAM-SHA-512": "scram_sha512"}
+    assert meta["sasl"] == keda_sasl[settings.sasl_mechanism]
+    assert meta["tls"] == ("enable" if "SSL" in settings.security_protocol else "disable")
+    auth = one(docs, "TriggerAuthentication", trigger["authenticationRef"]["name"])["spec"]
+    refs = {(v["valueFrom"]["secretKeyRef"]["name"], v["valueFrom"]["secretKeyRef"]["key"])
+            for v in worker_container(docs)["env"] if "secretKeyRef" in v.get("valueFrom", {})}
+    assert {(r["name"], r["key"]) for r in auth["secretTargetRef"]} <= refs  # the workers' own credentials
+    assert int(meta["lagThreshold"]) > 0
+
+
+def _selects(policy: dict, labels: dict) -> bool:
+    return all(labels.get(k) == v for k, v in policy["spec"]["podSelector"].get("matchLabels", {}).items())
+
+
+def _allows_port(rules: list[dict], port: int) -> bool:
+    return any(p["port"] <= port <= p.get("endPort", p["port"]) for rule in rules for p in rule.get("ports", []))
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_network_policies_deny_by_default_and_let_only_what_must_talk_talk(target):
+    docs = render(target)
+    policies = objects(docs, "NetworkPolicy")
+    deny = one(docs, "NetworkPolicy", "modpipe-default-deny")
+    assert set(deny["spec"]["policyTypes"]) == {"Ingress", "Egress"} and "ingress" not in deny["spec"]
+    settings = worker_settings(docs)
+    kafka_ports = {int(server.rsplit(":", 1)[1]) for server in settings.bootstrap_servers.split(",")}
+    for kind in WORKLOAD_KINDS:
+        for wl in objects(docs, kind):
+            labels = wl["spec"]["template"]["metadata"]["labels"]
+            mine = [p for p in policies if _selects(p, labels)]
+            assert deny in mine, f"{kind}/{wl['metadata']['name']} escapes the default deny"
+            egress = [rule for p in mine for rule in p["spec"].get("egress", [])]
+            assert _allows_port(egress, 53), "DNS"
+            if labels["app.kubernetes.io/component"] in ("worker", "topics"):
+                assert all(_allows_port(egress, port) for port in kafka_ports), f"{kind}: Kafka {kafka_ports}"
+    w_labels = worker(docs)["spec"]["template"]["metadata"]["labels"]
+    w_policy = next(p for p in policies if p["metadata"]["name"] == "modpipe-worker")
+    metrics_port = next(p["containerPort"] for p in worker_container(docs)["ports"] if p["name"] == "metrics")
+    assert _allows_port(w_policy["spec"]["ingress"], metrics_port) and len(w_policy["spec"]["ingress"]) == 1
+    triton_port = int(settings.triton_url.rsplit(":", 1)[1])
+    assert _allows_port(w_policy["spec"]["egress"], triton_port)
+    if target != "dev":  # the in-cluster Triton takes gRPC from the workers only, metrics from Prometheus
+        t_policy = next(p for p in policies if p["metadata"]["name"] == "modpipe-triton")
+        grpc = next(r for r in t_policy["spec"]["ingress"] if _allows_port([r], triton_port))
+        assert [peer["podSelector"]["matchLabels"] for peer in grpc["from"]] == [
+            {k: w_labels[k] for k in ("app.kubernetes.io/name", "app.kubernetes.io/component")}]
+        triton = one(docs, "Deployment", "triton")
+        ports = {p["name"]: p["containerPort"] for c in pod_spec(triton)["containers"] for p in c.get("ports", [])}
+        assert ports["grpc"] == triton_port and _allows_port(t_policy["spec"]["ingress"], ports["metrics"])
+        assert not _allows_port(t_policy["spec"]["ingress"], ports["http"])  # nobody needs Triton's HTTP
