@@ -221,6 +221,16 @@ def _smoke(args) -> int:
     return 0 if result["lost"] == 0 and result["dlq_reasons_match"] else 1
 
 
+def _fuzz(args) -> int:
+    from loadgen.fuzz import fuzz
+
+    result = fuzz(Settings.from_env(), args.records, seed=args.seed, workers=args.workers, timeout_s=args.timeout,
+                  progress=not args.json)
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    ok = result["lost"] == 0 and not result["dead_letter_reason_mismatches"] and not result["valid_records_dead_lettered"]
+    return 0 if ok and result.get("workers_alive", True) and not result.get("lag_after") else 1
+
+
 def _demo(args) -> int:
     from loadgen.demo import run_demo
 
@@ -252,6 +262,19 @@ def register_clients(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for all verdicts")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_smoke)
+
+    p = sub.add_parser("fuzz", help="hostile records into every input topic; check each is dead-lettered with its "
+                                    "reason or processed, and the worker stays up",
+                       description="Random bytes, broken and deeply nested JSON, wrong types, huge numbers, NaN, "
+                                   "surrogates, 10 MB values, odd URLs, IPs and timestamps, 100,000-step journeys "
+                                   "into posts, reports, engagements, labels and bans (loadgen/fuzz.py). Exit 1 if "
+                                   "any record is lost or misrouted, a worker died or lag remains.")
+    p.add_argument("--records", type=int, default=10_000, help="records to send, spread over the topics (default 10000)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the generator (default 0)")
+    p.add_argument("--workers", type=int, default=1, help="workers to start when the embedded stack is used")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for every outcome")
+    p.add_argument("--json", action="store_true", help="print one JSON object (no progress bars)")
+    p.set_defaults(func=_fuzz)
 
     p = sub.add_parser("demo", help="start the local stack, send a burst of posts, show verdicts flowing")
     p.add_argument("--posts", type=int, default=300, help="held-out posts to send (default 300)")

@@ -72,7 +72,8 @@ def _load_object(raw: bytes | str) -> dict:
     version = obj.get("schema_version")
     if version is None:
         raise InvalidMessage("missing_field", "schema_version")
-    if version not in SUPPORTED_VERSIONS or isinstance(version, bool):
+    # type first: `version in SUPPORTED_VERSIONS` raises TypeError for a list or an object (found by fuzzing)
+    if isinstance(version, bool) or not isinstance(version, int) or version not in SUPPORTED_VERSIONS:
         raise InvalidMessage("unknown_schema_version", f"schema_version {version!r} is not one of "
                              f"{sorted(SUPPORTED_VERSIONS)}")
     return obj
