@@ -29,11 +29,12 @@ _log = log.get(__name__)
 def run_loadgen(settings: Settings, bootstrap: str, *, rate: float, duration_s: float | None = None,
                 count: int | None = None, scenario: str = "mixed", pattern: str = "poisson", seed: int = 0,
                 timeout_s: float = 60.0, progress: bool = True, healthy=lambda: True,
-                texts: list[dict] | None = None, lag_interval_s: float = 1.0, run_id: str | None = None) -> dict:
+                texts: list[dict] | None = None, lag_interval_s: float = 1.0, run_id: str | None = None,
+                process_groups=None) -> dict:
     """Produce the simulated traffic, wait for the decisions, return the report (`measure.summarize`)."""
     from tqdm import tqdm
 
-    from loadgen.measure import DecisionCollector, LagSampler, summarize
+    from loadgen.measure import DecisionCollector, LagSampler, RssSampler, summarize
     from loadgen.smoke import end_consumer
     from loadgen.traffic import ProduceStats, ensure_loadgen_topics, make_producer, produce_events
 
@@ -47,6 +48,10 @@ def run_loadgen(settings: Settings, bootstrap: str, *, rate: float, duration_s: 
     collector.start()
     sampler = LagSampler(settings, bootstrap, lag_interval_s)
     sampler.start()
+    # the embedded stack's processes: their memory over the run (what a soak run is judged by)
+    rss = RssSampler(process_groups) if process_groups is not None else None
+    if rss is not None:
+        rss.start()
     producer = make_producer(settings, bootstrap)
     stats = ProduceStats()
     # event times start now: created_at of each event is when it is scheduled to be produced
@@ -84,12 +89,15 @@ def run_loadgen(settings: Settings, bootstrap: str, *, rate: float, duration_s: 
     finally:
         sampler.stop()
         collector.stop()
+        if rss is not None:
+            rss.stop()
     if stats.delivery_errors:
         _log.error("delivery errors", extra={"count": stats.delivery_errors})
     return summarize(sent_at=stats.sent_at, truth=stats.truth, decided=collector.snapshot(),
                      produce_started=stats.started or time.time(), produce_finished=stats.finished or time.time(),
                      events_by_kind=stats.by_kind, lag_samples=sampler.samples, config=config,
-                     delivery_errors=stats.delivery_errors, behind_s_max=stats.behind_s_max)
+                     delivery_errors=stats.delivery_errors, behind_s_max=stats.behind_s_max,
+                     rss_samples=rss.samples if rss is not None else None)
 
 
 def loadgen(settings: Settings, *, workers: int = 1, **kwargs) -> dict:
@@ -101,7 +109,7 @@ def loadgen(settings: Settings, *, workers: int = 1, **kwargs) -> dict:
     with contextlib.ExitStack() as stack:
         local = stack.enter_context(LocalStack(settings, workers=workers))
         return run_loadgen(settings, local.bootstrap, healthy=lambda: all(w.process.alive() for w in local.workers),
-                           **kwargs)
+                           process_groups=local.process_groups, **kwargs)
 
 
 def _loadgen(args: argparse.Namespace) -> int:

@@ -15,8 +15,9 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from modpipe import log, schema
 from modpipe.settings import Settings
@@ -226,6 +227,62 @@ class LagSampler(threading.Thread):
             self.join(15)
 
 
+def group_rss_mib(pgid: int) -> float:
+    """Resident memory of a whole process group (Triton's server and its python-backend stubs, which hold the
+    model), from /proc; 0 when the group is gone."""
+    total_kib = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:  # field 5 of /proc/PID/stat: the process group
+                continue
+            for line in (stat.parent / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total_kib += int(line.split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return round(total_kib / 1024, 1)
+
+
+class RssSampler(threading.Thread):
+    """Every `interval_s`: resident memory of each named process group (name -> pgid, asked anew each time so
+    a restarted process is followed). For soak runs: memory must be flat after warm-up."""
+
+    def __init__(self, groups: Callable[[], dict[str, int]], interval_s: float = 5.0):
+        super().__init__(name="loadgen-rss", daemon=True)
+        self.groups, self.interval_s = groups, interval_s
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            try:
+                self.samples.append((time.time(), {name: group_rss_mib(pgid) for name, pgid in self.groups().items()}))
+            except Exception as exc:  # noqa: BLE001 - a missed sample must not end the run
+                _log.debug("rss sample failed", extra={"error": str(exc)[:200]})
+            self._halt.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._halt.set()
+        if self.is_alive():
+            self.join(15)
+
+
+def rss_summary(samples: list[tuple[float, dict[str, float]]], t0: float) -> dict:
+    """Per process group: first, after warm-up (the end of the first quarter), peak and last, in MiB, and the
+    growth from after warm-up to the end (what a leak shows as), with the samples for the plot."""
+    names = sorted({n for _, by in samples for n in by})
+    out: dict = {"samples": [[_round(t - t0, 1), by] for t, by in samples]}
+    for name in names:
+        series = [by[name] for _, by in samples if name in by]
+        if not series:
+            continue
+        warm = series[len(series) // 4]
+        out[name] = {"first": series[0], "after_warmup": warm, "peak": max(series), "last": series[-1],
+                     "growth_after_warmup": _round(series[-1] - warm, 1)}
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- report
 
 def _group_stats(rows: list[tuple[dict, Decided | None, float | None]]) -> dict:
@@ -267,7 +324,8 @@ def timeseries(sent_at: dict[str, float], decided: dict[str, Decided], t0: float
 def summarize(*, sent_at: dict[str, float], truth: dict[str, dict], decided: dict[str, Decided],
               produce_started: float, produce_finished: float, events_by_kind: dict[str, int] | None = None,
               lag_samples: list[tuple[float, int]] | None = None, config: dict | None = None,
-              delivery_errors: int = 0, behind_s_max: float = 0.0) -> dict:
+              delivery_errors: int = 0, behind_s_max: float = 0.0,
+              rss_samples: list[tuple[float, dict[str, float]]] | None = None) -> dict:
     """The load report (JSON-able). Accuracy counts the FIRST decision of each post."""
     mine = {pid: d for pid, d in decided.items() if pid in sent_at}
     latencies = [(d.received - sent_at[pid]) * 1000 for pid, d in mine.items()]
@@ -324,6 +382,7 @@ def summarize(*, sent_at: dict[str, float], truth: dict[str, dict], decided: dic
         },
         "breakdown": {k: _group_stats(v) for k, v in sorted(groups.items())},
         "timeseries": timeseries(sent_at, mine, produce_started),
+        "rss_mib": rss_summary(rss_samples, produce_started) if rss_samples else None,
     }
 
 
@@ -347,6 +406,9 @@ def format_table(report: dict) -> str:
         f"   (pipeline-internal p50 {f(report['pipeline_latency_ms']['p50_ms'])} ms)",
         f"lag         posts max {f(report['lag']['max'])} last {f(report['lag']['last'])}   all group inputs "
         f"max {f(report['lag']['group_max'])} last {f(report['lag']['group_last'])} records",
+        *([("memory MiB  " + "   ".join(f"{n} {v['first']} -> {v['after_warmup']} (warm) -> {v['last']}, peak {v['peak']}"
+                                         for n, v in report["rss_mib"].items() if n != "samples"))]
+          if report.get("rss_mib") else []),
         "",
         f"{'spam =':<18}{'precision':>10}{'recall':>10}{'f1':>10}{'fpr':>10}{'tp':>7}{'fp':>7}{'fn':>7}{'tn':>7}",
     ]
@@ -374,7 +436,19 @@ def plot(report: dict, path: str) -> None:
 
     ts = report["timeseries"]
     t = [r["t"] for r in ts]
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
+    rss = report.get("rss_mib") or {}
+    panels = 3 if rss.get("samples") else 2
+    fig, axes = plt.subplots(panels, 1, figsize=(10, 3.5 * panels), sharex=True)
+    ax1, ax2 = axes[0], axes[1]
+    if panels == 3:  # soak runs: memory of each process group over time
+        ax4 = axes[2]
+        names = sorted({n for _, by in rss["samples"] for n in by})
+        for name in names:
+            ax4.plot([s[0] for s in rss["samples"] if name in s[1]], [s[1][name] for s in rss["samples"] if name in s[1]],
+                     label=name)
+        ax4.set_ylabel("resident memory (MiB)")
+        ax4.legend(loc="upper left")
+        ax4.grid(alpha=0.3)
     ax1.plot(t, [r["p50_ms"] for r in ts], label="p50")
     ax1.plot(t, [r["p95_ms"] for r in ts], label="p95")
     ax1.set_ylabel("end-to-end latency (ms)")
@@ -383,7 +457,7 @@ def plot(report: dict, path: str) -> None:
     ax2.plot(t, [r["produced_per_s"] for r in ts], label="posts produced/s")
     ax2.plot(t, [r["decided_per_s"] for r in ts], label="decisions/s")
     ax2.set_ylabel("per second")
-    ax2.set_xlabel("seconds since the first post")
+    axes[-1].set_xlabel("seconds since the first post")
     samples = report["lag"]["samples"]
     if samples:
         ax3 = ax2.twinx()

@@ -190,6 +190,15 @@ class LocalStack:
             _log.info("component restarted", extra={"component": name, "restarts": policy.total})
         return events
 
+    def process_groups(self) -> dict[str, int]:
+        """name -> process group id of each live child (each runs in a session of its own)."""
+        out = {}
+        for name, proc in (("broker", self.broker and self.broker.process), ("triton", self.triton and self.triton.process),
+                           *((w.name, w.process) for w in self.workers)):
+            if proc is not None and proc.alive():
+                out[name] = proc.pid
+        return out
+
     def component_states(self) -> dict[str, str]:
         """name -> up | down (restarting in N s), for the status line."""
         now = time.monotonic()

@@ -120,3 +120,25 @@ def test_summarize():
     orjson.dumps(r)  # JSON-able
     table = format_table(r)
     assert "review_or_block" in table and "actor=spammer" in table
+
+
+def test_rss_summary_reports_growth_after_warmup_per_process_group():
+    from loadgen.measure import rss_summary
+
+    samples = [(100.0 + 10 * i, {"worker-0": 200.0 + (50 if i < 2 else 0) + i, "triton": 900.0}) for i in range(12)]
+    out = rss_summary(samples, t0=100.0)
+    assert out["triton"] == {"first": 900.0, "after_warmup": 900.0, "peak": 900.0, "last": 900.0,
+                             "growth_after_warmup": 0.0}
+    w = out["worker-0"]
+    assert w["first"] == 250.0 and w["after_warmup"] == 203.0 and w["last"] == 211.0 and w["peak"] == 251.0
+    assert w["growth_after_warmup"] == 8.0
+    assert out["samples"][0] == [0.0, samples[0][1]] and len(out["samples"]) == 12
+
+
+def test_group_rss_counts_this_process_group():
+    import os
+
+    from loadgen.measure import group_rss_mib
+
+    assert group_rss_mib(os.getpgid(0)) > 10  # this test process alone holds more than 10 MiB
+    assert group_rss_mib(2 ** 22 + 12345) == 0  # no such group
