@@ -38,6 +38,37 @@ def test_kafka_client_config_passes_security_through():
                     "ssl.ca.location": "/ca.pem"}
 
 
+@pytest.mark.parametrize("protocol,mechanism", [("SSL", ""), ("SASL_SSL", "SCRAM-SHA-512"), ("SASL_SSL", "PLAIN"),
+                                                ("SASL_PLAINTEXT", "SCRAM-SHA-256"), ("PLAINTEXT", "")])
+def test_the_same_security_settings_reach_fausts_aiokafka_clients(protocol, mechanism):
+    """confluent-kafka gets them through kafka_client_config (above); faust's aiokafka through credentials
+    built from the same settings, with the CA file loaded into the TLS context. (No TLS broker can be run
+    here: noida-db has no TLS listener, so the handshake itself is not tested.)"""
+    import ssl
+
+    import faust
+
+    from streams.app import broker_credentials
+
+    cafile = "/etc/ssl/certs/ca-certificates.crt"
+    settings = Settings.from_env({"KAFKA_SECURITY_PROTOCOL": protocol, "KAFKA_SASL_MECHANISM": mechanism,
+                                  "KAFKA_SASL_USERNAME": "u", "KAFKA_SASL_PASSWORD": "p",
+                                  "KAFKA_SSL_CAFILE": cafile if Path(cafile).exists() else ""})
+    creds = broker_credentials(settings)
+    if protocol == "PLAINTEXT":
+        assert creds is None
+        return
+    context = creds.context if protocol == "SSL" else creds.ssl_context
+    assert (context is not None) == protocol.endswith("SSL")
+    if context is not None:
+        assert isinstance(context, ssl.SSLContext) and context.verify_mode == ssl.CERT_REQUIRED
+        assert not Path(cafile).exists() or context.cert_store_stats()["x509_ca"] > 0  # the CA file was loaded
+    if protocol.startswith("SASL"):
+        assert isinstance(creds, faust.SASLCredentials)
+        assert (creds.username, creds.password) == ("u", "p")
+        assert creds.mechanism.value == mechanism
+
+
 def test_round_trip_through_child_environment():
     s = Settings.from_env({"MODPIPE_MAX_WAIT_MS": "7.5", "MODPIPE_WORKERS": "3"})
     assert Settings.from_env(s.to_env()) == s
