@@ -26,6 +26,7 @@ from streams import kafka_compat
 _log = log.get(__name__)
 
 MAX_DELAY_S = 0.02  # safety net: a round's first event never waits longer than this
+MAX_REMEMBERED = 100_000  # stale records processed whose re-fetched copy has not come (yet)
 
 
 async def take_ready(stream, max_: int, max_delay_s: float = MAX_DELAY_S) -> AsyncIterator[list]:
@@ -38,6 +39,11 @@ async def take_ready(stream, max_: int, max_delay_s: float = MAX_DELAY_S) -> Asy
     enable_acks = stream.enable_acks
     loop = asyncio.get_running_loop()
     timer: asyncio.TimerHandle | None = None
+    # A record fetched before a rebalance and processed because its partition stayed ours: faust fetches it
+    # again after the rebalance (it seeks to the committed offset). That copy is not processed a second time;
+    # it is acked once the original is (when what the original produced is delivered), so its offset is
+    # committed only then.
+    processed_stale: dict[tuple, object] = {}  # (tp, offset) -> the stale event processed in its place
 
     def flush_if_complete() -> None:
         if buffer and channel.empty() and not kafka_compat.fetch_in_delivery():
@@ -95,7 +101,20 @@ async def take_ready(stream, max_: int, max_delay_s: float = MAX_DELAY_S) -> Asy
             assigned = stream.app.consumer.assignment()
             events, stale = [], []
             for e in buffer:
-                (events if e.message.generation_id == generation or e.message.tp in assigned else stale).append(e)
+                key = (e.message.tp, e.message.offset)
+                if e.message.generation_id == generation:
+                    original = processed_stale.pop(key, None)
+                    if original is None:
+                        events.append(e)
+                    else:
+                        asyncio.ensure_future(_ack_copy_after(stream, e, original))
+                elif e.message.tp in assigned:
+                    processed_stale[key] = e
+                    events.append(e)
+                else:
+                    stale.append(e)
+            while len(processed_stale) > MAX_REMEMBERED:  # copies that never came (nothing was re-fetched)
+                processed_stale.pop(next(iter(processed_stale)))
             if stale:
                 _log.info("records of partitions given up during a rebalance left to their new owner",
                           extra={"records": len(stale), "partitions": sorted({str(e.message.tp) for e in stale})})
@@ -120,3 +139,11 @@ async def take_ready(stream, max_: int, max_delay_s: float = MAX_DELAY_S) -> Asy
         remove_hook()
         stream.enable_acks = enable_acks
         stream._processors.remove(add_to_buffer)
+
+
+async def _ack_copy_after(stream, copy, original, poll_s: float = 0.05) -> None:
+    """Ack a re-fetched copy once its original is acked (what it produced is delivered). A worker that stops
+    or crashes first never acks it: the record is then processed again after the restart."""
+    while not original.message.acked:
+        await asyncio.sleep(poll_s)
+    await stream.ack(copy)
