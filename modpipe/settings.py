@@ -121,6 +121,13 @@ SETTINGS_SPEC: dict[str, Spec] = {
                          "Prometheus port of a worker; `modpipe up` gives worker i port + i.", int),
     "web_port": Spec("MODPIPE_WEB_PORT", "6066", "faust web port (bound to 127.0.0.1); `up` gives worker i port + i.",
                      int),
+    "rocksdb_write_buffer_mb": Spec("MODPIPE_ROCKSDB_WRITE_BUFFER_MB", "4",
+                                    "RocksDB write buffer (memtable) per table partition, MiB; up to 2 per partition. "
+                                    "faust's default, 64 MiB x 3, let an idle-looking worker grow by hundreds of MiB.",
+                                    int),
+    "rocksdb_block_cache_mb": Spec("MODPIPE_ROCKSDB_BLOCK_CACHE_MB", "8",
+                                   "RocksDB block cache per table partition, MiB (faust's default: 2 GiB each). "
+                                   "Decoded states are cached in the worker anyway (streams/table_states.py).", int),
     "table_store": Spec("MODPIPE_TABLE_STORE", "rocksdb", "faust table store: `rocksdb` or `memory`."),
     "log_level": Spec("MODPIPE_LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR."),
     "log_format": Spec("MODPIPE_LOG_FORMAT", "json", "`json` (one object per line) or `text`."),
@@ -175,6 +182,8 @@ class Settings:
     metrics_port: int
     web_port: int
     table_store: str
+    rocksdb_write_buffer_mb: int
+    rocksdb_block_cache_mb: int
     log_level: str
     log_format: str
 

@@ -117,3 +117,21 @@ def test_every_command_has_working_help(capsys):
             build_parser().parse_args([*path, "--help"])
         assert exc.value.code == 0, path
         assert "usage: modpipe" in capsys.readouterr().out, path
+
+
+def test_rocksdb_memory_is_bounded_by_the_settings(tmp_path):
+    """faust's RocksDB defaults (64 MiB x 3 write buffers, a 2 GiB block cache, per table partition) made the
+    worker grow for the whole soak run; each table's store gets our bounds."""
+    from faust.stores.rocksdb import RocksDBOptions
+
+    from streams.app import create_app, rocksdb_options
+
+    settings = Settings.from_env({"MODPIPE_ROCKSDB_WRITE_BUFFER_MB": "4", "MODPIPE_ROCKSDB_BLOCK_CACHE_MB": "8",
+                                  "MODPIPE_STATE_DIR": str(tmp_path)})
+    opts = rocksdb_options(settings)
+    assert opts == {"write_buffer_size": 4 << 20, "max_write_buffer_number": 2, "block_cache_size": 8 << 20}
+    bounded = RocksDBOptions(**opts)
+    assert bounded.write_buffer_size == 4 << 20 and bounded.block_cache_size == 8 << 20
+    assert rocksdb_options(Settings.from_env({"MODPIPE_TABLE_STORE": "memory"})) is None
+    pipe = create_app(settings, "127.0.0.1:1", worker_name="w")
+    assert all(table.options == opts for table in pipe.tables.values())
