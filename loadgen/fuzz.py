@@ -128,16 +128,14 @@ def hostile(kind: str, rng: random.Random, i: int, run_id: str) -> bytes:
     return orjson.dumps(record)
 
 
-def expected(kind: str, raw: bytes, settings: Settings) -> str:
-    """What the pipeline must do with a record: "valid" or "dlq:<reason>" (its own decoder decides)."""
+def expected(kind: str, raw: bytes, settings: Settings) -> tuple[str, dict | None]:
+    """What the pipeline must do with a record, "valid" or "dlq:<reason>" (its own decoder decides), and the
+    decoded record when valid."""
     try:
-        if kind == "post":
-            schema.decode_post(raw, settings.max_text_chars)
-        else:
-            DECODERS[kind](raw)
+        record = schema.decode_post(raw, settings.max_text_chars) if kind == "post" else DECODERS[kind](raw)
     except schema.InvalidMessage as exc:
-        return f"dlq:{exc.reason}"
-    return "valid"
+        return f"dlq:{exc.reason}", None
+    return "valid", record
 
 
 def run_fuzz(settings: Settings, bootstrap: str, n: int, *, seed: int = 0, timeout_s: float = 300.0,
@@ -169,9 +167,8 @@ def run_fuzz(settings: Settings, bootstrap: str, n: int, *, seed: int = 0, timeo
     for i in tqdm(range(n), desc="fuzz: produce", unit="rec", disable=not progress):
         kind = KINDS[i % len(KINDS)]
         raw = hostile(kind, rng, i, run_id)
-        outcome = expected(kind, raw, settings)
-        post_id = schema.decode_post(raw, settings.max_text_chars)["post_id"] if kind == "post" and outcome == "valid" \
-            else None
+        outcome, record = expected(kind, raw, settings)
+        post_id = record["post_id"] if kind == "post" and record is not None else None
         producer.produce(topic_of[kind], value=raw, key=f"{run_id}-{i}".encode(),
                          on_delivery=delivered(kind, outcome, post_id))
         sent[f"{kind}:{outcome}"] += 1
