@@ -29,3 +29,17 @@ def test_a_backlog_waits_longer_between_empty_fetches():
 def test_a_long_idle_spell_keeps_the_cap():
     # 2 ** n overflowed a float after ~1,000 empty fetches and killed aiokafka's fetcher routine
     assert empty_fetch_backoff(5_000) == empty_fetch_backoff(10**9) == EMPTY_FETCH_BACKOFF_MAX_S
+
+
+def test_a_failed_commit_is_undone_so_the_next_round_commits_again():
+    from collections import defaultdict
+
+    from streams.kafka_compat import undo_failed_commit
+
+    committed = defaultdict(lambda: None, {"a": 10, "b": 5})
+    offsets = {"a": 12, "b": 7, "c": 3}
+    before = {tp: committed.get(tp) for tp in offsets}
+    committed.update(offsets)  # what faust does whatever the broker answered
+    committed["b"] = 9  # a later successful commit of b must stay
+    undo_failed_commit(committed, offsets, before)
+    assert committed["a"] == 10 and committed["b"] == 9 and committed["c"] is None
