@@ -8,6 +8,7 @@ import os
 import socket
 
 import faust
+from faust.exceptions import ConsistencyError
 
 from modpipe import log, schema
 from modpipe.decision.verdict import Decider, ThresholdDecider
@@ -17,6 +18,7 @@ from streams import kafka_compat, metrics
 from streams.agents import attach_agents
 from streams.app import create_app
 from streams.bans import BanRegistry
+from streams.local_tables import ChangelogEnds, discard_ahead, discard_named
 from streams.outbox import Outbox
 from streams.scoring import TextScorer
 from streams.topics import ensure_topics
@@ -100,9 +102,21 @@ def run_worker(settings: Settings, name: str | None = None) -> int:
         outbox.close()
         await scorer.close()
 
+    tabledir = pipe.app.conf.tabledir
+    if settings.table_store == "rocksdb":
+        ends = ChangelogEnds(settings, bootstrap)
+        try:
+            discard_ahead(tabledir, settings.app_id, ends)
+        finally:
+            ends.close()
     bans.start()
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
-    worker.execute_from_commandline()  # returns via SystemExit when stopped (SIGTERM / SIGINT)
+    try:
+        worker.execute_from_commandline()  # returns via SystemExit when stopped (SIGTERM / SIGINT)
+    except SystemExit:
+        if isinstance(worker.crash_reason, ConsistencyError):
+            discard_named(tabledir, settings.app_id, str(worker.crash_reason))  # the restart rebuilds it
+        raise
     return 0
