@@ -128,6 +128,13 @@ SETTINGS_SPEC: dict[str, Spec] = {
     "rocksdb_block_cache_mb": Spec("MODPIPE_ROCKSDB_BLOCK_CACHE_MB", "8",
                                    "RocksDB block cache per table partition, MiB (faust's default: 2 GiB each). "
                                    "Decoded states are cached in the worker anyway (streams/table_states.py).", int),
+    "state_cache_keys": Spec("MODPIPE_STATE_CACHE_KEYS", "20000",
+                             "Decoded states a worker keeps per feature table between rounds (user, url, domain, "
+                             "ip): a hot key is decoded once, not once per round.", int),
+    "post_state_cache_keys": Spec("MODPIPE_POST_STATE_CACHE_KEYS", "2000",
+                                  "The same for the post table, whose states hold a decision snapshot (~9 KB "
+                                  "each) and are hot only for the minutes after the post: 20,000 of them grew a "
+                                  "worker by ~120 MiB in the soak run.", int),
     "table_store": Spec("MODPIPE_TABLE_STORE", "rocksdb", "faust table store: `rocksdb` or `memory`."),
     "log_level": Spec("MODPIPE_LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR."),
     "log_format": Spec("MODPIPE_LOG_FORMAT", "json", "`json` (one object per line) or `text`."),
@@ -184,6 +191,8 @@ class Settings:
     table_store: str
     rocksdb_write_buffer_mb: int
     rocksdb_block_cache_mb: int
+    state_cache_keys: int
+    post_state_cache_keys: int
     log_level: str
     log_format: str
 
@@ -210,6 +219,8 @@ class Settings:
             raise SettingsError("need 0 <= MODPIPE_REVIEW_THRESHOLD <= MODPIPE_BLOCK_THRESHOLD <= 1")
         if self.max_batch < 1 or self.max_inflight < 1 or self.partitions < 1:
             raise SettingsError("MODPIPE_MAX_BATCH, MODPIPE_MAX_INFLIGHT and MODPIPE_PARTITIONS must be >= 1")
+        if self.state_cache_keys < 1 or self.post_state_cache_keys < 1:
+            raise SettingsError("MODPIPE_STATE_CACHE_KEYS and MODPIPE_POST_STATE_CACHE_KEYS must be >= 1")
         if self.table_store not in ("rocksdb", "memory"):
             raise SettingsError("MODPIPE_TABLE_STORE must be `rocksdb` or `memory`")
         if self.text_model not in ("on", "off"):

@@ -94,8 +94,11 @@ class Wiring:
         self.local_hops = settings.local_hops == "on"
         writers = {name: ChangelogWriter(table, outbox) for name, table in pipe.tables.items()}
         outbox.after_delivery += [writer.persist_offsets for writer in writers.values()]
+        cached_keys = {t: settings.post_state_cache_keys if t == fe.POST else settings.state_cache_keys
+                       for t in fe.TABLES}
         self.stages = {name: Stage(name, pipe.tables, DEFAULT_LIMITS, is_banned=bans.is_banned,
-                                   redecide_reports=settings.redecide_reports, writers=writers)
+                                   redecide_reports=settings.redecide_reports, writers=writers,
+                                   cached_keys=cached_keys)
                        for name in fe.STAGES}
         model_versions = {"text_model": "off" if scorer.disabled else scorer.model_version,
                           "decider": decider.version}

@@ -84,10 +84,13 @@ class Stage:
     """One stage's tables on this worker."""
 
     def __init__(self, name: str, tables: dict[str, Any], limits: Limits, *, is_banned: Callable[[str], bool],
-                 redecide_reports: int = 0, writers: dict[str, Callable] | None = None):
+                 redecide_reports: int = 0, writers: dict[str, Callable] | None = None,
+                 cached_keys: dict[str, int] | None = None):
         self.name = name
-        writers = writers or {}
-        self.states = {t: TableStates(t, tables[t], limits, write=writers.get(t)) for t in fe.STAGES[name]}
+        writers, cached_keys = writers or {}, cached_keys or {}
+        self.states = {t: TableStates(t, tables[t], limits, write=writers.get(t),
+                                      **({"cached_keys": cached_keys[t]} if t in cached_keys else {}))
+                       for t in fe.STAGES[name]}
         self.is_banned = is_banned
         self.redecide_reports = redecide_reports
 
