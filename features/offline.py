@@ -5,7 +5,7 @@ applies, `features.vector.assemble` builds the map. Only storage differs (dicts 
 is storage-agnostic and can also drive a single-process pipeline.
 
 Events are (kind, raw_event) pairs, kind in features.events.EVENT_KINDS. A `decision` raw event is
-{post_id, user_id, ip, spam, created_at?}; or pass `decide(post, features) -> bool | None` to feed a
+{post_id, user_id, ip, spam, created_at?, revision?}; or pass `decide(post, features) -> bool | None` to feed a
 decision back right after each post, as the pipeline does.
 """
 
@@ -76,7 +76,7 @@ class OfflineResult:
 def prepare_decision_event(raw: dict) -> dict:
     ctx = {"post_id": str(raw["post_id"]), "user_id": raw.get("user_id") and str(raw["user_id"]),
            "ip": normalize_ip(raw.get("ip")), "ts": parse_ts(raw.get("created_at")) or 0}
-    return prepare_decision(ctx, bool(raw.get("spam")), raw.get("created_at"))
+    return prepare_decision(ctx, bool(raw.get("spam")), raw.get("created_at"), revision=raw.get("revision"))
 
 
 def compute(events: Iterable[tuple[str, dict]], *, limits: Limits = DEFAULT_LIMITS, roundtrip: bool = False,

@@ -610,12 +610,12 @@ def pipeline_passes(settings: Settings, stack, warmup: list[Event], saturation: 
             "saturation_text_cache": cached}
 
 
-def _isolated(settings: Settings, build: ModelBuild, tag: str, state_root: Path) -> Settings:
-    """Own topics, group, state dir and ports: a run never meets `modpipe up` or another run."""
+def isolated_settings(settings: Settings, build: ModelBuild, name: str, state_root: Path) -> Settings:
+    """Own topics (prefix `<name>.`), group, state dir and ports: a run never meets `modpipe up` or another run."""
     from modpipe.services.process import free_port
 
     changes: dict = {"state_dir": state_root, "model_dir": str(build.path),
-                     "topic_prefix": f"{settings.topic_prefix}bench{tag}.", "app_id": f"{settings.app_id}-bench-{tag}",
+                     "topic_prefix": f"{settings.topic_prefix}{name}.", "app_id": f"{settings.app_id}-{name}",
                      "metrics_port": free_port(), "web_port": free_port(), "text_model": "on"}
     if not settings.bootstrap_servers:
         changes["broker_port"] = free_port()
@@ -657,7 +657,7 @@ def run(settings: Settings, n_posts: int = DEFAULT_POSTS, workers: int | None = 
     lengths = [len(ids) for ids in tok.ids(post_texts)]
 
     state_root = settings.state_dir / "bench" / f"e2e-{tag}"
-    settings = _isolated(settings, build, tag, state_root)
+    settings = isolated_settings(settings, build, f"bench{tag}", state_root)
     info = machine_info()
     options = ort_options()
     report: dict = {

@@ -162,6 +162,18 @@ with the text model off vs a plain Kafka loop).
 """
 
 
+CHAOS_DESCRIPTION = """\
+Simulated traffic (posts, reports, engagements, labels, bans) through an embedded stack of its own
+(broker, Triton, --workers workers; own ports, topics and state directory) while workers and Triton are
+SIGKILLed and the broker is restarted at seeded times over the traffic; the supervisor of `modpipe up`
+restarts each.
+Then, read back from the broker: posts sent / decided / lost, duplicate decisions (same post_id and
+revision), degraded decisions and their re-decisions, and whether every feature table (its changelog)
+equals features.offline over the same events. Exit 1 if a post was lost, a degraded decision was not
+decided again, or a table differs. See loadgen/chaos.py.
+"""
+
+
 def _bench_e2e(args: argparse.Namespace) -> int:
     from loadgen.bench import BenchError, format_text, run, write_markdown
 
@@ -239,6 +251,26 @@ def _fuzz(args) -> int:
     return 0 if ok and result.get("workers_alive", True) and not result.get("lag_after") else 1
 
 
+def _chaos(args) -> int:
+    import signal
+
+    from loadgen.chaos import format_text, run_chaos
+
+    # SIGTERM unwinds like Ctrl-C: the stack's processes are stopped, none is left behind
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        report = run_chaos(Settings.from_env(), posts=args.posts, rate=args.rate, workers=args.workers,
+                           worker_kills=args.worker_kills, triton_kills=args.triton_kills,
+                           broker_restarts=args.broker_restarts, seed=args.seed, scenario=args.scenario,
+                           timeout_s=args.timeout, check_features=not args.no_feature_check, progress=not args.json,
+                           keep_state=args.keep_state, broker_signal=args.broker_signal)
+    except ValueError as exc:
+        print(f"modpipe chaos: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(report) if args.json else format_text(report))
+    return 0 if report["ok"] else 1
+
+
 def _demo(args) -> int:
     from loadgen.demo import run_demo
 
@@ -283,6 +315,29 @@ def register_clients(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for every outcome")
     p.add_argument("--json", action="store_true", help="print one JSON object (no progress bars)")
     p.set_defaults(func=_fuzz)
+
+    p = sub.add_parser("chaos", help="simulated traffic through the embedded stack while workers, Triton and the "
+                                     "broker are SIGKILLed at seeded times; checks nothing is lost or counted twice",
+                       description=CHAOS_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--posts", type=int, default=2000, help="posts to send (default 2000)")
+    p.add_argument("--rate", type=float, default=40.0, help="mean posts per second, Poisson (default 40)")
+    p.add_argument("--workers", type=int, default=2, help="stream workers (default 2)")
+    p.add_argument("--worker-kills", type=int, default=5, help="worker SIGKILLs, a random worker each (default 5)")
+    p.add_argument("--triton-kills", type=int, default=2, help="Triton SIGKILLs (default 2)")
+    p.add_argument("--broker-restarts", type=int, default=1, help="broker restarts (default 1)")
+    p.add_argument("--broker-signal", choices=("term", "kill"), default="term",
+                   help="how the broker is stopped: term (a clean stop, as a rolling restart) or kill (SIGKILL: "
+                        "the embedded broker then loses up to ~1 s of acknowledged writes, counted apart as lost "
+                        "by the broker); default term")
+    p.add_argument("--scenario", choices=sorted(SCENARIOS), default="mixed", help="simulation the traffic comes from")
+    p.add_argument("--seed", type=int, default=0, help="seed of the traffic and of the fault times (default 0)")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds to wait after the traffic for every decision and a quiet broker (default 600)")
+    p.add_argument("--no-feature-check", action="store_true",
+                   help="skip the comparison of the feature tables with features.offline")
+    p.add_argument("--keep-state", action="store_true", help="keep the run's broker data, tables and logs")
+    p.add_argument("--json", action="store_true", help="print one JSON object (no progress bars)")
+    p.set_defaults(func=_chaos)
 
     p = sub.add_parser("demo", help="start the local stack, send a burst of posts, show verdicts flowing")
     p.add_argument("--posts", type=int, default=300, help="held-out posts to send (default 300)")

@@ -184,11 +184,15 @@ def produce_events(producer, settings: Settings, events: Iterable[Event], *, sta
     return stats
 
 
-def make_producer(settings: Settings, bootstrap: str):
+def make_producer(settings: Settings, bootstrap: str, *, idempotent: bool = True):
+    """`idempotent=False` for a producer that must outlive a restart of the embedded broker: noida-db forgets
+    producer ids and sequence numbers when it restarts, and librdkafka's idempotent producer then fails for
+    good (OUT_OF_ORDER_SEQUENCE_NUMBER, fatal). Apache Kafka keeps that state across restarts. Without
+    idempotence a retried send may be written twice; the pipeline counts a post once whatever its copies."""
     from confluent_kafka import Producer
 
     # murmur2: Kafka's Java default for keyed records. A post keyed by user_id then sits on the partition
     # its user's table lives on, and the worker updates the user table in place (no extra hop).
     return Producer({**settings.kafka_client_config(), "bootstrap.servers": bootstrap, "linger.ms": 2,
-                     "enable.idempotence": True, "queue.buffering.max.messages": 200_000,
+                     "enable.idempotence": idempotent, "acks": "all", "queue.buffering.max.messages": 200_000,
                      "partitioner": "murmur2_random"})

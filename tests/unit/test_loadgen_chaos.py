@@ -1,0 +1,112 @@
+"""`modpipe chaos`'s pure parts: the fault plan, decision accounting, and the final-state comparison of the
+feature tables with features.offline (including that it is blind to arrival order and not blind to a count)."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+
+from loadgen.chaos import canonical, compare_tables, count_decisions, fault_plan, offline_tables
+from loadgen.sim import simulate
+from tests.unit.test_loadgen_sim import TEXTS
+
+
+def test_fault_plan_has_each_fault_once_in_its_window_spaced_and_seeded():
+    plan = fault_plan(1000.0, worker_kills=5, triton_kills=2, broker_restarts=1, workers=3, seed=7)
+    assert sorted(f.kind for f in plan) == ["broker"] + ["triton"] * 2 + ["worker"] * 5
+    times = [f.at_s for f in plan]
+    assert times == sorted(times) and 100 <= times[0] and times[-1] <= 800
+    slot = 700 / 8
+    assert min(b - a for a, b in zip(times, times[1:], strict=False)) >= slot / 2 - 0.01  # never on top of each other
+    assert all(0 <= f.worker < 3 for f in plan if f.kind == "worker")
+    assert all(f.worker is None for f in plan if f.kind != "worker")
+    assert plan == fault_plan(1000.0, worker_kills=5, triton_kills=2, broker_restarts=1, workers=3, seed=7)
+    other = fault_plan(1000.0, worker_kills=5, triton_kills=2, broker_restarts=1, workers=3, seed=8)
+    assert [(f.kind, f.at_s) for f in other] != [(f.kind, f.at_s) for f in plan]
+    assert fault_plan(10.0, worker_kills=0, triton_kills=0, broker_restarts=0, workers=1, seed=0) == []
+
+
+def decision(pid, rev=1, verdict="allow", degraded=False):
+    return {"post_id": pid, "revision": rev, "verdict": verdict, "degraded": degraded}
+
+
+def test_count_decisions_finds_lost_duplicates_and_degraded_posts_not_decided_again():
+    records = [decision("a"), decision("a"), decision("b", degraded=True), decision("b", 2),
+               decision("c", degraded=True), decision("x"), decision("d"), decision("d", 2, "block")]
+    r = count_decisions(records, ["a", "b", "c", "d", "e"])
+    assert (r["sent"], r["decided"], r["lost"], r["unexpected"]) == (5, 4, 1, 1)
+    assert r["duplicate_decisions"] == 1 and r["posts_with_duplicates"] == 1
+    assert r["examples"]["lost"] == ["e"] and r["examples"]["duplicates"] == ["a@1"]
+    assert (r["degraded_posts"], r["degraded_redecided"], r["degraded_not_redecided"]) == (2, 1, 1)
+    assert r["revisions"] == {1: 5, 2: 2}
+    assert r["duplicates_with_another_verdict"] == 0
+    assert count_decisions(records + [decision("a", verdict="block")], ["a"])["duplicates_with_another_verdict"] == 1
+
+
+@pytest.fixture(scope="module")
+def run():
+    """A simulated run with every side stream, and decisions as a pipeline would publish them (a few spam,
+    some decided again)."""
+    events = simulate(TEXTS, 600, "mixed", seed=3)
+    posts = {e.payload["post_id"]: e.payload for e in events if e.kind == "post"}
+    rng = random.Random(1)
+    decisions = [decision(pid, 1, "block" if rng.random() < 0.2 else "allow") for pid in posts]
+    decisions += [decision(pid, 2, "block") for pid in list(posts)[::17]]
+    assert {e.kind for e in events} >= {"post", "report", "engagement", "label"}
+    return [(e.kind, e.payload) for e in events], decisions, posts
+
+
+def test_final_tables_do_not_depend_on_when_decisions_arrive(run):
+    events, decisions, posts = run
+    first = offline_tables(events, decisions, posts)
+    shuffled = decisions[:]
+    random.Random(2).shuffle(shuffled)
+    duplicated = shuffled + shuffled[:50]  # at-least-once: some decisions published twice
+    report = compare_tables(first, offline_tables(events, duplicated, posts))
+    assert report["equal"], report
+    assert report["tables"]["post"]["keys"] == len(posts) and report["tables"]["user"]["keys"] > 10
+
+
+def test_side_events_in_another_order_give_the_same_final_tables(run):
+    """Side events reach other partitions than posts: across topics the streaming order is arbitrary."""
+    events, decisions, posts = run
+    posts_only = [e for e in events if e[0] == "post"]
+    side = [e for e in events if e[0] != "post"]
+    random.Random(4).shuffle(side)
+    interleaved = side[: len(side) // 2] + posts_only + side[len(side) // 2:]
+    report = compare_tables(offline_tables(events, decisions, posts), offline_tables(interleaved, decisions, posts))
+    assert report["equal"], report["examples"]
+
+
+def test_a_count_too_many_or_a_lost_event_is_reported(run):
+    events, decisions, posts = run
+    expected = offline_tables(events, decisions, posts)
+    twice = copy.deepcopy(expected)
+    user = next(iter(twice["user"]))
+    twice["user"][user]["posts"]["n"] += 1  # a replayed post counted again
+    report = compare_tables(twice, expected)
+    assert not report["equal"] and report["tables"]["user"]["differ"] == 1
+    assert report["examples"][0]["key"] == user and report["examples"][0]["fields"] == ["posts"]
+
+    report_event = next(i for i, e in enumerate(events) if e[0] == "report")
+    lost = offline_tables(events[:report_event] + events[report_event + 1:], decisions, posts)
+    assert not compare_tables(lost, expected)["equal"]
+
+    only_some = {t: dict(list(v.items())[:-1]) for t, v in expected.items()}
+    report = compare_tables(only_some, expected)
+    assert not report["equal"] and report["tables"]["post"]["only_offline"] == 1
+
+
+def test_canonical_drops_only_what_depends_on_timing():
+    post = {"info": {"user_id": "u"}, "snapshot": {"features": {"x": 1}}, "ban": "domain:x.com",
+            "pending": [["label", {"b": 1}], ["report", {"a": 1}]]}
+    assert canonical("post", post).keys() == {"info", "pending"} and canonical("post", post)["info"] == {"user_id": "u"}
+    swapped = {**post, "pending": post["pending"][::-1]}
+    assert canonical("post", post) == canonical("post", swapped)
+    domain = {"posts": {"n": 2}, "recent": [["p1", "h"], ["p2", "h"]], "bans": []}
+    assert canonical("domain", domain) == canonical("domain", {**domain, "recent": domain["recent"][::-1]})
+    assert canonical("domain", domain) != canonical("domain", {**domain, "recent": domain["recent"][:1]})
+    user = {"posts": {"n": 1}}
+    assert canonical("user", user) == user
