@@ -43,3 +43,46 @@ def test_a_failed_commit_is_undone_so_the_next_round_commits_again():
     committed["b"] = 9  # a later successful commit of b must stay
     undo_failed_commit(committed, offsets, before)
     assert committed["a"] == 10 and committed["b"] == 9 and committed["c"] is None
+
+
+class _Message:
+    def __init__(self, tp, offset, acked=False):
+        self.tp, self.offset, self.acked = tp, offset, acked
+
+
+class _ConsumerState:
+    """The attributes faust's Consumer._new_offset reads."""
+
+    def __init__(self, committed, acked, unacked):
+        from collections import defaultdict
+
+        from intervaltree import IntervalTree
+
+        self._committed_offset = defaultdict(lambda: None, {"tp": committed})
+        self._acked = defaultdict(list, {"tp": list(acked)})
+        self._acked_index = defaultdict(set, {"tp": set(acked)})
+        self._gap = defaultdict(IntervalTree)
+        self._unacked_messages = set(unacked)
+
+
+def test_no_commit_past_a_record_still_in_flight():
+    from faust.transport.consumer import Consumer
+
+    from streams import kafka_compat
+
+    original = kafka_compat._original_new_offset
+    # committed 100 (next to read), 101 and 102 acked, 100 still being decided: faust alone commits 103
+    assert original(_ConsumerState(100, [101, 102], [_Message("tp", 100)]), "tp") == 103
+    held = _ConsumerState(100, [101, 102], [_Message("tp", 100)])
+    assert kafka_compat._new_offset(held, "tp") is None
+    assert held._acked["tp"] == [101, 102]  # kept for the commit that follows
+    held._acked["tp"].append(100)
+    held._unacked_messages = {_Message("tp", 100, acked=True)}
+    assert kafka_compat._new_offset(held, "tp") == 103
+    # a record in flight above the acked run does not hold the run back; another partition's neither
+    assert kafka_compat._new_offset(_ConsumerState(100, [100, 101], [_Message("tp", 105)]), "tp") == 102
+    assert kafka_compat._new_offset(_ConsumerState(100, [101], [_Message("other", 100)]), "tp") == 102
+    # a message below the committed offset (an older assignment's) is not waited for
+    assert kafka_compat._new_offset(_ConsumerState(100, [100], [_Message("tp", 50)]), "tp") == 101
+    kafka_compat.install()
+    assert Consumer._new_offset is kafka_compat._new_offset
