@@ -15,7 +15,8 @@ COMMAND_MODULES = [
     "modpipe.serving.cli",       # triton | classify | bench model
     "modpipe.decision.cli",      # decision train | decision eval
     "streams.cli",               # broker | topics | worker | up
-    "loadgen.cli",               # loadgen | smoke | demo | bench [features]
+    "loadgen.cli",               # loadgen | smoke | demo | bench [features] | chaos | fuzz
+    "console.cli",               # console
 ]
 
 
@@ -23,7 +24,7 @@ def _config(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     for name, spec in SETTINGS_SPEC.items():
         value = getattr(settings, name)
-        if "PASSWORD" in spec.env and value:
+        if ("PASSWORD" in spec.env or "TOKEN" in spec.env) and value:
             value = "***"
         print(f"{spec.env}={value}")
     return 0

@@ -136,6 +136,17 @@ SETTINGS_SPEC: dict[str, Spec] = {
                                   "each) and are hot only for the minutes after the post: 20,000 of them grew a "
                                   "worker by ~120 MiB in the soak run.", int),
     "table_store": Spec("MODPIPE_TABLE_STORE", "rocksdb", "faust table store: `rocksdb` or `memory`."),
+    # -- review console (`modpipe console`)
+    "console_host": Spec("MODPIPE_CONSOLE_HOST", "127.0.0.1",
+                         "Address the review console binds; anything but loopback requires MODPIPE_CONSOLE_TOKEN."),
+    "console_port": Spec("MODPIPE_CONSOLE_PORT", "8088", "Port of the review console.", int),
+    "console_token": Spec("MODPIPE_CONSOLE_TOKEN", "",
+                          "Shared secret moderators give once at /login?token=...&moderator=ID; empty: no login "
+                          "(loopback only, labels signed by MODPIPE_CONSOLE_MODERATOR)."),
+    "console_moderator": Spec("MODPIPE_CONSOLE_MODERATOR", "local",
+                              "Moderator id of labels from a console without a token."),
+    "console_max_posts": Spec("MODPIPE_CONSOLE_MAX_POSTS", "50000",
+                              "Posts the console keeps in memory (oldest forgotten first).", int),
     "log_level": Spec("MODPIPE_LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR."),
     "log_format": Spec("MODPIPE_LOG_FORMAT", "json", "`json` (one object per line) or `text`."),
 }
@@ -193,6 +204,11 @@ class Settings:
     rocksdb_block_cache_mb: int
     state_cache_keys: int
     post_state_cache_keys: int
+    console_host: str
+    console_port: int
+    console_token: str
+    console_moderator: str
+    console_max_posts: int
     log_level: str
     log_format: str
 
@@ -219,6 +235,8 @@ class Settings:
             raise SettingsError("need 0 <= MODPIPE_REVIEW_THRESHOLD <= MODPIPE_BLOCK_THRESHOLD <= 1")
         if self.max_batch < 1 or self.max_inflight < 1 or self.partitions < 1:
             raise SettingsError("MODPIPE_MAX_BATCH, MODPIPE_MAX_INFLIGHT and MODPIPE_PARTITIONS must be >= 1")
+        if self.console_max_posts < 1:
+            raise SettingsError("MODPIPE_CONSOLE_MAX_POSTS must be >= 1")
         if self.state_cache_keys < 1 or self.post_state_cache_keys < 1:
             raise SettingsError("MODPIPE_STATE_CACHE_KEYS and MODPIPE_POST_STATE_CACHE_KEYS must be >= 1")
         if self.table_store not in ("rocksdb", "memory"):
