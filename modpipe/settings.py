@@ -99,6 +99,13 @@ SETTINGS_SPEC: dict[str, Spec] = {
     "decision_model": Spec("MODPIPE_DECISION_MODEL", "",
                            "Decision model directory (model.txt + model.json). Empty: the model trained for the "
                            "served text model in $MODPIPE_CACHE_DIR/decision, else the newest one there."),
+    "decision_model_watch_s": Spec("MODPIPE_DECISION_MODEL_WATCH_S", "5",
+                                   "How often a worker looks at its decision model's pointer (seconds); a "
+                                   "promoted model is served without a restart. 0: never.", float),
+    "shadow_decision_model": Spec("MODPIPE_SHADOW_DECISION_MODEL", "",
+                                  "A candidate decision model scored beside the serving one on every post; "
+                                  "disagreements are counted and logged, the serving verdict is published. "
+                                  "Empty: none."),
     "redecide_reports": Spec("MODPIPE_REDECIDE_REPORTS", "3",
                              "Reports on a post that trigger a re-decision (a new decision, revision + 1); 0: never.",
                              int),
@@ -145,6 +152,9 @@ SETTINGS_SPEC: dict[str, Spec] = {
                           "(loopback only, labels signed by MODPIPE_CONSOLE_MODERATOR)."),
     "console_moderator": Spec("MODPIPE_CONSOLE_MODERATOR", "local",
                               "Moderator id of labels from a console without a token."),
+    "console_lookback_s": Spec("MODPIPE_CONSOLE_LOOKBACK_S", "86400",
+                               "How far back the console reads posts, decisions and labels when it starts (seconds).",
+                               float),
     "console_max_posts": Spec("MODPIPE_CONSOLE_MAX_POSTS", "50000",
                               "Posts the console keeps in memory (oldest forgotten first).", int),
     "log_level": Spec("MODPIPE_LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR."),
@@ -190,6 +200,8 @@ class Settings:
     block_threshold: float
     decider: str
     decision_model: str
+    decision_model_watch_s: float
+    shadow_decision_model: str
     redecide_reports: int
     local_hops: str
     state_flush_ms: float
@@ -208,6 +220,7 @@ class Settings:
     console_port: int
     console_token: str
     console_moderator: str
+    console_lookback_s: float
     console_max_posts: int
     log_level: str
     log_format: str
@@ -235,8 +248,8 @@ class Settings:
             raise SettingsError("need 0 <= MODPIPE_REVIEW_THRESHOLD <= MODPIPE_BLOCK_THRESHOLD <= 1")
         if self.max_batch < 1 or self.max_inflight < 1 or self.partitions < 1:
             raise SettingsError("MODPIPE_MAX_BATCH, MODPIPE_MAX_INFLIGHT and MODPIPE_PARTITIONS must be >= 1")
-        if self.console_max_posts < 1:
-            raise SettingsError("MODPIPE_CONSOLE_MAX_POSTS must be >= 1")
+        if self.console_max_posts < 1 or self.console_lookback_s < 0:
+            raise SettingsError("MODPIPE_CONSOLE_MAX_POSTS must be >= 1 and MODPIPE_CONSOLE_LOOKBACK_S >= 0")
         if self.state_cache_keys < 1 or self.post_state_cache_keys < 1:
             raise SettingsError("MODPIPE_STATE_CACHE_KEYS and MODPIPE_POST_STATE_CACHE_KEYS must be >= 1")
         if self.table_store not in ("rocksdb", "memory"):

@@ -87,7 +87,7 @@ class Wiring:
     """What the agents share: the stages' tables, the outbox, the decision batcher, the partitions owned."""
 
     def __init__(self, pipe: Pipeline, settings: Settings, scorer: TextScorer, decider: Decider,
-                 bans: BanRegistry, outbox: Outbox):
+                 bans: BanRegistry, outbox: Outbox, shadow=None):
         self.pipe, self.settings, self.decider, self.outbox = pipe, settings, decider, outbox
         self.topics = pipe.topics
         self.partitions = pipe.partitions
@@ -100,12 +100,12 @@ class Wiring:
                                    redecide_reports=settings.redecide_reports, writers=writers,
                                    cached_keys=cached_keys)
                        for name in fe.STAGES}
-        model_versions = {"text_model": "off" if scorer.disabled else scorer.model_version,
-                          "decider": decider.version}
-        self.publisher = Publisher(outbox, pipe.topics, model_versions)
+        text_version = "off" if scorer.disabled else scorer.model_version
+        # read per batch: a promoted decision model changes the decider's version without a restart
+        self.publisher = Publisher(outbox, pipe.topics, lambda: {"text_model": text_version, "decider": decider.version})
         self.batcher = DecisionBatcher(scorer, decider, self.publisher, max_batch=settings.max_batch,
                                        max_wait_s=settings.max_wait_ms / 1000, max_inflight=settings.max_inflight,
-                                       on_error=self.crash, feedback=self.feedback)
+                                       on_error=self.crash, feedback=self.feedback, shadow=shadow)
         self.owned: set[TP] = set()  # stage-topic partitions assigned to this worker (empty while rebalancing)
         self._partition_events: dict[tuple[str, int], PartitionEvent] = {}
         self.flush_interval_s = settings.state_flush_ms / 1000
@@ -227,9 +227,10 @@ class Wiring:
 
 
 def attach_agents(pipe: Pipeline, settings: Settings, scorer: TextScorer, decider: Decider, bans: BanRegistry,
-                  outbox: Outbox) -> Wiring:
+                  outbox: Outbox, shadow=None) -> Wiring:
+    """`shadow`: a modpipe.decision.live.ShadowScorer scoring every first decision beside the decider."""
     app = pipe.app
-    w = Wiring(pipe, settings, scorer, decider, bans, outbox)
+    w = Wiring(pipe, settings, scorer, decider, bans, outbox, shadow)
 
     @app.agent(pipe.posts, name="ingest")
     async def ingest(stream):

@@ -44,9 +44,14 @@ def features_for(features: dict, text_probability: float | None) -> dict:
 class Publisher:
     """Publishes decisions and bundles through the outbox."""
 
-    def __init__(self, outbox: Outbox, topics: TopicNames, model_versions: dict):
+    def __init__(self, outbox: Outbox, topics: TopicNames, model_versions: dict | Callable[[], dict]):
         self.outbox, self.topics = outbox, topics
-        self.model_versions = model_versions
+        self._versions = model_versions if callable(model_versions) else (lambda: model_versions)
+
+    @property
+    def model_versions(self) -> dict:
+        """The models a decision is made with now (the decider's changes when a model is promoted)."""
+        return self._versions()
 
     def publish(self, record: dict, ctx: dict, received_at_ms: int, pending: Pending) -> list:
         """Produce the decision; returns its feedback items (stage, partition key, item) for the tables."""
@@ -115,8 +120,9 @@ class DecisionBatcher:
 
     def __init__(self, scorer: TextScorer, decider: Decider, publisher: Publisher, *, max_batch: int,
                  max_wait_s: float, max_inflight: int, on_error: Callable[[Exception], None],
-                 feedback: Callable[[list, Pending], None]):
+                 feedback: Callable[[list, Pending], None], shadow=None):
         self.scorer, self.decider, self.publisher = scorer, decider, publisher
+        self.shadow = shadow  # modpipe.decision.live.ShadowScorer: compared, never published
         self.outage_policy = scorer.outage_policy
         self.feedback = feedback  # sends a batch's feedback items on (under the batch's Pending)
         self.max_batch, self.max_wait_s = max_batch, max_wait_s
@@ -196,18 +202,20 @@ class DecisionBatcher:
                       for i, p in zip(scored, probabilities, strict=True)}
             features_list = [features_for(p.features, text_p.get(i)) for i, p in enumerate(batch)]
             verdicts = cascade(self.decider, features_list)
+            if self.shadow is not None:
+                self.shadow.observe(features_list, verdicts, [p.post["post_id"] for p in batch])
             for i in degraded:
                 verdicts[i] = without_text_model(verdicts[i], self.outage_policy)
             sources = [p.source for p in batch if p.source is not None]
             pending = Pending(on_error=self.on_error,
                               on_done=lambda: [source.release() for source in sources])
             items = []
-            decided_at = schema.now_ms()
+            decided_at, versions = schema.now_ms(), self.publisher.model_versions
             for i, (post, features, verdict) in enumerate(zip(batch, features_list, verdicts, strict=True)):
                 record = schema.decision(
                     post=post.post, verdict=verdict.verdict, spam_probability=verdict.spam_probability,
                     text_probability=features["text_probability"], reasons=verdict.reasons, features=features,
-                    short_circuit=verdict.short_circuit, model_versions=self.publisher.model_versions,
+                    short_circuit=verdict.short_circuit, model_versions=versions,
                     received_at_ms=post.received_at_ms, decided_at_ms=decided_at, degraded=i in degraded)
                 items += self.publisher.publish(record, post.ctx, post.received_at_ms, pending)
                 if i in degraded:

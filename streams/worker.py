@@ -36,17 +36,39 @@ def default_triton_url(settings: Settings) -> str:
 
 
 def make_decider(settings: Settings, text_model_version: str) -> Decider:
-    """MODPIPE_DECIDER: the LightGBM engine (refuses a model trained on another feature list) or text-only."""
+    """MODPIPE_DECIDER: the LightGBM engine (refuses a model trained on another feature list), reloaded when
+    its pointer moves (modpipe/decision/live.py), or text-only."""
     if settings.decider == "text-only":
         return ThresholdDecider(settings.review_threshold, settings.block_threshold)
     from modpipe.decision.cli import load_engine
+    from modpipe.decision.live import WatchedDecider
+    from modpipe.decision.train import resolve_decision_model
 
-    engine = load_engine(settings, text_model_version)
-    trained_on = engine.model.meta.get("text_model_version")
-    if trained_on != text_model_version:
-        _log.warning("the decision model was trained on another text model; its calibration may be off",
-                     extra={"decision_model": engine.version, "trained_on": trained_on, "served": text_model_version})
-    return engine
+    def load(path):
+        engine = load_engine(settings, text_model_version, path)
+        trained_on = engine.model.meta.get("text_model_version")
+        if trained_on != text_model_version:
+            _log.warning("the decision model was trained on another text model; its calibration may be off",
+                         extra={"decision_model": engine.version, "trained_on": trained_on,
+                                "served": text_model_version})
+        return engine
+
+    return WatchedDecider(load, lambda: resolve_decision_model(settings, text_model_version),
+                          settings.decision_model_watch_s)
+
+
+def make_shadow(settings: Settings, text_model_version: str):
+    """MODPIPE_SHADOW_DECISION_MODEL: a candidate scored beside the serving model (None when unset)."""
+    if not settings.shadow_decision_model:
+        return None
+    from pathlib import Path
+
+    from modpipe.decision.cli import load_engine
+    from modpipe.decision.live import ShadowScorer
+
+    shadow = ShadowScorer(load_engine(settings, text_model_version, Path(settings.shadow_decision_model).expanduser()))
+    _log.info("shadow decision model loaded", extra={"shadow": shadow.version})
+    return shadow
 
 
 def build_worker(settings: Settings, name: str | None = None):
@@ -60,9 +82,10 @@ def build_worker(settings: Settings, name: str | None = None):
                         cache_texts=settings.text_cache_size, outage_s=settings.text_model_outage_s,
                         outage_policy=settings.text_model_outage_policy)
     decider = make_decider(settings, build.version)
+    shadow = make_shadow(settings, build.version)
     bans = BanRegistry(settings, bootstrap, pipe.topics.bans)
     outbox = Outbox(settings, bootstrap, linger_ms=settings.producer_linger_ms)
-    wiring = attach_agents(pipe, settings, scorer, decider, bans, outbox)
+    wiring = attach_agents(pipe, settings, scorer, decider, bans, outbox, shadow=shadow)
     return pipe, scorer, bans, outbox, wiring, bootstrap
 
 

@@ -38,6 +38,15 @@ def register(subparsers) -> None:
     e.add_argument("--no-progress", action="store_true", help="no progress bars")
     e.set_defaults(func=_eval)
 
+    pr = sub.add_parser("promote", help="make a decision model the served one: running workers load it within "
+                                        "MODPIPE_DECISION_MODEL_WATCH_S, no restart",
+                        description="Checks that DIR loads (model.txt + model.json with this code's feature list), "
+                                    "copies it into $MODPIPE_CACHE_DIR/decision/<version>/ when it is elsewhere, and "
+                                    "points decision/current and decision/for-<text model> at it atomically. "
+                                    "Workers with MODPIPE_DECISION_MODEL set follow that path instead.")
+    pr.add_argument("model_dir", type=Path, help="decision model directory to serve")
+    pr.set_defaults(func=_promote)
+
 
 def load_engine(settings: Settings, text_model_version: str, path: Path | None = None):
     from modpipe.decision.engine import DecisionEngine
@@ -46,6 +55,36 @@ def load_engine(settings: Settings, text_model_version: str, path: Path | None =
 
     model = DecisionModel.load(path or resolve_decision_model(settings, text_model_version))
     return DecisionEngine(model, settings.review_threshold, settings.block_threshold)
+
+
+def promote(settings: Settings, model_dir: Path, text_model_version: str) -> Path:
+    """Serve `model_dir` (see `decision promote --help`); returns the directory the pointers lead to."""
+    import shutil
+
+    from modpipe.decision.model import DecisionModel
+    from modpipe.decision.train import _point_current, decision_root
+
+    model = DecisionModel.load(model_dir)  # refuses another feature list before anything moves
+    root = decision_root(settings)
+    target = Path(model_dir).resolve()
+    if target.parent != root.resolve():
+        target = root / model.version
+        if not target.exists():
+            tmp = root / f".{model.version}-incoming"
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(model_dir, tmp)
+            tmp.replace(target)
+    _point_current(root, target, text_model_version)
+    return target
+
+
+def _promote(args: argparse.Namespace) -> int:
+    from modpipe.textmodel.artifacts import resolve_model
+
+    settings = Settings.from_env()
+    target = promote(settings, args.model_dir, resolve_model(settings).version)
+    print(target)
+    return 0
 
 
 def _train(args: argparse.Namespace) -> int:
