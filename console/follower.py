@@ -1,8 +1,8 @@
 """The console's Kafka side: follows `posts`, `decisions` and `labels` into the index, publishes labels.
 
-A group-less consumer reads the three topics from the beginning (what the broker still holds), so a
-console started late still shows the waiting queue; the index keeps the newest MODPIPE_CONSOLE_MAX_POSTS
-posts. Records that do not decode are skipped (the pipeline dead-letters bad input; the console only
+A group-less consumer reads the three topics from MODPIPE_CONSOLE_LOOKBACK_S ago (by record time; the
+beginning when the broker holds less), so a console started late still shows the waiting queue; the index
+keeps the newest MODPIPE_CONSOLE_MAX_POSTS posts. Records that do not decode are skipped (the pipeline dead-letters bad input; the console only
 shows). A label goes to `labels` keyed by post_id, as the platform's own labels do: the pipeline's
 label agent updates the post's and its user's features, and every console takes the post off its queue.
 """
@@ -13,7 +13,7 @@ import threading
 import uuid
 
 import orjson
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, Producer, TopicPartition
 
 from console.index import DecisionIndex
 from modpipe import log, schema
@@ -43,9 +43,19 @@ class Follower(threading.Thread):
     def _label(self, raw: bytes) -> None:
         self.index.add_label(schema.decode_label(raw))
 
+    def start_offsets(self) -> list[TopicPartition]:
+        """Each partition's first record at most MODPIPE_CONSOLE_LOOKBACK_S old (its beginning if all are newer;
+        its end if all are older)."""
+        since_ms = schema.now_ms() - int(self.settings.console_lookback_s * 1000)
+        wanted = [TopicPartition(t, p, since_ms) for t in self.topics for p in range(self.settings.partitions)]
+        try:
+            found = self.consumer.offsets_for_times(wanted, timeout=10)
+        except Exception:  # noqa: BLE001 - a broker without the time index: read everything it holds
+            return [TopicPartition(tp.topic, tp.partition, OFFSET_BEGINNING) for tp in wanted]
+        return [TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_END) for tp in found]
+
     def run(self) -> None:
-        self.consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING)
-                              for t in self.topics for p in range(self.settings.partitions)])
+        self.consumer.assign(self.start_offsets())
         while not self._halt.is_set():
             for msg in self.consumer.consume(500, 0.2):
                 if msg.error() or msg.value() is None:
