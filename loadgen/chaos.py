@@ -49,6 +49,7 @@ import orjson
 
 from features.events import TABLES
 from modpipe import log
+from modpipe.services.readback import read_to_end
 from modpipe.settings import Settings
 
 _log = log.get(__name__)
@@ -183,47 +184,6 @@ def offline_tables(events: Iterable[tuple[str, dict]], decisions: Iterable[dict]
 
 
 # --------------------------------------------------------------------------- reading back from the broker
-
-
-def read_to_end(settings: Settings, bootstrap: str, topics: list[str], timeout_s: float = 120.0) -> Iterator:
-    """Every record now in `topics`, from the beginning to the high watermarks read at the start."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer({**settings.kafka_client_config(), "bootstrap.servers": bootstrap,
-                         "group.id": f"modpipe-chaos-read-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
-                         "auto.offset.reset": "earliest", "enable.partition.eof": False,
-                         # noida-db answers a fetch with more than fetch.max.bytes when a partition is large
-                         "receive.message.max.bytes": 1_000_000_000, "fetch.max.bytes": 50_000_000,
-                         "max.partition.fetch.bytes": 10_000_000})
-    try:
-        remaining: dict[tuple[str, int], int] = {}
-        tps = []
-        for topic in topics:
-            meta = consumer.list_topics(topic, timeout=30).topics.get(topic)
-            if meta is None or meta.error is not None:
-                continue
-            for p in meta.partitions:
-                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
-                if high > low:
-                    remaining[(topic, p)] = high
-                    tps.append(TopicPartition(topic, p, low))
-        consumer.assign(tps)
-        deadline = time.monotonic() + timeout_s
-        while remaining:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"could not read {len(remaining)} partitions to their end: {sorted(remaining)[:5]}")
-            for msg in consumer.consume(1000, 0.5):
-                if msg.error():
-                    continue
-                key = (msg.topic(), msg.partition())
-                end = remaining.get(key)
-                if end is None:
-                    continue
-                yield msg
-                if msg.offset() + 1 >= end:
-                    del remaining[key]
-    finally:
-        consumer.close()
 
 
 def changelog_topic(settings: Settings, table: str) -> str:

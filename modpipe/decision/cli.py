@@ -1,9 +1,10 @@
-"""`modpipe decision train` and `modpipe decision eval`."""
+"""`modpipe decision train [--labels]`, `decision eval` and `decision promote`."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from modpipe.settings import Settings
@@ -24,6 +25,15 @@ def register(subparsers) -> None:
     t.add_argument("--seed", type=int, default=0, help="seed of the simulations and of LightGBM (default 0)")
     t.add_argument("--force", action="store_true", help="retrain even if a model with the same key exists")
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
+    t.add_argument("--labels", action="store_true",
+                   help="learn from moderators' labels (the labels and decisions topics on KAFKA_BOOTSTRAP_SERVERS) "
+                        "with the simulation as a prior; judged against the serving model on the newest labels and "
+                        "written only if not worse (exit 1 otherwise); see modpipe/decision/labels.py")
+    t.add_argument("--label-weight", type=float, default=10.0,
+                   help="with --labels: how many simulated posts one label weighs (default 10)")
+    t.add_argument("--eval-fraction", type=float, default=0.25,
+                   help="with --labels: the newest share of labels held out to judge the candidate (default 0.25)")
+    t.add_argument("--json", action="store_true", help="with --labels: print the report as one JSON object")
     t.set_defaults(func=_train)
 
     e = sub.add_parser("eval", help="spam F1 of text-only vs the full engine on held-out traffic, per scenario",
@@ -92,10 +102,41 @@ def _train(args: argparse.Namespace) -> int:
     from modpipe.textmodel.artifacts import resolve_model
 
     settings = Settings.from_env()
+    if args.labels:
+        return _train_labels(args, settings)
     path = train(settings, resolve_model(settings), profile=args.profile or settings.model_profile, seed=args.seed,
                  force=args.force, progress=not args.no_progress)
     print(path)
     return 0
+
+
+def _train_labels(args: argparse.Namespace, settings: Settings) -> int:
+    from modpipe.decision.labels import NotEnoughLabels, train_on_labels
+    from modpipe.textmodel.artifacts import resolve_model
+
+    if not 0 < args.eval_fraction < 1 or args.label_weight <= 0:
+        print("modpipe decision train: --eval-fraction must be in (0, 1) and --label-weight > 0", file=sys.stderr)
+        return 2
+    try:
+        report = train_on_labels(settings, resolve_model(settings), bootstrap=settings.bootstrap_servers or f"127.0.0.1:{settings.broker_port}",
+                                 profile=args.profile or settings.model_profile, seed=args.seed,
+                                 label_weight=args.label_weight, eval_fraction=args.eval_fraction, force=args.force,
+                                 progress=not (args.no_progress or args.json))
+    except NotEnoughLabels as exc:
+        print(f"modpipe decision train: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report))
+    else:
+        s, c = report["serving"], report["candidate"]
+        print(f"held-out labels: {report['held_out_labels']} ({report['held_out_spam']} spam); trained on "
+              f"{report['train_labels']} labels x {report['label_weight']:g} + {report['simulated_rows']} simulated posts")
+        print(f"serving   {s['version']}: F1 {s['f1']:.4f}  accuracy {s['accuracy']:.4f}  log loss {s['logloss']:.5f}")
+        print(f"candidate {c['version']}: F1 {c['f1']:.4f}  accuracy {c['accuracy']:.4f}  log loss {c['logloss']:.5f}")
+        print(f"F1 change {report['f1_change']:+.4f}: " + (f"written to {report['written']} (serve it with `modpipe "
+                                                               f"decision promote`)" if report["written"] else
+                                                               "worse than the serving model, not written"))
+    return 0 if report["written"] else 1
 
 
 def _eval(args: argparse.Namespace) -> int:

@@ -128,7 +128,9 @@ def time_split(rows: list[dataset.Row], fraction: float) -> tuple[list[dataset.R
     return train, valid
 
 
-def fit(train: list[dataset.Row], valid: list[dataset.Row], config: TrainConfig, seed: int) -> tuple[object, dict]:
+def fit(train: list[dataset.Row], valid: list[dataset.Row], config: TrainConfig, seed: int,
+        weight=None) -> tuple[object, dict]:
+    """`weight(row)`: a training row's weight (default 1; `--labels` weighs moderators' labels up)."""
     import lightgbm as lgb
 
     # The model never sees a shortcut post: the cascade decides those before it.
@@ -139,7 +141,8 @@ def fit(train: list[dataset.Row], valid: list[dataset.Row], config: TrainConfig,
     yt = np.asarray([r.spam for r in train], dtype=np.float64)
     yv = np.asarray([r.spam for r in valid], dtype=np.float64)
     params = {**dict(config.params), "seed": seed, "metric": "binary_logloss"}
-    dtrain = lgb.Dataset(xt, yt, feature_name=list(DECISION_FEATURES), free_raw_data=False)
+    wt = None if weight is None else np.asarray([weight(r) for r in train], dtype=np.float64)
+    dtrain = lgb.Dataset(xt, yt, weight=wt, feature_name=list(DECISION_FEATURES), free_raw_data=False)
     dvalid = lgb.Dataset(xv, yv, reference=dtrain)
     booster = lgb.train(params, dtrain, num_boost_round=config.num_boost_round, valid_sets=[dvalid],
                         valid_names=["valid"], callbacks=[lgb.early_stopping(config.early_stopping, verbose=False)])
@@ -163,11 +166,7 @@ def train(settings: Settings, build: ModelBuild, *, profile: str = "full", seed:
         _point_current(root, out, build.version)
         return out
     started = time.monotonic()
-    texts = dataset.heldout_half(build.heldout(), "train")
-    runs = list(tqdm(simulated_runs(texts, config, seed), desc="simulate", unit="run", disable=not progress,
-                     total=len(config.scenarios) * len(config.rates)))
-    probs = dataset.TextProbabilities(build, root)
-    probs.ensure(t for _, events in runs for t in dataset.post_texts(events))
+    runs, probs = _simulation(settings, build, config, seed, progress)
 
     decider: Decider = ThresholdDecider(settings.review_threshold, settings.block_threshold)
     rounds = []
@@ -193,6 +192,24 @@ def train(settings: Settings, build: ModelBuild, *, profile: str = "full", seed:
     _point_current(root, out, build.version)
     _log.info("decision model trained", extra={"path": str(out), "version": model.version, **rounds[-1]})
     return out
+
+
+def _simulation(settings: Settings, build: ModelBuild, config: TrainConfig, seed: int, progress: bool):
+    texts = dataset.heldout_half(build.heldout(), "train")
+    runs = list(tqdm(simulated_runs(texts, config, seed), desc="simulate", unit="run", disable=not progress,
+                     total=len(config.scenarios) * len(config.rates)))
+    probs = dataset.TextProbabilities(build, decision_root(settings))
+    probs.ensure(t for _, events in runs for t in dataset.post_texts(events))
+    return runs, probs
+
+
+def simulated_rows(settings: Settings, build: ModelBuild, config: TrainConfig, seed: int, decider: Decider, *,
+                   progress: bool = True) -> list[dataset.Row]:
+    """The training simulation replayed with `decider`'s blocks fed back (the prior of `--labels`)."""
+    runs, probs = _simulation(settings, build, config, seed, progress)
+    feedback = feedback_of(decider, settings.block_threshold)
+    return [row for name, events in tqdm(runs, desc="replay", unit="run", disable=not progress)
+            for row in dataset.replay(events, probs, feedback, run=name)]
 
 
 def _importance(booster) -> dict[str, float]:

@@ -20,13 +20,13 @@ from loadgen.chaos import (
     count_decisions,
     input_events,
     offline_tables,
-    read_to_end,
     streaming_tables,
     watermarks,
 )
 from loadgen.posts import make_post
 from modpipe import schema
 from modpipe.services.process import free_port
+from modpipe.services.readback import read_to_end
 from streams.stack import LocalStack
 
 pytestmark = pytest.mark.integration

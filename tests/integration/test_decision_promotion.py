@@ -104,3 +104,49 @@ def test_a_shadow_model_never_changes_a_verdict(local_stack, pipeline_settings, 
     assert samples.get("modpipe_shadow_disagreements_total{serving=allow,shadow=block}") == allowed
     log = (pipeline_settings.state_dir / "logs" / "worker-0.log").read_text()
     assert "shadow decision model disagrees" in log and "shadowed-" in log
+
+
+def test_decision_train_labels_reads_the_topics_and_writes_a_candidate_only_if_not_worse(
+        pipeline_settings, model_build, tmp_path, settings_env):
+    """Moderators label a campaign the simulation never had (9,999-friend accounts with harmless texts) as
+    spam; `decision train --labels` joins labels and decisions from the topics, trains, and writes the
+    candidate because it beats the serving model on the newest labels."""
+    import json
+    import subprocess
+    import sys
+
+    from modpipe.decision.train import decision_root
+
+    real_root = decision_root(Settings.from_env())
+    cache = tmp_path / "cache"
+    (cache / "decision").mkdir(parents=True)
+    for cached in real_root.glob("text-probabilities.*.json"):  # the simulation's texts, scored once already
+        shutil.copy(cached, cache / "decision" / cached.name)
+    producer = Producer({"bootstrap.servers": pipeline_settings.bootstrap_servers})
+    rng = random.Random(2)
+    for i in range(400):
+        if i % 2:
+            features, spam = {"text_probability": rng.uniform(0.05, 0.3), "user_friends": 9_999}, True
+        else:
+            p = rng.random()
+            features, spam = {"text_probability": p, "user_friends": rng.randint(0, 500)}, p > 0.5
+        t = 1_795_400_000_000 + i * 1_000
+        producer.produce(pipeline_settings.topic("decisions"), key=f"p{i}".encode(), value=orjson.dumps(
+            {"post_id": f"p{i}", "user_id": f"u{i}", "verdict": "allow", "revision": 1,
+             "decided_at": schema.rfc3339(t), "features": features}))
+        producer.produce(pipeline_settings.topic("labels"), key=f"p{i}".encode(), value=schema.dumps(
+            {"schema_version": 1, "post_id": f"p{i}", "user_id": f"u{i}", "label": "spam" if spam else "ham",
+             "moderator_id": "m1", "created_at": schema.rfc3339(t + 500)}))
+    assert producer.flush(30) == 0
+    env = {**settings_env, "KAFKA_BOOTSTRAP_SERVERS": pipeline_settings.bootstrap_servers,
+           "MODPIPE_TOPIC_PREFIX": pipeline_settings.topic_prefix, "MODPIPE_CACHE_DIR": str(cache),
+           "MODPIPE_MODEL_DIR": str(model_build.path),
+           "MODPIPE_DECISION_MODEL": str(resolve_decision_model(Settings.from_env(), model_build.version))}
+    proc = subprocess.run([sys.executable, "-m", "modpipe", "decision", "train", "--labels", "--profile", "demo",
+                           "--json"], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["labels"] == 400 and report["held_out_labels"] == 100 and report["not_worse"]
+    assert report["candidate"]["f1"] > report["serving"]["f1"]
+    written = DecisionModel.load(report["written"])
+    assert written.version == report["candidate"]["version"] and written.meta["trained_on"] == "labels+simulation"
