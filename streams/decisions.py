@@ -53,6 +53,15 @@ class Publisher:
         """The models a decision is made with now (the decider's changes when a model is promoted)."""
         return self._versions()
 
+    def record(self, post: dict, verdict, features: dict, received_at_ms: int, decided_at_ms: int, *,
+               revision: int = 1, degraded: bool = False, versions: dict | None = None) -> dict:
+        """The decision record of a verdict (`versions`: the models it was made with; default: now)."""
+        return schema.decision(
+            post=post, verdict=verdict.verdict, spam_probability=verdict.spam_probability,
+            text_probability=features.get("text_probability"), reasons=verdict.reasons, features=features,
+            short_circuit=verdict.short_circuit, model_versions=versions or self.model_versions,
+            received_at_ms=received_at_ms, decided_at_ms=decided_at_ms, revision=revision, degraded=degraded)
+
     def publish(self, record: dict, ctx: dict, received_at_ms: int, pending: Pending) -> list:
         """Produce the decision; returns its feedback items (stage, partition key, item) for the tables."""
         snapshot = {"post": {"post_id": record["post_id"], "user_id": record["user_id"]},
@@ -81,11 +90,7 @@ class Publisher:
         now = schema.now_ms()
         items = []
         for r, features, verdict in zip(records, features_list, cascade(decider, features_list), strict=True):
-            record = schema.decision(
-                post=r["post"], verdict=verdict.verdict, spam_probability=verdict.spam_probability,
-                text_probability=features["text_probability"], reasons=verdict.reasons, features=features,
-                short_circuit=verdict.short_circuit, model_versions=self.model_versions,
-                received_at_ms=r["received_at_ms"], decided_at_ms=now, revision=r["revision"] + 1)
+            record = self.record(r["post"], verdict, features, r["received_at_ms"], now, revision=r["revision"] + 1)
             items += self.publish(record, r["ctx"], r["received_at_ms"], pending)
             metrics.REDECISIONS.labels("text_model_back").inc()
         return items
@@ -103,11 +108,8 @@ class Publisher:
         items = []
         for r, verdict in zip(redecisions, verdicts, strict=True):
             request, features = r.request, r.request["features"]
-            record = schema.decision(
-                post=request["post"], verdict=verdict.verdict, spam_probability=verdict.spam_probability,
-                text_probability=features.get("text_probability"), reasons=verdict.reasons, features=features,
-                short_circuit=verdict.short_circuit, model_versions=self.model_versions,
-                received_at_ms=request["received_at_ms"], decided_at_ms=now, revision=request["revision"])
+            record = self.record(request["post"], verdict, features, request["received_at_ms"], now,
+                                 revision=request["revision"])
             items += self.publish(record, r.ctx, request["received_at_ms"], pending)
             metrics.REDECISIONS.labels(request["reason"]).inc()
             _log.info("post decided again", extra={"post_id": r.post_id, "reason": request["reason"],
@@ -212,11 +214,8 @@ class DecisionBatcher:
             items = []
             decided_at, versions = schema.now_ms(), self.publisher.model_versions
             for i, (post, features, verdict) in enumerate(zip(batch, features_list, verdicts, strict=True)):
-                record = schema.decision(
-                    post=post.post, verdict=verdict.verdict, spam_probability=verdict.spam_probability,
-                    text_probability=features["text_probability"], reasons=verdict.reasons, features=features,
-                    short_circuit=verdict.short_circuit, model_versions=versions,
-                    received_at_ms=post.received_at_ms, decided_at_ms=decided_at, degraded=i in degraded)
+                record = self.publisher.record(post.post, verdict, features, post.received_at_ms, decided_at,
+                                               degraded=i in degraded, versions=versions)
                 items += self.publisher.publish(record, post.ctx, post.received_at_ms, pending)
                 if i in degraded:
                     self.publisher.await_text(post, features, record["revision"], pending)
