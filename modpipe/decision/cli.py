@@ -57,6 +57,14 @@ def register(subparsers) -> None:
     pr.add_argument("model_dir", type=Path, help="decision model directory to serve")
     pr.set_defaults(func=_promote)
 
+    ex = sub.add_parser("export-labels", help="moderators' labels joined with the posts' texts, as JSONL "
+                                              "(text, label, post_id, moderator_id, labelled_at)",
+                        description="Reads `labels` and `posts` on KAFKA_BOOTSTRAP_SERVERS (else the embedded "
+                                    "broker's port); each labelled post whose text the broker still holds becomes "
+                                    "one line, its newest label standing.")
+    ex.add_argument("file", type=Path, help="JSONL file to write")
+    ex.set_defaults(func=_export_labels)
+
 
 def load_engine(settings: Settings, text_model_version: str, path: Path | None = None):
     from modpipe.decision.engine import DecisionEngine
@@ -86,6 +94,15 @@ def promote(settings: Settings, model_dir: Path, text_model_version: str) -> Pat
             tmp.replace(target)
     _point_current(root, target, text_model_version)
     return target
+
+
+def _export_labels(args: argparse.Namespace) -> int:
+    from modpipe.decision.labels import export_labelled_texts
+
+    settings = Settings.from_env()
+    n = export_labelled_texts(settings, settings.bootstrap_servers or f"127.0.0.1:{settings.broker_port}", args.file)
+    print(f"{n} labelled texts written to {args.file}", file=sys.stderr)
+    return 0
 
 
 def _promote(args: argparse.Namespace) -> int:

@@ -84,6 +84,46 @@ def read_label_rows(settings: Settings, bootstrap: str) -> list[dataset.Row]:
     return label_rows(decisions, labels)
 
 
+def labelled_texts(posts: Iterable[dict], labels: Iterable[dict]) -> list[dict]:
+    """The moderators' texts for the text model: {text, label, post_id, moderator_id, labelled_at} per post
+    with a label and a known text, its newest label standing; ordered by label time."""
+    newest: dict[str, dict] = {}
+    for label in labels:
+        seen = newest.get(label["post_id"])
+        if seen is None or str(label["created_at"]) >= str(seen["created_at"]):
+            newest[label["post_id"]] = label
+    texts = {p["post_id"]: p["text"] for p in posts if p.get("post_id") in newest}
+    out = [{"text": texts[pid], "label": label["label"], "post_id": pid, "moderator_id": label["moderator_id"],
+            "labelled_at": label["created_at"]} for pid, label in newest.items() if pid in texts]
+    out.sort(key=lambda r: (str(r["labelled_at"]), r["post_id"]))
+    return out
+
+
+def export_labelled_texts(settings: Settings, bootstrap: str, path: Path) -> int:
+    """Write `labelled_texts` of everything the broker holds in `posts` and `labels` as JSONL; returns the
+    number of lines. The file is the input `model build --extra-data` is meant to take (not built yet)."""
+    import orjson
+
+    from modpipe import schema
+    from modpipe.services.readback import read_to_end
+
+    posts, labels = [], []
+    for msg in read_to_end(settings, bootstrap, [settings.topic("posts"), settings.topic("labels")]):
+        try:
+            if msg.topic() == settings.topic("labels"):
+                labels.append(schema.decode_label(msg.value()))
+            else:
+                posts.append(schema.decode_post(msg.value(), settings.max_text_chars))
+        except (schema.InvalidMessage, ValueError):
+            continue
+    rows = labelled_texts(posts, labels)
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
+    tmp.replace(path)
+    return len(rows)
+
+
 def scores(model_decide, rows: Sequence[dataset.Row]) -> dict:
     """Spam F1 (review or block counts as spam), accuracy and log loss of a decider on labelled rows."""
     verdicts = model_decide([r.features for r in rows])

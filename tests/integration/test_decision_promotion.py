@@ -150,3 +150,31 @@ def test_decision_train_labels_reads_the_topics_and_writes_a_candidate_only_if_n
     assert report["candidate"]["f1"] > report["serving"]["f1"]
     written = DecisionModel.load(report["written"])
     assert written.version == report["candidate"]["version"] and written.meta["trained_on"] == "labels+simulation"
+
+
+def test_export_labels_writes_the_labelled_texts_from_the_topics(pipeline_settings, settings_env, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    rng = random.Random(4)
+    posts = [make_post(rng, f"exp-{i}", f"text number {i} <b>as is</b>", user_id=f"eu{i}") for i in range(5)]
+    producer = Producer({"bootstrap.servers": pipeline_settings.bootstrap_servers})
+    for i, post in enumerate(posts):
+        producer.produce(pipeline_settings.topic("posts"), key=post["user_id"].encode(), value=schema.dumps(post))
+        if i < 3:
+            producer.produce(pipeline_settings.topic("labels"), key=post["post_id"].encode(), value=schema.dumps(
+                {"schema_version": 1, "post_id": post["post_id"], "user_id": post["user_id"],
+                 "label": "spam" if i % 2 else "ham", "moderator_id": "m2", "created_at": schema.rfc3339(1_795_400_000_000 + i)}))
+    producer.produce(pipeline_settings.topic("labels"), key=b"bad", value=b"{not json")  # skipped, not fatal
+    assert producer.flush(30) == 0
+    out = tmp_path / "labelled.jsonl"
+    env = {**settings_env, "KAFKA_BOOTSTRAP_SERVERS": pipeline_settings.bootstrap_servers,
+           "MODPIPE_TOPIC_PREFIX": pipeline_settings.topic_prefix}
+    proc = subprocess.run([sys.executable, "-m", "modpipe", "decision", "export-labels", str(out)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["post_id"], r["label"], r["text"]) for r in rows] == [
+        (p["post_id"], "spam" if i % 2 else "ham", p["text"]) for i, p in enumerate(posts[:3])]
+    assert all(r["moderator_id"] == "m2" for r in rows)

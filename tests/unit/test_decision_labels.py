@@ -105,3 +105,19 @@ def test_too_few_labels_are_refused(serving):
     with pytest.raises(NotEnoughLabels):
         fit_with_labels(sim_rows(300), contradicting_labels(10), serving, label_weight=10.0, eval_fraction=0.25,
                         config=TrainConfig(), seed=0, review_threshold=0.5, block_threshold=0.9)
+
+
+def test_labelled_texts_keep_the_newest_label_of_posts_whose_text_is_known():
+    from modpipe.decision.labels import labelled_texts
+
+    posts = [{"post_id": "p1", "text": "win cash"}, {"post_id": "p2", "text": "lunch?"}, {"post_id": "p9", "text": "x"}]
+    labels = [
+        {"post_id": "p1", "label": "ham", "moderator_id": "a", "created_at": "2026-11-23T10:00:00.000Z"},
+        {"post_id": "p1", "label": "spam", "moderator_id": "b", "created_at": "2026-11-23T10:01:00.000Z"},
+        {"post_id": "p2", "label": "ham", "moderator_id": "a", "created_at": "2026-11-23T09:00:00.000Z"},
+        {"post_id": "p3", "label": "spam", "moderator_id": "a", "created_at": "2026-11-23T09:30:00.000Z"},  # no text
+    ]
+    assert labelled_texts(posts, labels) == [
+        {"text": "lunch?", "label": "ham", "post_id": "p2", "moderator_id": "a", "labelled_at": "2026-11-23T09:00:00.000Z"},
+        {"text": "win cash", "label": "spam", "post_id": "p1", "moderator_id": "b",
+         "labelled_at": "2026-11-23T10:01:00.000Z"}]
