@@ -266,6 +266,20 @@ def ort_session(path: Path, options: dict[str, str]):
 
 # ---------------------------------------------------------------------------------------------- Triton
 
+def triton_quiet(url: str, model: str, quiet_s: float, timeout_s: float, poll_s: float = 0.25) -> float:
+    """Wait until `model`'s inference count has not moved for `quiet_s` (or `timeout_s`); returns the wait."""
+    started = time.monotonic()
+    last, since = None, time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        count = triton_stats(url, model)["inferences"]
+        if count != last:
+            last, since = count, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            break
+        time.sleep(poll_s)
+    return time.monotonic() - started
+
+
 def triton_stats(url: str, model: str) -> dict:
     """Cumulative statistics of `model` in the server: requests, executions (server batches), compute time."""
     import tritonclient.grpc as grpcclient
@@ -604,6 +618,9 @@ def pipeline_passes(settings: Settings, stack, warmup: list[Event], saturation: 
     stack.wait_workers_ready()
     stats = _produce(settings, producer, [ev._replace(offset_s=0.0) for ev in warmup[: max(1, len(warmup) // 4)]])
     decisions.wait(set(stats.sent_at), timeout_s, healthy)
+    # Restarted workers first decide again what the last pass left uncommitted (at-least-once); those texts
+    # are not this pass's: wait until Triton has computed nothing for a while before the pass begins.
+    triton_quiet(stack.triton_url, settings.triton_model, quiet_s=max(2.0, 2 * idle_s), timeout_s=timeout_s)
     cached = saturation_pass(settings, stack, producer, cached_events, label="pipeline saturation, text cache on",
                              **common)
     return {"posts_per_s": sat["posts_per_s"], "saturation": sat, "low_rate": low, "latency": lat,
