@@ -36,23 +36,40 @@ and the next restart replays it from far behind. In `modpipe chaos` (5 worker ki
 posts) 1,581 posts were decided more than once, 5,354 duplicate decisions. A failed commit is undone here,
 so the next commit round sends it again.
 
-6. faust commits past a record it is still processing. `Consumer._new_offset` returns the end of the first
-run of acked offsets unless the lowest acked one is more than one above the committed offset: with
-committed offset N (the next record to read) and N+1 acked while N is still in flight, it commits N+2, and a
-crash before N's decision loses N. Our rounds finish out of order (several Triton batches in flight, bans
-decided without the model), so this happened: `modpipe chaos` lost 7 of 10,000 posts to worker SIGKILLs,
-each applied by the post stage and never decided, its input committed. (faust's tolerance of one is
-probably meant for a transaction marker at the committed offset.) Now no offset is committed past a record
-this worker holds unacked.
+6. faust commits past records it never processed. `Consumer._new_offset` commits the first run of acked
+offsets unless the lowest is more than one above the committed offset, and with no committed offset (a
+partition nothing has committed yet) it does not look at all. So with N committed, N+1 acked and N still
+at Triton it commits N+2 (`modpipe chaos` lost 7 of 10,000 posts to worker SIGKILLs that way); and a
+record that faust dropped during a rebalance (fetched while the flow was stopped, then not fetched again
+because the consumer had read past it) was committed over as soon as the records after it were acked.
+Now a commit covers only offsets this worker acked, one after the other from the committed offset (or,
+with none, from the first one fetched after the assignment's seek), except holes in the log itself
+(transaction markers, compaction), which are told apart as offsets that fetching skipped.
+A record that holds the commits back although it is neither acked nor being processed was dropped: after
+REWIND_AFTER_S the partition is sought back to it, and it and the records after it are processed again
+(the states ignore what they already counted; their decisions are published again).
+
+7. After a rebalance faust seeks each assigned partition back to its committed offset, so that records it
+fetched under the old assignment (and drops unprocessed: their generation is stale) are fetched again.
+aiokafka's `seek_to_committed` skips a partition whose committed offset is missing or 0, leaving the
+fetch position after the dropped records: they were never processed. It hit the first records of a
+partition, which nothing had committed yet: `modpipe chaos` lost the reports and shares sent while the
+broker restarted (and a moderator label later) on partitions that no worker had committed. Such a
+partition is now sought to its beginning (the `earliest` reset the app asks for), so its records are
+processed again (at-least-once). Only topics that agents consume and commit are sought: faust positions
+the changelog partitions itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 from aiokafka.consumer import fetcher, group_coordinator
 from faust.transport import consumer as faust_consumer
+from faust.transport.consumer import ensure_TP
+from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from modpipe import log
 
@@ -164,22 +181,151 @@ def undo_failed_commit(committed: dict, offsets: dict, before: dict) -> None:
             committed[tp] = before.get(tp)
 
 
-_original_new_offset = faust_consumer.Consumer._new_offset
+REWIND_AFTER_S = 5.0  # a record unacked and not in flight this long while later ones are acked was dropped
+
+
+class FetchedOffsets:
+    """What the consumer fetched of one partition: where it started after the latest seek, and the holes in
+    the log it skipped (offsets it never saw while going forward)."""
+
+    __slots__ = ("first", "last", "holes", "blocked")
+
+    def __init__(self):
+        self.first: int | None = None
+        self.last: int | None = None
+        self.holes: list[tuple[int, int]] = []  # [start, end) ranges the log does not have
+        self.blocked: tuple[int, float] | None = None  # (offset holding the commits back, since)
+
+    def fetched(self, offset: int) -> None:
+        if self.first is None:
+            self.first = offset
+        if self.last is not None and offset > self.last + 1:
+            self.holes.append((self.last + 1, offset))
+        if self.last is None or offset > self.last:
+            self.last = offset
+
+    def sought(self) -> None:
+        """The position moved: what comes next starts a new run (the holes stay: they are the log's)."""
+        self.first = self.last = None
+
+    def prune(self, below: int) -> None:
+        self.holes = [(a, b) for a, b in self.holes if b > below]
+
+
+_fetched: dict = {}  # TP -> FetchedOffsets
+
+
+def committable(start: int, acked: set[int], holes: list[tuple[int, int]]) -> int:
+    """The offset to commit: from `start`, past every offset acked or in a hole, up to the first that is neither."""
+    offset = start
+    while True:
+        if offset in acked:
+            offset += 1
+            continue
+        end = next((b for a, b in holes if a <= offset < b), None)
+        if end is None:
+            return offset
+        offset = end
 
 
 def _new_offset(self, tp):
     acked = self._acked[tp]
-    if acked:
-        held = lowest_unacked(self._unacked_messages, tp, self._committed_offset[tp])
-        if held is not None and held < min(acked):
-            return None  # committing the acked run above it would skip a record still in flight
-    return _original_new_offset(self, tp)
+    if not acked:
+        return None
+    track = _fetched.get(tp)
+    start = self._committed_offset[tp]
+    if start is None:
+        start = track.first if track is not None else None
+        if start is None:
+            return None
+    done = set(acked)
+    end = committable(start, done, track.holes if track is not None else [])
+    acked[:] = sorted(o for o in done if o > end)
+    self._acked_index[tp].difference_update(o for o in done if o < end)
+    if track is not None:
+        track.prune(end)
+        _watch_blocked(self, tp, track, end, bool(acked))
+    if self._gap.get(tp):
+        self._gap[tp].chop(0, end)
+    return end if end > start else None
 
 
-def lowest_unacked(messages, tp, committed: int | None) -> int | None:
-    """The lowest offset of `tp` that this worker took and has not acked (at or above the committed one)."""
-    return min((m.offset for m in list(messages)
-                if m.tp == tp and not m.acked and (committed is None or m.offset >= committed)), default=None)
+def _watch_blocked(consumer, tp, track: FetchedOffsets, offset: int, later_acked: bool) -> None:
+    """Rewind to `offset` when it has held the commits back for REWIND_AFTER_S without being in flight."""
+    if not later_acked or in_flight(consumer._unacked_messages, tp, offset):
+        track.blocked = None
+        return
+    now = time.monotonic()
+    if track.blocked is None or track.blocked[0] != offset:
+        track.blocked = (offset, now)
+        return
+    if now - track.blocked[1] < REWIND_AFTER_S:
+        return
+    track.blocked = None
+    _log.warning("a record was dropped without being processed; reading the partition again from it",
+                 extra={"topic": tp.topic, "partition": tp.partition, "offset": offset})
+    asyncio.ensure_future(_rewind(consumer, tp, offset))
+
+
+async def _rewind(consumer, tp, offset: int) -> None:
+    try:
+        await consumer.seek(tp, offset)
+    except Exception as exc:  # noqa: BLE001 - e.g. the partition was revoked meanwhile: its new owner reads it
+        _log.info("rewind not done", extra={"topic": tp.topic, "partition": tp.partition, "error": str(exc)})
+
+
+_original_filter_committable = faust_consumer.Consumer._filter_committable_offsets
+
+
+def _filter_committable_offsets(self, tps):
+    """Only partitions assigned now: a round that was in flight when its partition was revoked acks it
+    afterwards, and that offset is the new owner's to commit (and to process again)."""
+    assigned = self.assignment()
+    for tp in [tp for tp in self._acked if tp not in assigned]:
+        self._acked.pop(tp, None)
+        self._acked_index.pop(tp, None)
+    return _original_filter_committable(self, [tp for tp in tps if tp in assigned])
+
+
+def in_flight(messages, tp, offset: int) -> bool:
+    """Whether this worker holds the record at `offset` of `tp`, taken and not acked."""
+    return any(m.tp == tp and m.offset == offset and not m.acked for m in list(messages))
+
+
+_original_to_message = faust_aiokafka.Consumer._to_message
+
+
+def _to_message(self, tp, record):
+    message = _original_to_message(self, tp, record)
+    track = _fetched.get(message.tp)
+    if track is None:
+        track = _fetched[message.tp] = FetchedOffsets()
+    track.fetched(message.offset)
+    return message
+
+
+async def _seek_to_committed(self):
+    return await self.call_thread(_seek_consumer_to_committed, self._ensure_consumer(), self.app)
+
+
+async def _seek_consumer_to_committed(consumer, app):
+    committed = await consumer.seek_to_committed()
+    for tp in committed:
+        track = _fetched.get(ensure_TP(tp))
+        if track is not None:
+            track.sought()
+    uncommitted = without_commit(committed, app.topics.acks_enabled_for)
+    if uncommitted:
+        _log.info("no committed offset: reading from the beginning", extra={
+            "partitions": sorted(f"{tp.topic}:{tp.partition}" for tp in uncommitted)})
+        await consumer.seek_to_beginning(*uncommitted)
+    return committed
+
+
+def without_commit(committed: dict, consumed: Callable[[str], bool]) -> list:
+    """Partitions of consumed (committing) topics that aiokafka's seek_to_committed left where they were: no
+    committed offset, or 0."""
+    return [tp for tp, offset in committed.items() if not offset and consumed(tp.topic)]
 
 
 def install() -> None:
@@ -189,3 +335,6 @@ def install() -> None:
     group_coordinator.CoordinatorGroupRebalance.perform_group_join = _perform_group_join
     fetcher.Fetcher._proc_fetch_request = _proc_fetch_request
     faust_consumer.Consumer.getmany = _getmany
+    faust_aiokafka.AIOKafkaConsumerThread.seek_to_committed = _seek_to_committed
+    faust_aiokafka.Consumer._to_message = _to_message
+    faust_consumer.Consumer._filter_committable_offsets = _filter_committable_offsets
