@@ -13,6 +13,16 @@ same situation, wipes the task's store and restores it from the changelog; so do
 
 The changelog is the tables' source of truth: what it lost, the inputs replay (their committed offsets went
 back with it on a broker that restores a snapshot), and the states ignore what they already counted.
+
+A store can also be ahead of its changelog after the worker itself dies: a state is written into the store
+when its changelog record is produced, before the broker has it, and a SIGKILL loses the record but not
+the store's write. The input that changed it is processed again after the restart, finds the change
+already in the state (the states ignore what they have counted) and writes nothing: the changelog, and any
+worker restoring from it, never gets it (`modpipe chaos` found a user's post counted on one machine and
+missing from the changelog). So a worker marks a clean stop (everything it wrote delivered) in its table
+directory, and at start, without that mark, removes every local store (`discard_after_unclean_stop`):
+they are restored from the changelogs, as Kafka Streams restores a task's store after an unclean shutdown
+under exactly-once. A crash costs a full restore of this worker's partitions instead of a catch-up.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from modpipe.settings import Settings
 
 _log = log.get(__name__)
 
+CLEAN_STOP_MARK = ".modpipe-clean-stop"  # written last by a worker whose every write was delivered
 OFFSET_KEY = b"__faust\0offset__"  # faust.stores.rocksdb.Store.offset_key
 _STORE = re.compile(r"^(?P<table>.+)-(?P<partition>\d+)\.db$")
 _TP = re.compile(r"TP\(topic='(?P<topic>[^']+)', partition=(?P<partition>\d+)\)")
@@ -56,6 +67,30 @@ def stores(tabledir: Path) -> dict[tuple[str, int], Path]:
         if m:
             out[(m["table"], int(m["partition"]))] = path
     return out
+
+
+def discard_after_unclean_stop(tabledir: Path) -> list[str]:
+    """At start: remove every local store unless the last worker on `tabledir` stopped cleanly. The mark is
+    removed either way: this run is unclean until it stops cleanly. Returns what was removed."""
+    mark = tabledir / CLEAN_STOP_MARK
+    clean = mark.exists()
+    mark.unlink(missing_ok=True)
+    if clean:
+        return []
+    removed = []
+    for path in stores(tabledir).values():
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path.name)
+    if removed:
+        _log.warning("the last worker on this state directory did not stop cleanly: local table stores "
+                     "discarded, restored from the changelogs", extra={"stores": len(removed)})
+    return removed
+
+
+def mark_clean_stop(tabledir: Path) -> None:
+    """Everything this worker wrote is delivered: its stores may be kept for the next start."""
+    tabledir.mkdir(parents=True, exist_ok=True)
+    (tabledir / CLEAN_STOP_MARK).write_text("stopped cleanly: every changelog record delivered\n")
 
 
 def discard_ahead(tabledir: Path, app_id: str, end_offset: Callable[[str, int], int | None]) -> list[str]:

@@ -159,7 +159,9 @@ class Outbox:
         for hook in self.after_delivery:
             hook()
 
-    def close(self, timeout: float = 10.0) -> None:
+    def close(self, timeout: float = 10.0) -> int:
+        """Deliver what is queued (up to `timeout`); returns the records left undelivered (-1: unknown)."""
+        left = -1
         try:
             left = self.producer.flush(timeout)
             if left:
@@ -170,3 +172,4 @@ class Outbox:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(2)
+        return left

@@ -18,7 +18,13 @@ from streams import kafka_compat, metrics
 from streams.agents import attach_agents
 from streams.app import create_app
 from streams.bans import BanRegistry
-from streams.local_tables import ChangelogEnds, discard_ahead, discard_named
+from streams.local_tables import (
+    ChangelogEnds,
+    discard_after_unclean_stop,
+    discard_ahead,
+    discard_named,
+    mark_clean_stop,
+)
 from streams.outbox import Outbox
 from streams.scoring import TextScorer
 from streams.topics import ensure_topics
@@ -116,17 +122,20 @@ def run_worker(settings: Settings, name: str | None = None) -> int:
 
     pipe.app.before_stop.append(_stop_deciding)
 
+    undelivered = [-1]  # records the outbox could not deliver at close (-1: it did not close)
+
     @pipe.app.on_before_shutdown.connect
     async def _close_client(app, **kwargs) -> None:
         bans.stop()
         # Batches still at Triton are dropped: their posts were never acked and are decided after restart.
         await wiring.batcher.close()
         wiring.flush_states()
-        outbox.close()
+        undelivered[0] = outbox.close()
         await scorer.close()
 
     tabledir = pipe.app.conf.tabledir
     if settings.table_store == "rocksdb":
+        discard_after_unclean_stop(tabledir)
         ends = ChangelogEnds(settings, bootstrap)
         try:
             discard_ahead(tabledir, settings.app_id, ends)
@@ -139,6 +148,8 @@ def run_worker(settings: Settings, name: str | None = None) -> int:
     try:
         worker.execute_from_commandline()  # returns via SystemExit when stopped (SIGTERM / SIGINT)
     except SystemExit:
+        if worker.crash_reason is None and undelivered[0] == 0:
+            mark_clean_stop(tabledir)  # the stores hold nothing the changelogs lack: keep them
         if isinstance(worker.crash_reason, ConsistencyError):
             discard_named(tabledir, settings.app_id, str(worker.crash_reason))  # the restart rebuilds it
         raise

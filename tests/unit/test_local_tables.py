@@ -53,3 +53,18 @@ def test_the_store_a_consistency_error_names_is_removed(tmp_path):
     assert discard_named(tmp_path, "app", message) == ["features-domain-2.db"]
     assert [p.name for p in tmp_path.glob("*.db")] == ["features-domain-1.db"]
     assert discard_named(tmp_path, "other-app", message) == []
+
+
+def test_stores_are_kept_only_after_a_clean_stop(tmp_path):
+    from streams.local_tables import CLEAN_STOP_MARK, discard_after_unclean_stop, mark_clean_stop
+
+    for name in ("features-user-0.db", "features-post-3.db"):
+        make_store(tmp_path, name, 7)
+    mark_clean_stop(tmp_path)
+    assert discard_after_unclean_stop(tmp_path) == []  # a clean stop: the stores hold nothing unsent
+    assert sorted(stores(tmp_path)) == [("features-post", 3), ("features-user", 0)]
+    assert not (tmp_path / CLEAN_STOP_MARK).exists()  # this run is unclean until it stops cleanly
+    # killed without a clean stop: a write may be in a store and not in its changelog
+    assert sorted(discard_after_unclean_stop(tmp_path)) == ["features-post-3.db", "features-user-0.db"]
+    assert stores(tmp_path) == {}
+    assert discard_after_unclean_stop(tmp_path / "missing") == []  # a first start
