@@ -43,7 +43,7 @@ at Triton it commits N+2 (`modpipe chaos` lost 7 of 10,000 posts to worker SIGKI
 record that faust dropped during a rebalance (fetched while the flow was stopped, then not fetched again
 because the consumer had read past it) was committed over as soon as the records after it were acked.
 Now a commit covers only offsets this worker acked, one after the other from the committed offset (or,
-with none, from the first one fetched after the assignment's seek), except holes in the log itself
+with none, from the partition's beginning, where the assignment's seek put it), except holes in the log itself
 (transaction markers, compaction), which are told apart as offsets that fetching skipped.
 A record that holds the commits back although it is neither acked nor being processed was dropped: after
 REWIND_AFTER_S the partition is sought back to it, and it and the records after it are processed again
@@ -185,28 +185,28 @@ REWIND_AFTER_S = 5.0  # a record unacked and not in flight this long while later
 
 
 class FetchedOffsets:
-    """What the consumer fetched of one partition: where it started after the latest seek, and the holes in
-    the log it skipped (offsets it never saw while going forward)."""
+    """What the consumer fetched of one partition: the holes in the log it skipped (offsets it never saw
+    while going forward), and where commits start when nothing is committed (the partition's beginning,
+    where the assignment's seek put it)."""
 
-    __slots__ = ("first", "last", "holes", "blocked")
+    __slots__ = ("floor", "last", "holes", "blocked")
 
     def __init__(self):
-        self.first: int | None = None
+        self.floor: int | None = None
         self.last: int | None = None
         self.holes: list[tuple[int, int]] = []  # [start, end) ranges the log does not have
         self.blocked: tuple[int, float] | None = None  # (offset holding the commits back, since)
 
     def fetched(self, offset: int) -> None:
-        if self.first is None:
-            self.first = offset
         if self.last is not None and offset > self.last + 1:
             self.holes.append((self.last + 1, offset))
         if self.last is None or offset > self.last:
             self.last = offset
 
-    def sought(self) -> None:
+    def sought(self, floor: int | None = None) -> None:
         """The position moved: what comes next starts a new run (the holes stay: they are the log's)."""
-        self.first = self.last = None
+        self.last = None
+        self.floor = floor
 
     def prune(self, below: int) -> None:
         self.holes = [(a, b) for a, b in self.holes if b > below]
@@ -234,8 +234,8 @@ def _new_offset(self, tp):
         return None
     track = _fetched.get(tp)
     start = self._committed_offset[tp]
-    if start is None:
-        start = track.first if track is not None else None
+    if start is None:  # nothing committed: from the beginning, where the assignment's seek put the partition
+        start = track.floor if track is not None else None
         if start is None:
             return None
     done = set(acked)
@@ -310,15 +310,19 @@ async def _seek_to_committed(self):
 
 async def _seek_consumer_to_committed(consumer, app):
     committed = await consumer.seek_to_committed()
-    for tp in committed:
-        track = _fetched.get(ensure_TP(tp))
-        if track is not None:
-            track.sought()
     uncommitted = without_commit(committed, app.topics.acks_enabled_for)
+    floors = {}
     if uncommitted:
         _log.info("no committed offset: reading from the beginning", extra={
             "partitions": sorted(f"{tp.topic}:{tp.partition}" for tp in uncommitted)})
         await consumer.seek_to_beginning(*uncommitted)
+        floors = await consumer.beginning_offsets(uncommitted)
+    for tp in committed:
+        key = ensure_TP(tp)
+        track = _fetched.get(key)
+        if track is None:
+            track = _fetched[key] = FetchedOffsets()
+        track.sought(floors.get(tp))
     return committed
 
 

@@ -73,10 +73,11 @@ class _ConsumerState:
         self.sought.append((tp, offset))
 
 
-def _fetched(*offsets):
+def _fetched(*offsets, floor=None):
     from streams.kafka_compat import FetchedOffsets
 
     track = FetchedOffsets()
+    track.sought(floor)
     for offset in offsets:
         track.fetched(offset)
     return track
@@ -107,14 +108,17 @@ def test_no_commit_past_a_record_still_in_flight(monkeypatch):
     assert Consumer._new_offset is kafka_compat._new_offset
 
 
-def test_nothing_committed_yet_counts_from_the_first_record_fetched(monkeypatch):
+def test_nothing_committed_yet_counts_from_the_partitions_beginning(monkeypatch):
     from streams import kafka_compat
 
     # faust did not check a partition without a committed offset at all: 1 acked, 0 dropped -> it committed 2
-    monkeypatch.setattr(kafka_compat, "_fetched", {"tp": _fetched(0, 1, 2)})
+    monkeypatch.setattr(kafka_compat, "_fetched", {"tp": _fetched(0, 1, 2, floor=0)})
     assert kafka_compat._new_offset(_ConsumerState(None, [1]), "tp") is None
     assert kafka_compat._new_offset(_ConsumerState(None, [0, 1]), "tp") == 2
-    monkeypatch.setattr(kafka_compat, "_fetched", {})  # nothing fetched since the seek: nothing to count from
+    # a batch fetched before the seek and handed over after it (offset 40) does not move the start
+    monkeypatch.setattr(kafka_compat, "_fetched", {"tp": _fetched(40, 41, 0, 1, floor=0)})
+    assert kafka_compat._new_offset(_ConsumerState(None, [40, 41]), "tp") is None
+    monkeypatch.setattr(kafka_compat, "_fetched", {"tp": _fetched(5, 6)})  # no seek yet: nothing to count from
     assert kafka_compat._new_offset(_ConsumerState(None, [5]), "tp") is None
 
 
