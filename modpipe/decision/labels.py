@@ -101,7 +101,7 @@ def labelled_texts(posts: Iterable[dict], labels: Iterable[dict]) -> list[dict]:
 
 def export_labelled_texts(settings: Settings, bootstrap: str, path: Path) -> int:
     """Write `labelled_texts` of everything the broker holds in `posts` and `labels` as JSONL; returns the
-    number of lines. The file is the input `model build --extra-data` is meant to take (not built yet)."""
+    number of lines: the input of `modpipe model build --extra-data`."""
     import orjson
 
     from modpipe import schema

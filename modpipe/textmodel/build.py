@@ -156,12 +156,24 @@ def resolve_device(device: str, profile_name: str) -> str:
     return device
 
 
+EXTRA_REPEAT = 3  # --extra-data texts are seen this many times per epoch: few, and the platform's own
+
+
+def with_extra(profile: Profile, repeat: int) -> Profile:
+    """The profile training on --extra-data texts too, each seen `repeat` times per epoch."""
+    train = dataclasses.replace(profile.train, oversample={**profile.train.oversample, "extra": repeat})
+    return dataclasses.replace(profile, train=train)
+
+
 def build(settings: Settings, profile_name: str = "full", base: Path | None = None, force: bool = False,
-          reuse_any: bool = False, seed: int = 0, device: str = "auto", base_layers: int = 0) -> Path:
+          reuse_any: bool = False, seed: int = 0, device: str = "auto", base_layers: int = 0,
+          extra: Path | None = None, extra_repeat: int = EXTRA_REPEAT) -> Path:
+    """`extra`: a platform's labelled texts (JSONL text,label) added to the corpus as the data set "extra"
+    (split, trained on and evaluated like the others); part of the build key."""
     t_start = time.monotonic()
     root = artifacts.models_root(settings)
     root.mkdir(parents=True, exist_ok=True)
-    if reuse_any and not force:
+    if reuse_any and not force and extra is None:
         current = root / "current"
         if is_complete(current):
             _say(f"reusing the existing full build {current.resolve()} (--reuse-any)")
@@ -171,7 +183,11 @@ def build(settings: Settings, profile_name: str = "full", base: Path | None = No
 
     from modpipe.textmodel import convert, data
 
-    files = data.data_files(settings.cache_dir)
+    if extra is not None:
+        extra = Path(extra).expanduser()
+        data.load_extra(extra)  # a bad file fails here, before minutes of work
+        profile = with_extra(profile, extra_repeat)
+    files = data.data_files(settings.cache_dir, extra)
     data_hashes = {name: data.file_sha256(p) for name, p in files.items()}
     base_dir = Path(base).expanduser() if base else convert.minilm_dir()
     base_hash = convert.hash_dir(base_dir)
@@ -192,7 +208,7 @@ def build(settings: Settings, profile_name: str = "full", base: Path | None = No
     tmp.mkdir(parents=True)
     try:
         _build_into(tmp, settings, profile, base, base_dir, base_hash, seed, key, data_hashes, t_start, device,
-                    base_layers)
+                    base_layers, extra)
         if final.exists():
             old = root / f".old-{key}-{os.getpid()}"
             os.replace(final, old)
@@ -210,7 +226,7 @@ def build(settings: Settings, profile_name: str = "full", base: Path | None = No
 
 def _build_into(out: Path, settings: Settings, profile: Profile, base: Path | None, base_dir: Path, base_hash: str,
                 seed: int, key: str, data_hashes: dict, t_start: float, device: str = "cpu",
-                base_layers: int = 0) -> None:
+                base_layers: int = 0, extra: Path | None = None) -> None:
     import numpy as np
     import torch
     from tokenizers import Tokenizer
@@ -226,7 +242,7 @@ def _build_into(out: Path, settings: Settings, profile: Profile, base: Path | No
         return now
 
     t = time.monotonic()
-    corpus = data.load_corpus(settings.cache_dir, seed)
+    corpus = data.load_corpus(settings.cache_dir, seed, extra)
     splits = corpus.splits
     t = lap("data_s", t)
 
@@ -311,6 +327,9 @@ def _build_into(out: Path, settings: Settings, profile: Profile, base: Path | No
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "key": key,
     }
+    if extra is not None:
+        served["extra_data"] = {"path": str(extra), "sha256": data_hashes[data.EXTRA],
+                                "texts": sum(e.dataset == data.EXTRA for exs in splits.values() for e in exs)}
     if profile.name == "demo":
         served["note"] = "demo-quality model (demo profile: data subset, seq 64, under an epoch); not for real use"
     (out / "served.json").write_text(json.dumps(served, indent=2) + "\n")

