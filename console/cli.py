@@ -17,9 +17,8 @@ def run_console(settings: Settings, host: str, port: int) -> int:
     from console.follower import Follower, LabelPublisher
     from console.index import DecisionIndex
     from console.server import ConsoleError, serve
-    from streams.worker import default_bootstrap
 
-    bootstrap = default_bootstrap(settings)
+    bootstrap = settings.bootstrap()
     index = DecisionIndex(settings.console_max_posts)
     try:
         server = serve(index, LabelPublisher(settings, bootstrap), host=host, port=port,

@@ -278,6 +278,10 @@ class Settings:
         """Physical topic name for a logical one (`posts` -> `<prefix>posts`)."""
         return f"{self.topic_prefix}{name}"
 
+    def bootstrap(self) -> str:
+        """KAFKA_BOOTSTRAP_SERVERS, else the embedded broker's address (started by `modpipe broker` or `up`)."""
+        return self.bootstrap_servers or f"127.0.0.1:{self.broker_port}"
+
     def kafka_client_config(self) -> dict[str, str]:
         """librdkafka settings shared by every confluent-kafka client we create."""
         conf = {"bootstrap.servers": self.bootstrap_servers, "security.protocol": self.security_protocol}

@@ -19,11 +19,10 @@ def _broker(args) -> int:
 
 def _topics(args) -> int:
     from streams.topics import TopicConfigError, TopicNames, ensure_topics
-    from streams.worker import default_bootstrap
 
     settings = Settings.from_env()
     try:
-        created = ensure_topics(settings, default_bootstrap(settings))
+        created = ensure_topics(settings, settings.bootstrap())
     except TopicConfigError as exc:
         print(f"modpipe topics: {exc}", file=sys.stderr)
         return 2

@@ -32,11 +32,6 @@ from streams.topics import ensure_topics
 _log = log.get(__name__)
 
 
-def default_bootstrap(settings: Settings) -> str:
-    """KAFKA_BOOTSTRAP_SERVERS, else the embedded broker's address (started by `modpipe broker` or `up`)."""
-    return settings.bootstrap_servers or f"127.0.0.1:{settings.broker_port}"
-
-
 def default_triton_url(settings: Settings) -> str:
     return settings.triton_url or f"127.0.0.1:{settings.triton_grpc_port}"
 
@@ -79,7 +74,7 @@ def make_shadow(settings: Settings, text_model_version: str):
 
 def build_worker(settings: Settings, name: str | None = None):
     name = name or settings.worker_name or f"{socket.gethostname()}-{os.getpid()}"
-    bootstrap = default_bootstrap(settings)
+    bootstrap = settings.bootstrap()
     ensure_topics(settings, bootstrap)
     build = resolve_model(settings)
     pipe = create_app(settings, bootstrap, worker_name=name)

@@ -100,7 +100,7 @@ def _export_labels(args: argparse.Namespace) -> int:
     from modpipe.decision.labels import export_labelled_texts
 
     settings = Settings.from_env()
-    n = export_labelled_texts(settings, settings.bootstrap_servers or f"127.0.0.1:{settings.broker_port}", args.file)
+    n = export_labelled_texts(settings, settings.bootstrap(), args.file)
     print(f"{n} labelled texts written to {args.file}", file=sys.stderr)
     return 0
 
@@ -135,7 +135,7 @@ def _train_labels(args: argparse.Namespace, settings: Settings) -> int:
         print("modpipe decision train: --eval-fraction must be in (0, 1) and --label-weight > 0", file=sys.stderr)
         return 2
     try:
-        report = train_on_labels(settings, resolve_model(settings), bootstrap=settings.bootstrap_servers or f"127.0.0.1:{settings.broker_port}",
+        report = train_on_labels(settings, resolve_model(settings), bootstrap=settings.bootstrap(),
                                  profile=args.profile or settings.model_profile, seed=args.seed,
                                  label_weight=args.label_weight, eval_fraction=args.eval_fraction, force=args.force,
                                  progress=not (args.no_progress or args.json))

@@ -34,14 +34,20 @@ class NotEnoughLabels(ValueError):
     """Too few labels joined with a decision to train and to judge a candidate."""
 
 
-def label_rows(decisions: Iterable[dict], labels: Iterable[dict]) -> list[dataset.Row]:
-    """One row per labelled post: its newest label, the features of its newest decision made before that
-    label (else its newest decision). Posts without a decision are left out (nothing to learn from)."""
+def newest_labels(labels: Iterable[dict]) -> dict[str, dict]:
+    """post_id -> its newest label (a moderator's later label stands)."""
     newest: dict[str, dict] = {}
     for label in labels:
         seen = newest.get(label["post_id"])
         if seen is None or str(label["created_at"]) >= str(seen["created_at"]):
             newest[label["post_id"]] = label
+    return newest
+
+
+def label_rows(decisions: Iterable[dict], labels: Iterable[dict]) -> list[dataset.Row]:
+    """One row per labelled post: its newest label, the features of its newest decision made before that
+    label (else its newest decision). Posts without a decision are left out (nothing to learn from)."""
+    newest = newest_labels(labels)
     by_post: dict[str, list[dict]] = {}
     for d in decisions:
         if d.get("post_id") in newest and isinstance(d.get("features"), dict):
@@ -65,33 +71,35 @@ def _ms(rfc3339: str) -> int:
     return int(datetime.datetime.fromisoformat(str(rfc3339).replace("Z", "+00:00")).timestamp() * 1000)
 
 
-def read_label_rows(settings: Settings, bootstrap: str) -> list[dataset.Row]:
-    """`label_rows` over everything the broker holds in `decisions` and `labels`."""
-    import orjson
-
+def _read_with_labels(settings: Settings, bootstrap: str, topic: str, decode) -> tuple[list[dict], list[dict]]:
+    """(records of `topic` decoded, labels) as the broker holds them; what does not decode is skipped (the
+    pipeline dead-lettered it; nothing to learn from)."""
     from modpipe import schema
     from modpipe.services.readback import read_to_end
 
-    decisions, labels = [], []
-    for msg in read_to_end(settings, bootstrap, [settings.topic("decisions"), settings.topic("labels")]):
+    records, labels = [], []
+    for msg in read_to_end(settings, bootstrap, [settings.topic(topic), settings.topic("labels")]):
         try:
             if msg.topic() == settings.topic("labels"):
                 labels.append(schema.decode_label(msg.value()))
             else:
-                decisions.append(orjson.loads(msg.value()))
+                records.append(decode(msg.value()))
         except (schema.InvalidMessage, ValueError):
-            continue  # dead-lettered by the pipeline; nothing to learn from
-    return label_rows(decisions, labels)
+            continue
+    return records, labels
+
+
+def read_label_rows(settings: Settings, bootstrap: str) -> list[dataset.Row]:
+    """`label_rows` over everything the broker holds in `decisions` and `labels`."""
+    import orjson
+
+    return label_rows(*_read_with_labels(settings, bootstrap, "decisions", orjson.loads))
 
 
 def labelled_texts(posts: Iterable[dict], labels: Iterable[dict]) -> list[dict]:
     """The moderators' texts for the text model: {text, label, post_id, moderator_id, labelled_at} per post
     with a label and a known text, its newest label standing; ordered by label time."""
-    newest: dict[str, dict] = {}
-    for label in labels:
-        seen = newest.get(label["post_id"])
-        if seen is None or str(label["created_at"]) >= str(seen["created_at"]):
-            newest[label["post_id"]] = label
+    newest = newest_labels(labels)
     texts = {p["post_id"]: p["text"] for p in posts if p.get("post_id") in newest}
     out = [{"text": texts[pid], "label": label["label"], "post_id": pid, "moderator_id": label["moderator_id"],
             "labelled_at": label["created_at"]} for pid, label in newest.items() if pid in texts]
@@ -105,18 +113,9 @@ def export_labelled_texts(settings: Settings, bootstrap: str, path: Path) -> int
     import orjson
 
     from modpipe import schema
-    from modpipe.services.readback import read_to_end
 
-    posts, labels = [], []
-    for msg in read_to_end(settings, bootstrap, [settings.topic("posts"), settings.topic("labels")]):
-        try:
-            if msg.topic() == settings.topic("labels"):
-                labels.append(schema.decode_label(msg.value()))
-            else:
-                posts.append(schema.decode_post(msg.value(), settings.max_text_chars))
-        except (schema.InvalidMessage, ValueError):
-            continue
-    rows = labelled_texts(posts, labels)
+    rows = labelled_texts(*_read_with_labels(settings, bootstrap, "posts",
+                                             lambda value: schema.decode_post(value, settings.max_text_chars)))
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in rows))
