@@ -27,6 +27,14 @@ def render(*, key: str, profile: str, served: dict, metrics: dict, split: dict, 
     cfg = train["config"]
     runs = ("\n  Its normalizer first cuts runs of 4+ of one punctuation character to 3 (ASCII rules would fill "
             "the window)." if cfg.get("collapse_punctuation") else "")
+    if cfg.get("harden_text"):
+        runs += ("\n  Ahead of everything it folds hostile text (`modpipe/textmodel/hostile.py`): invisible characters "
+                 "removed, NFKC, Unicode look-alikes (UTS #39 confusables) to ASCII, letter-spaced words rejoined"
+                 + (", leetspeak digits between letters folded." if cfg.get("fold_leet") else "."))
+    aug = train["result"].get("augmentation") or {}
+    augmented = (f"\n- Obfuscation augmentation (`attacks.py`): {aug['replaced']} training examples (share "
+                 f"{aug['share']}, spam and ham alike: {aug['by_label']}) replaced by obfuscated variants of "
+                 f"themselves, seed stream `{aug['seed_stream']}`; by form {aug['by_form']}." if aug.get("replaced") else "")
     tail = int(served.get("tail_tokens", 0))
     window = (f"the first {served['max_seq_len'] - tail} and the last {tail} tokens of a longer text" if tail
               else "the first tokens of a longer text")
@@ -97,7 +105,7 @@ classification head (pre-classifier 384x384 + ReLU + dropout 0.2 + linear 384x2)
   `{train['result']['stopped']}`; best at epoch {best.get('epoch')} (validation F1 SMS
   {best.get('sms', float('nan')):.4f}, SpamAssassin {best.get('spamassassin', float('nan')):.4f}).
 - Decision bias calibrated on the validation split (spam-logit shift {train['result']['bias_shift']:+.2f}, folded
-  into the classifier bias so the threshold stays 0.5): {json.dumps(train['result']['bias_calibration'])}.
+  into the classifier bias so the threshold stays 0.5): {json.dumps(train['result']['bias_calibration'])}.{augmented}
 
 ## Export and precision
 - ONNX opset {export['opset']} (legacy TorchScript exporter), dynamic batch and sequence axes. ONNX Runtime vs

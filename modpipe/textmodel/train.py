@@ -16,6 +16,7 @@ import torch
 from tqdm import tqdm
 
 from modpipe import log
+from modpipe.textmodel import attacks
 from modpipe.textmodel.data import Example
 from modpipe.textmodel.tokenize import encode_ids, prepare
 
@@ -47,6 +48,9 @@ class TrainConfig:
     oversample: dict = field(default_factory=dict)  # {"sms": 2}: each SMS seen twice per epoch (cheap: short)
     calibrate_bias: bool = True  # shift the spam logit so validation spam F1 (mean over data sets) is best
     collapse_punctuation: bool = False  # tokenizer.json cuts runs of one punctuation character (tokenize.py)
+    harden_text: bool = False  # tokenizer.json folds hostile text: invisibles, look-alikes, spacing (hostile.py)
+    fold_leet: bool = False  # ... and leetspeak digits between letters (hostile.LEET_FOLD)
+    augment_share: float = 0.0  # share of training examples replaced by an obfuscated variant (attacks.py)
     ema_decay: float = 0.0  # > 0: validate, keep and serve an exponential moving average of the weights
     bucket_chunk: int = 50  # batches per sort chunk of the length bucketing
     extra: dict = field(default_factory=dict)
@@ -176,6 +180,7 @@ class TrainResult:
     train_examples: int
     bias_shift: float = 0.0
     bias_calibration: dict = field(default_factory=dict)
+    augmentation: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -234,6 +239,8 @@ def train(model, tokenizer, train_examples: list[Example], val_examples: list[Ex
     prepare(tokenizer, cfg.max_seq_len, cfg.tail_tokens)
     train_examples = subset(train_examples, cfg.train_fraction, seed)
     train_examples = train_examples + [e for e in train_examples for _ in range(cfg.oversample.get(e.dataset, 1) - 1)]
+    # after oversampling: an oversampled text's copies become variants of it, the step budget stays the same
+    train_examples, augmentation = attacks.augment(train_examples, cfg.augment_share, seed)
     val_examples = subset(val_examples, cfg.val_fraction, seed)
     seqs = encode_ids(tokenizer, [e.text for e in train_examples], cfg.max_seq_len, cfg.tail_tokens)
     labels = torch.tensor([e.label for e in train_examples], dtype=torch.long)
@@ -278,7 +285,7 @@ def train(model, tokenizer, train_examples: list[Example], val_examples: list[Ex
     running = 0.0
     bar = tqdm(total=total_steps, desc="fine-tune", unit="step")
     _log.info("training", extra={"examples": len(seqs), "val_examples": len(val_seqs), "total_steps": total_steps,
-                                 "eval_every": eval_every, "bf16": use_bf16,
+                                 "eval_every": eval_every, "bf16": use_bf16, "augmentation": augmentation,
                                  "config": cfg.to_dict()})
     done = False
     while not done:
@@ -335,7 +342,7 @@ def train(model, tokenizer, train_examples: list[Example], val_examples: list[Ex
         shift, calibration = calibrate_bias(model, val_seqs, val_examples, device="cpu")
     seconds = time.monotonic() - t0
     _log.info("training done", extra={"steps": step, "seconds": round(seconds, 1), "stopped": stopped, "best": best})
-    return TrainResult(history, best, step, round(seconds, 1), stopped, len(seqs), shift, calibration)
+    return TrainResult(history, best, step, round(seconds, 1), stopped, len(seqs), shift, calibration, augmentation)
 
 
 SHIFT_GRID = tuple(round(x * 0.25, 2) for x in range(-12, 13))  # spam-logit shifts tried, -3 .. +3

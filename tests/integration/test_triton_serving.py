@@ -135,6 +135,17 @@ def test_server_side_tokenizer_applies_the_builds_normalizer(client, tok, model_
                                atol=batch_tolerance(model_build))
 
 
+def test_server_side_tokenizer_folds_hostile_text(client, tok, model_build):
+    """Invisible characters, fullwidth / mathematical / Cyrillic look-alikes and letter-spaced words: the client
+    and spam_tokenizer (the same tokenizer.json) read the hostile text as its clean form, so the ensemble
+    scores it exactly as the client scores the clean text."""
+    hostile = "ｗｉｎ a 𝐟𝐫𝐞𝐞 iPhonе: C L A I M c\u200ba\u200bs\u200bh now"  # Cyrillic е in iPhonе
+    clean = "win a free iPhone: CLAIM cash now"
+    np.testing.assert_array_equal(tok([hostile])[0], tok([clean])[0])
+    np.testing.assert_allclose(client.spam_probabilities_text([hostile, clean]),
+                               client.spam_probabilities(*tok([clean, clean])), atol=batch_tolerance(model_build))
+
+
 def test_server_side_tokenizer_keeps_the_builds_head_and_tail(client, tok, model_build):
     """Texts longer than the window: spam_tokenizer keeps the same head and tail tokens as the client, so the
     ensemble scores them as the client does; with a tail, a change at a long text's end reaches the model."""
