@@ -60,6 +60,17 @@ def register(subparsers) -> None:
     e.add_argument("--json", action="store_true", help="print one JSON object (per-dataset entries)")
     e.add_argument("--model-dir", type=Path, default=None,
                    help="build directory (default: $MODPIPE_MODEL_DIR, else models/current, else current-demo)")
+    e.add_argument("--robustness", action="store_true",
+                   help="attack the test split with each obfuscation form (leet, look-alikes, spacing, invisible "
+                        "characters, synonyms, punctuation) and report accuracy / spam F1 per form beside the "
+                        "baseline, the gap to clean accuracy and the clean-ham false-positive rate")
+    e.add_argument("--before", type=Path, default=None, metavar="DIR",
+                   help="with --robustness: another build (e.g. the one served before) evaluated on the same "
+                        "attacked texts, side by side")
+    e.add_argument("--attack-seed", type=int, default=None, metavar="N",
+                   help="seed of the attacks (default 1123; training's augmentation uses another seed stream)")
+    e.add_argument("--attack-rate", type=float, default=None, metavar="R",
+                   help="share of each text's words of >= 3 letters an attack rewrites (default 0.6)")
     e.set_defaults(func=_eval)
 
 
@@ -83,20 +94,28 @@ def _build(args: argparse.Namespace) -> int:
     return 0
 
 
+def build_splits(path: Path, settings: Settings) -> tuple[list, list]:
+    """A build's train split (re-derived from the data, checked against its split.json) and test split."""
+    from modpipe.textmodel import data
+
+    split = json.loads((path / "split.json").read_text())
+    corpus = data.load_corpus(settings.cache_dir, int(split["seed"]))
+    test = data.read_jsonl(path / "heldout.jsonl")
+    for name, exs in (("train", corpus.splits["train"]), ("test", test)):
+        if data.split_hash(exs) != split["sha256"][name]:
+            raise SystemExit(f"modpipe model eval: the {name} split differs from {path}/split.json "
+                             "(data or split code changed); rebuild with `modpipe model build`")
+    return corpus.splits["train"], test
+
+
 def evaluate_build(path: Path, settings: Settings) -> dict:
     """Re-evaluate a build on its recorded test split (train split re-derived and checked against split.json)."""
-    from modpipe.textmodel import data, evaluate
+    from modpipe.textmodel import evaluate
     from modpipe.textmodel.tokenize import BatchTokenizer
 
     build = artifacts_build(path)
-    split = json.loads((build.path / "split.json").read_text())
-    corpus = data.load_corpus(settings.cache_dir, int(split["seed"]))
-    test = data.read_jsonl(build.path / "heldout.jsonl")
-    for name, exs in (("train", corpus.splits["train"]), ("test", test)):
-        if data.split_hash(exs) != split["sha256"][name]:
-            raise SystemExit(f"modpipe model eval: the {name} split differs from {build.path}/split.json "
-                             "(data or split code changed); rebuild with `modpipe model build`")
-    datasets = evaluate.evaluate(build.onnx, BatchTokenizer.for_build(build), corpus.splits["train"], test)
+    train, test = build_splits(build.path, settings)
+    datasets = evaluate.evaluate(build.onnx, BatchTokenizer.for_build(build), train, test)
     served = build.served
     return {"model_dir": str(build.path), "version": served["version"], "precision": served["precision"],
             "profile": served.get("profile"), "split": "test", "baseline": evaluate.Baseline.DESCRIPTION,
@@ -119,6 +138,11 @@ def _eval(args: argparse.Namespace) -> int:
     from modpipe.textmodel.evaluate import format_table
 
     settings = Settings.from_env()
+    if args.robustness:
+        return _eval_robustness(args, settings)
+    if args.before or args.attack_seed is not None or args.attack_rate is not None:
+        print("modpipe model eval: --before, --attack-seed and --attack-rate need --robustness", file=sys.stderr)
+        return 2
     try:
         result = evaluate_build(args.model_dir, settings)
     except ModelNotBuilt as exc:
@@ -132,4 +156,31 @@ def _eval(args: argparse.Namespace) -> int:
         print(f"{result['version']} ({result['precision']}) at {result['model_dir']}; test split; "
               f"baseline = {result['baseline']}")
         print(format_table(result["datasets"]))
+    return 0
+
+
+def _eval_robustness(args: argparse.Namespace, settings: Settings) -> int:
+    from modpipe.textmodel import robustness
+    from modpipe.textmodel.artifacts import ModelNotBuilt
+
+    seed = robustness.ATTACK_SEED if args.attack_seed is None else args.attack_seed
+    rate = robustness.ATTACK_RATE if args.attack_rate is None else args.attack_rate
+    if not 0 < rate <= 1:
+        print("modpipe model eval: --attack-rate must be in (0, 1]", file=sys.stderr)
+        return 2
+    try:
+        build = artifacts_build(args.model_dir)
+        before = artifacts_build(args.before) if args.before else None
+    except ModelNotBuilt as exc:
+        print(f"modpipe model eval: {exc}", file=sys.stderr)
+        return 1
+    train, test = build_splits(build.path, settings)
+    if before is not None and build_splits(before.path, settings)[1] != test:
+        print(f"modpipe model eval: {before.path} was tested on another split; --before needs the same one",
+              file=sys.stderr)
+        return 2
+    result = robustness.report(build, train, test, seed, rate, before)
+    _log.info("robustness evaluated", extra={"model_dir": str(build.path), "worst_gap": result["model"]["worst_gap"],
+                                             "target_met": result["targets"]["met"]})
+    print(json.dumps(result, indent=2) if args.json else robustness.format_report(result))
     return 0

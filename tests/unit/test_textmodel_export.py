@@ -119,3 +119,44 @@ def test_bias_calibration_keeps_or_improves_validation_f1(tiny):
     assert info["shift"] == shift and shift in train.SHIFT_GRID
     delta = model.classifier.bias.detach() - bias
     assert float(delta[1] - delta[0]) == pytest.approx(shift, abs=1e-6)
+
+
+def test_robustness_report_fields_on_a_tiny_model(tiny):
+    """`model eval --robustness` on a tiny build: every form, both systems, gaps, FP rate, before/after."""
+    import shutil
+
+    from modpipe.textmodel import attacks, robustness
+    from modpipe.textmodel.artifacts import ModelBuild
+
+    _, path, tok_path, d = tiny
+    build_dir = d / "build"
+    build_dir.mkdir(exist_ok=True)
+    shutil.copy(path, build_dir / "model.onnx")
+    shutil.copy(tok_path, build_dir / "tokenizer.json")
+    (build_dir / "served.json").write_text(json.dumps({"version": "tiny-1", "max_seq_len": 64}))
+    build = ModelBuild(build_dir)
+    spam = ["free prize call now", "win free prize now", "call now to win"]
+    ham = ["hello see you at the lunch", "see you at the lunch", "hello there see you"]
+    train_exs = [Example(t, 1, ds) for t in spam for ds in ("sms", "spamassassin")] + \
+        [Example(t, 0, ds) for t in ham for ds in ("sms", "spamassassin")]
+    test = train_exs[::-1]
+    result = robustness.report(build, train_exs, test, seed=5, rate=1.0, before=build)
+    assert result["forms"] == ["clean", *attacks.FORMS]
+    for system in ("model", "baseline", "before"):
+        rep = result[system]
+        assert set(rep["forms"]) == set(result["forms"])
+        for per in rep["forms"].values():
+            assert set(per) == {"sms", "spamassassin", "all"}
+            assert per["all"]["n"] == len(test) and 0 <= per["all"]["accuracy"] <= 1
+        assert set(rep["accuracy_gap"]) == set(attacks.FORMS)
+        assert rep["worst_gap"] == max(g for per in rep["accuracy_gap"].values() for g in per.values())
+        fp = rep["forms"]["clean"]["all"]["confusion"]["fp"]
+        assert rep["clean_ham_false_positive_rate"]["all"] == round(fp / len(ham) / 2, 4)
+    # the same build before and after: the same numbers, and the target follows the worst gap
+    assert result["before"]["forms"] == result["model"]["forms"]
+    assert result["clean_ham_false_positive_rate"]["before"] == result["clean_ham_false_positive_rate"]["after"]
+    assert result["targets"]["met"] == (result["model"]["worst_gap"] <= robustness.MAX_GAP)
+    # attacked texts differ from the clean ones (seeded), so the forms are not the clean set re-scored
+    sets = robustness.attack_sets(test, seed=5, rate=1.0)
+    assert all(sets[f] != sets["clean"] for f in ("leet", "spaced", "lookalike"))
+    assert "target met" in robustness.format_report(result)
