@@ -35,6 +35,12 @@ Scenarios (`SCENARIOS`):
   home ISP addresses and human UI journeys: behaviour no longer separates spam; the text and the links
   still do. Without it the simulated spammers were all bots, and a decision model trained on them
   learned to read the journey and ignore the text model.
+- `obfuscated_campaign`: like `mixed`, but the first spam-text campaign disguises every text it posts
+  (`modpipe.textmodel.attacks.variant` with the simulation's rng: look-alike letters, invisible
+  characters, spaced-out letters, leetspeak, synonyms or inserted punctuation, one form or two, at a
+  random rate), as spammers do to slip past a text filter. A few legitimate posts (2%) go through the
+  same rewriting (fancy fonts, letter-spaced emphasis, gamer leetspeak), so an odd-looking text is a
+  hint, not proof. The truth header says which posts were rewritten (`obfuscated`).
 """
 
 from __future__ import annotations
@@ -50,11 +56,13 @@ from typing import NamedTuple
 
 from features.lists import BRAND_DOMAINS, SHORTENER_DOMAINS
 from modpipe import schema
+from modpipe.textmodel.attacks import variant
 
 TRUTH_HEADER = "modpipe-truth"
 KIND_TOPICS = {"post": "posts", "report": "reports", "engagement": "engagements", "label": "labels",
                "ban": "bans"}
 DAY_MS = 86_400_000
+MAX_TEXT_CHARS = 10_000  # the platform's limit (schema.decode_post): a disguised text longer than that is cut
 
 
 class Event(NamedTuple):
@@ -83,6 +91,8 @@ class Scenario:
     burst_spam_share: float = 0.0
     hijacked_share: float = 0.0  # fraction of campaign accounts that are taken-over aged legitimate accounts
     human_share: float = 0.0  # fraction of campaign accounts operated by people (human journeys and profiles)
+    obfuscating_campaigns: int = 0  # the first N spam-text campaigns rewrite every text (attacks.variant)
+    legit_obfuscated_share: float = 0.0  # fraction of legitimate posts whose text is rewritten the same way
 
     def spam_share_at(self, t: float) -> float:
         if self.burst_every_s and (t % self.burst_every_s) >= self.burst_every_s - self.burst_len_s:
@@ -102,6 +112,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              hijacked_share=1.0),
     Scenario("human_spammers", "~15% spam from 3 campaigns run by people on aged accounts with human journeys: "
              "only the text and the links give it away", 0.15, 3, 0.0, human_share=1.0),
+    Scenario("obfuscated_campaign", "like mixed, but one spam-text campaign disguises its texts (look-alike "
+             "letters, invisible characters, spacing, leetspeak, ...); 2% of legitimate posts look odd too",
+             0.15, 3, 1 / 3, obfuscating_campaigns=1, legit_obfuscated_share=0.02),
 )}
 
 # Realistic link targets of legitimate posts: (domain, kind).
@@ -179,6 +192,7 @@ class Campaign:
     posts_by_domain: dict[str, int] = field(default_factory=dict)
     banned: set[str] = field(default_factory=set)
     link_rate: float = 0.85
+    obfuscates: bool = False  # every text goes through attacks.variant
 
 
 class Simulation:
@@ -263,6 +277,7 @@ class Simulation:
         subnet = f"{r.choice((45, 91, 103, 146, 176, 185, 193, 194))}.{r.randrange(256)}.{r.randrange(256)}"
         c = Campaign(f"{self.run_id}-c{i}", stealth, texts, domains, short_links, subnet)
         c.link_rate = 0.6 if stealth else 0.85
+        c.obfuscates = not stealth and i < self.scenario.obfuscating_campaigns
         return c
 
     def _spam_account(self, c: Campaign, at_ms: int) -> Account:
@@ -372,12 +387,18 @@ class Simulation:
                     {"step": "submit", "ms": int(r.uniform(5, 80))}]
         return self._human_journey(text)  # a few mimic a person well
 
+    def _disguise(self, text: str) -> str:
+        """`text` through one or two random obfuscation forms at a random rate (attacks.variant)."""
+        return variant(text, self.rng)[0][:MAX_TEXT_CHARS]
+
     def _campaign_text(self, c: Campaign) -> dict:
         row = self.rng.choice(c.texts)
         text = row["text"]
+        if c.obfuscates:  # a fresh disguise per post: no two copies look alike to an exact-match filter
+            text = self._disguise(text)
         if self.rng.random() < 0.4:  # template variation to dodge exact-duplicate filters
             text = f"{text} {self.rng.choice(('!!', '>>', '#', '*'))}{_code(self.rng, 4)}"
-        return {**row, "text": text}
+        return {**row, "text": text, "obfuscated": c.obfuscates}
 
     # ------------------------------------------------------------------ events
 
@@ -405,6 +426,8 @@ class Simulation:
             c = None
             acct = self._pick_legit()
             row = r.choice(self.ham_texts)
+            if self.scenario.legit_obfuscated_share and r.random() < self.scenario.legit_obfuscated_share:
+                row = {**row, "text": self._disguise(row["text"]), "obfuscated": True}
             url = self._legit_url()
             journey = self._human_journey(row["text"])
             ip = acct.home_ip if r.random() < 0.75 else r.choice(self._mobile_pool)
@@ -418,7 +441,8 @@ class Simulation:
         truth = {"post_id": post_id, "is_spam": spam, "actor": acct.actor,
                  "campaign": c.campaign_id if c else None, "stealth": bool(c and c.stealth),
                  "text_label": "spam" if _is_spam_label(row.get("label")) else "ham",
-                 "dataset": row.get("dataset"), "scenario": self.scenario.name, "run_id": self.run_id}
+                 "obfuscated": bool(row.get("obfuscated")), "dataset": row.get("dataset"),
+                 "scenario": self.scenario.name, "run_id": self.run_id}
         self._push(t, "post", post, truth, acct.user_id)
         self._side_events(t, post, truth, acct, c)
 

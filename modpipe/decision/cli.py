@@ -21,7 +21,7 @@ def register(subparsers) -> None:
                                    "replay it through the agents' feature code, train LightGBM with a time-based "
                                    "split. Cached in $MODPIPE_CACHE_DIR/decision/<key>/ (decision/current).")
     t.add_argument("--profile", choices=("full", "demo"), default=None,
-                   help="full: 6 scenarios x 3 rates; demo: 6 scenarios x 1 rate (default: $MODPIPE_MODEL_PROFILE)")
+                   help="full: 7 scenarios x 3 rates; demo: 7 scenarios x 1 rate (default: $MODPIPE_MODEL_PROFILE)")
     t.add_argument("--seed", type=int, default=0, help="seed of the simulations and of LightGBM (default 0)")
     t.add_argument("--force", action="store_true", help="retrain even if a model with the same key exists")
     t.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -46,6 +46,13 @@ def register(subparsers) -> None:
     e.add_argument("--model", type=Path, default=None,
                    help="decision model directory (default: $MODPIPE_DECISION_MODEL, else the cached one)")
     e.add_argument("--no-progress", action="store_true", help="no progress bars")
+    e.add_argument("--ablation", metavar="FEATURE[,FEATURE...]", default=None,
+                   help="instead of judging the served model: train the decision model twice in memory on the same "
+                        "simulation and seed, with every feature and without these, and report both side by side "
+                        "(nothing is cached or served)")
+    e.add_argument("--profile", choices=("full", "demo"), default=None,
+                   help="with --ablation: training profile (default: $MODPIPE_MODEL_PROFILE)")
+    e.add_argument("--train-seed", type=int, default=0, help="with --ablation: training seed (default 0)")
     e.set_defaults(func=_eval)
 
     pr = sub.add_parser("promote", help="make a decision model the served one: running workers load it within "
@@ -162,6 +169,19 @@ def _eval(args: argparse.Namespace) -> int:
 
     settings = Settings.from_env()
     build = resolve_model(settings)
+    if args.ablation:
+        from modpipe.decision.evaluate import ablation, format_ablation
+
+        drop = [name.strip() for name in args.ablation.split(",") if name.strip()]
+        try:
+            report = ablation(settings, build, drop, profile=args.profile or settings.model_profile,
+                              train_seed=args.train_seed, n_posts=args.posts, rate=args.rate, seed=args.seed,
+                              progress=not args.no_progress)
+        except ValueError as exc:
+            print(f"modpipe decision eval: {exc}", file=sys.stderr)
+            return 2
+        print(json.dumps(report, indent=2) if args.json else format_ablation(report))
+        return 0
     engine = load_engine(settings, build.version, args.model)
     report = evaluate(settings, build, engine, n_posts=args.posts, rate=args.rate, seed=args.seed,
                       progress=not args.no_progress)

@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +41,7 @@ _log = log.get(__name__)
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     scenarios: tuple[str, ...] = ("mixed", "campaign_burst", "stealth_campaign", "hijacked_accounts", "human_spammers",
-                                  "ham_only")
+                                  "obfuscated_campaign", "ham_only")
     rates: tuple[float, ...] = (20.0, 50.0, 100.0)
     posts_per_run: int = 1500
     train_fraction: float = 0.8
@@ -69,7 +70,7 @@ def decision_root(settings: Settings) -> Path:
 
 # The code that shapes the model: this package, the feature logic and the simulation of the traffic it
 # learns from (not the load generator's producing, measuring or benchmarking code, which it never runs).
-SOURCES = ("modpipe/decision/*.py", "features/*.py", "loadgen/sim.py")
+SOURCES = ("modpipe/decision/*.py", "features/*.py", "loadgen/sim.py", "modpipe/textmodel/attacks.py")
 
 
 def source_hash() -> str:
@@ -128,16 +129,29 @@ def time_split(rows: list[dataset.Row], fraction: float) -> tuple[list[dataset.R
     return train, valid
 
 
+def matrix(rows: list[dataset.Row], drop: Collection[str] = ()) -> np.ndarray:
+    """The rows' decision vectors; the `drop` columns all NaN (a tree never splits on them: the model is
+    as if trained without those features, yet takes the same input as any other)."""
+    x = np.asarray([decision_vector(r.features) for r in rows], dtype=np.float64).reshape(
+        len(rows), len(DECISION_FEATURES))
+    if drop:
+        unknown = set(drop) - set(DECISION_FEATURES)
+        if unknown:
+            raise ValueError(f"unknown decision features: {sorted(unknown)}")
+        x[:, [DECISION_FEATURES.index(name) for name in drop]] = np.nan
+    return x
+
+
 def fit(train: list[dataset.Row], valid: list[dataset.Row], config: TrainConfig, seed: int,
-        weight=None) -> tuple[object, dict]:
-    """`weight(row)`: a training row's weight (default 1; `--labels` weighs moderators' labels up)."""
+        weight=None, drop: Collection[str] = ()) -> tuple[object, dict]:
+    """`weight(row)`: a training row's weight (default 1; `--labels` weighs moderators' labels up).
+    `drop`: features the model must not use (see `matrix`)."""
     import lightgbm as lgb
 
     # The model never sees a shortcut post: the cascade decides those before it.
     train = [r for r in train if r.features.get("text_probability") is not None]
     valid = [r for r in valid if r.features.get("text_probability") is not None]
-    xt = np.asarray([decision_vector(r.features) for r in train])
-    xv = np.asarray([decision_vector(r.features) for r in valid])
+    xt, xv = matrix(train, drop), matrix(valid, drop)
     yt = np.asarray([r.spam for r in train], dtype=np.float64)
     yv = np.asarray([r.spam for r in valid], dtype=np.float64)
     params = {**dict(config.params), "seed": seed, "metric": "binary_logloss"}
@@ -167,18 +181,7 @@ def train(settings: Settings, build: ModelBuild, *, profile: str = "full", seed:
         return out
     started = time.monotonic()
     runs, probs = _simulation(settings, build, config, seed, progress)
-
-    decider: Decider = ThresholdDecider(settings.review_threshold, settings.block_threshold)
-    rounds = []
-    booster = None
-    for rnd in range(config.rounds):
-        feedback = feedback_of(decider, settings.block_threshold)
-        rows = [row for name, events in tqdm(runs, desc=f"replay round {rnd}", unit="run", disable=not progress)
-                for row in dataset.replay(events, probs, feedback, run=name)]
-        booster, report = fit(*time_split(rows, config.train_fraction), config, seed)
-        rounds.append({"round": rnd, "feedback": decider.version, **report})
-        model = DecisionModel(booster, list(DECISION_FEATURES), DecisionModel.version_of(booster))
-        decider = _Fast(model)
+    booster, rounds = train_rounds(settings, runs, probs, config, seed, progress=progress)
 
     model = DecisionModel(booster, list(DECISION_FEATURES), DecisionModel.version_of(booster), meta={
         "text_model_version": build.version, "profile": profile, "seed": seed, "config": config.to_dict(),
@@ -192,6 +195,24 @@ def train(settings: Settings, build: ModelBuild, *, profile: str = "full", seed:
     _point_current(root, out, build.version)
     _log.info("decision model trained", extra={"path": str(out), "version": model.version, **rounds[-1]})
     return out
+
+
+def train_rounds(settings: Settings, runs, probs, config: TrainConfig, seed: int, *, progress: bool = True,
+                 drop: Collection[str] = ()) -> tuple[object, list[dict]]:
+    """The feedback rounds (module docstring) over simulated `runs`: (final booster, per-round reports).
+    `drop`: features the model must not use (`modpipe decision eval --ablation` trains with and without)."""
+    decider: Decider = ThresholdDecider(settings.review_threshold, settings.block_threshold)
+    rounds = []
+    booster = None
+    for rnd in range(config.rounds):
+        feedback = feedback_of(decider, settings.block_threshold)
+        rows = [row for name, events in tqdm(runs, desc=f"replay round {rnd}", unit="run", disable=not progress)
+                for row in dataset.replay(events, probs, feedback, run=name)]
+        booster, report = fit(*time_split(rows, config.train_fraction), config, seed, drop=drop)
+        rounds.append({"round": rnd, "feedback": decider.version, **report})
+        model = DecisionModel(booster, list(DECISION_FEATURES), DecisionModel.version_of(booster))
+        decider = _Fast(model)
+    return booster, rounds
 
 
 def _simulation(settings: Settings, build: ModelBuild, config: TrainConfig, seed: int, progress: bool):
@@ -212,11 +233,16 @@ def simulated_rows(settings: Settings, build: ModelBuild, config: TrainConfig, s
             for row in dataset.replay(events, probs, feedback, run=name)]
 
 
-def _importance(booster) -> dict[str, float]:
+def feature_gain(booster) -> dict[str, float]:
+    """Every decision feature's share of the booster's total split gain, largest first."""
     gain = booster.feature_importance("gain")
     total = float(gain.sum()) or 1.0
     ranked = sorted(zip(DECISION_FEATURES, gain, strict=True), key=lambda kv: -kv[1])
-    return {name: round(float(g) / total, 4) for name, g in ranked[:15] if g > 0}
+    return {name: round(float(g) / total, 4) for name, g in ranked}
+
+
+def _importance(booster) -> dict[str, float]:
+    return {name: g for name, g in list(feature_gain(booster).items())[:15] if g > 0}
 
 
 def _point_current(root: Path, target: Path, text_model_version: str) -> None:

@@ -106,7 +106,7 @@ def test_a_model_with_another_feature_list_is_refused(model, tmp_path):
     meta = json.loads((path / "model.json").read_text())
     meta["features"] = meta["features"][:-1] + ["follower_velocity"]
     (path / "model.json").write_text(json.dumps(meta))
-    with pytest.raises(FeatureListMismatch, match=r"missing \['journey_submit_without_typing'\].*"
+    with pytest.raises(FeatureListMismatch, match=rf"missing \['{DECISION_FEATURES[-1]}'\].*"
                                                   r"unknown \['follower_velocity'\].*modpipe decision train"):
         DecisionModel.load(path)
     meta["features"] = list(DECISION_FEATURES[1:2]) + [DECISION_FEATURES[0]] + list(DECISION_FEATURES[2:])
@@ -128,7 +128,8 @@ def test_decision_cache_key_follows_the_code_that_shapes_the_model():
     root = Path(T.__file__).resolve().parents[2]
     hashed = {str(p.relative_to(root)) for pattern in T.SOURCES for p in root.glob(pattern)}
     # the model's own code, the feature logic it replays and the simulation it learns from ...
-    assert {"modpipe/decision/train.py", "features/state.py", "features/vector.py", "loadgen/sim.py"} <= hashed
+    assert {"modpipe/decision/train.py", "features/state.py", "features/vector.py", "loadgen/sim.py",
+            "features/obfuscation.py", "modpipe/textmodel/attacks.py"} <= hashed  # the obfuscated campaign's texts
     # ... but not the load generator's measuring and benchmarking code, which never runs in training
     assert not hashed & {"loadgen/bench.py", "loadgen/measure.py", "loadgen/cli.py"}
     assert T.source_hash() == T.source_hash()

@@ -237,3 +237,57 @@ def test_human_spammers_behave_like_people_and_post_spam_texts():
     # what still gives them away is what they post: spam texts, campaign links
     assert all(e.truth["text_label"] == "spam" for e in spam)
     assert sum(e.payload["url"] is not None for e in spam) / len(spam) > 0.5
+
+
+def test_obfuscated_campaign_disguises_one_campaigns_texts_deterministically():
+    from features.obfuscation import obfuscation_features
+
+    events = simulate(TEXTS, 3000, "obfuscated_campaign", seed=7)
+    again = simulate(TEXTS, 3000, "obfuscated_campaign", seed=7)
+    assert [(e.kind, e.payload, e.truth) for e in events] == [(e.kind, e.payload, e.truth) for e in again]
+    assert all(e.truth["scenario"] == "obfuscated_campaign" for e in events)
+    for e in events:  # disguised texts still decode (length limit included)
+        DECODERS[e.kind](schema.dumps(e.payload))
+    sim = Simulation(TEXTS, "obfuscated_campaign", seed=7)
+    assert [c.obfuscates for c in sim.campaigns] == [True, False, False] and sim.campaigns[-1].stealth
+
+    spam = [e for e in posts_of(events) if e.truth["is_spam"]]
+    assert 0.08 < len(spam) / len(posts_of(events)) < 0.25
+    by_campaign = defaultdict(list)
+    for e in spam:
+        by_campaign[e.truth["campaign"]].append(e)
+    assert len(by_campaign) == 3
+    originals = set(SPAM) | set(HAM)
+
+    def original(text: str) -> bool:  # as posted, or with the template suffix (" !!abcd")
+        return text in originals or text.rsplit(" ", 1)[0] in originals
+
+    def looks_obfuscated(text: str) -> bool:
+        return any(obfuscation_features(text).values())
+
+    disguised = [e for e in spam if e.truth["obfuscated"]]
+    assert {e.truth["campaign"] for e in disguised} == {sim.campaigns[0].campaign_id}
+    assert len(disguised) == len(by_campaign[sim.campaigns[0].campaign_id]) > 50
+    texts = [e.payload["text"] for e in disguised]
+    assert sum(not original(t) for t in texts) / len(texts) > 0.8  # synonym-only may miss a text's words
+    assert sum(looks_obfuscated(t) for t in texts) / len(texts) > 0.5  # punctuation/synonyms are not measured
+    assert len(set(texts)) > 0.9 * len(texts)  # a fresh disguise per post
+    # the other campaigns post their texts unchanged, and look clean (leetspeak aside: "WINNER!!" and the
+    # template's random codes such as "aB3x" read as leet)
+    for c in sim.campaigns[1:]:
+        assert all(original(e.payload["text"]) and not e.truth["obfuscated"] for e in by_campaign[c.campaign_id])
+        assert not any(obfuscation_features(e.payload["text"])[n] for e in by_campaign[c.campaign_id]
+                       for n in ("text_lookalike_share", "text_invisible_share", "text_spaced_share"))
+    # a few legitimate posts look odd too (~2%): odd-looking is a hint, not proof
+    legit = [e for e in posts_of(events) if not e.truth["is_spam"]]
+    odd = [e for e in legit if e.truth["obfuscated"]]
+    assert 0.005 < len(odd) / len(legit) < 0.04
+    assert all(original(e.payload["text"]) for e in legit if not e.truth["obfuscated"])
+
+
+def test_obfuscation_leaves_the_other_scenarios_alone():
+    for name in ("mixed", "stealth_campaign", "human_spammers"):
+        posts = posts_of(simulate(TEXTS, 800, name, seed=1))
+        assert not any(e.truth["obfuscated"] for e in posts)
+        assert all(e.payload["text"].rsplit(" ", 1)[0] in set(SPAM) | set(HAM) or e.payload["text"] in set(SPAM)
+                   | set(HAM) for e in posts)

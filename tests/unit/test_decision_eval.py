@@ -1,0 +1,110 @@
+"""`modpipe decision eval`: scenarios, segments, and the with/without ablation of a feature group (no ONNX
+text model: a stand-in scores texts, fooled by disguised ones as a text filter would be)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from features.journey import JOURNEY_FEATURES
+from modpipe.decision import dataset, evaluate, train
+from modpipe.decision.model import DECISION_FEATURES
+from modpipe.settings import Settings
+
+SPAM = [f"WINNER!! You have won a {i}000 prize. Call 0906{i:04d} now to claim your reward, T&C apply"
+        for i in range(30)]
+HAM = [f"hey, are we still on for lunch on day {i}? I can bring the {w}" for i, w in
+       enumerate(["salad", "bread", "cake", "drinks", "chips", "fruit", "cheese", "wine"] * 5)]
+
+
+class FakeBuild:
+    version = "fake-text-model"
+
+    def heldout(self):
+        return [{"text": t, "label": 1, "dataset": "sms"} for t in SPAM] + \
+            [{"text": t, "label": 0, "dataset": "sms"} for t in HAM]
+
+
+class FakeTextModel:
+    """Spam texts as written score high; a disguised text (not one of the originals) slips through."""
+
+    def __init__(self, build, cache_dir, threads=2):
+        self.spam = set(SPAM)
+
+    def ensure(self, texts):
+        list(texts)
+
+    def __getitem__(self, text):
+        return 0.95 if text in self.spam or text.rsplit(" ", 1)[0] in self.spam else 0.05
+
+
+def test_eval_and_training_cover_the_obfuscated_campaign():
+    assert "obfuscated_campaign" in evaluate.EVAL_SCENARIOS
+    assert "obfuscated_campaign" in train.TrainConfig().scenarios
+    assert set(train.TrainConfig().scenarios) == set(evaluate.EVAL_SCENARIOS)
+
+
+def test_score_segments_obfuscated_posts():
+    def row(i, spam, obfuscated, p):
+        truth = {"is_spam": spam, "actor": "spammer" if spam else "legit", "stealth": False, "obfuscated": obfuscated}
+        return dataset.Row(f"p{i}", "r", i, {"text_probability": p, "domain_banned": False, "ip_banned": False}, truth)
+
+    rows = [row(0, True, True, 0.1), row(1, True, True, 0.95), row(2, True, False, 0.95), row(3, False, True, 0.2),
+            row(4, False, False, 0.1)]
+    from modpipe.decision.verdict import ThresholdDecider
+
+    s = evaluate.score(rows, ThresholdDecider(0.5, 0.9))
+    assert s["segments"]["obfuscated"] == {"posts": 2, "flagged": 1, "flagged_share": 0.5}
+    assert s["segments"]["legit_obfuscated"]["flagged"] == 0 and s["segments"]["spam_text"]["posts"] == 3
+
+
+def test_matrix_drops_columns_as_missing():
+    rows = [dataset.Row("p", "r", 0, {"text_probability": 0.5, "journey_steps": 2, "user_friends": 3}, {})]
+    full, dropped = train.matrix(rows), train.matrix(rows, JOURNEY_FEATURES)
+    i = DECISION_FEATURES.index("journey_steps")
+    assert full[0, i] == 2.0 and math.isnan(dropped[0, i])
+    assert dropped[0, DECISION_FEATURES.index("user_friends")] == 3.0
+    assert train.matrix([]).shape[0] == 0
+    with pytest.raises(ValueError, match="bogus"):
+        train.matrix(rows, ["bogus"])
+
+
+@pytest.fixture
+def tiny(monkeypatch, tmp_path):
+    monkeypatch.setattr(dataset, "TextProbabilities", FakeTextModel)
+    config = train.TrainConfig(scenarios=("obfuscated_campaign", "mixed", "ham_only"), rates=(50.0,),
+                               posts_per_run=600, rounds=1)
+    monkeypatch.setitem(train.PROFILES, "tiny", config)
+    return Settings.from_env(cache_dir=tmp_path)
+
+
+def test_ablation_trains_with_and_without_the_features_side_by_side(tiny):
+    report = evaluate.ablation(tiny, FakeBuild(), JOURNEY_FEATURES, profile="tiny", n_posts=400,
+                               scenarios=("obfuscated_campaign", "ham_only"), progress=False)
+    assert report["ablation"] == list(JOURNEY_FEATURES) and report["text_model"] == "fake-text-model"
+    assert 0 < report["dropped_gain_share"] < 1 and report["top_gain"]["engine_without"]
+    assert set(report["decision_models"]) == {"engine", "engine_without"}
+    for entry in list(report["scenarios"].values()) + [report["overall"]]:
+        assert set(entry) == {"text_only", "engine", "engine_without"}
+    ob = report["scenarios"]["obfuscated_campaign"]
+    # the stand-in text model misses every disguised spam text
+    assert ob["text_only"]["segments"]["obfuscated"]["flagged_share"] < 0.2
+    table = evaluate.format_ablation(report)
+    assert "| obfuscated_campaign |" in table and "| overall |" in table and "journey_min_step_ms" in table
+    with pytest.raises(ValueError, match="text_leet_share"):  # measured, then left out of the model
+        evaluate.ablation(tiny, FakeBuild(), ["text_leet_share"], profile="tiny")
+
+
+def test_a_dropped_feature_is_never_split_on(tiny):
+    runs, probs = train._simulation(tiny, FakeBuild(), train.PROFILES["tiny"], 0, False)
+    booster, rounds = train.train_rounds(tiny, runs, probs, train.PROFILES["tiny"], 0, progress=False,
+                                         drop=JOURNEY_FEATURES)
+    gain = dict(zip(DECISION_FEATURES, booster.feature_importance("gain"), strict=True))
+    assert all(gain[n] == 0 for n in JOURNEY_FEATURES) and sum(gain.values()) > 0
+    assert len(rounds) == 1 and rounds[0]["train_rows"] > 0
+    x = np.asarray([[0.5] * len(DECISION_FEATURES)])
+    x2 = x.copy()
+    x2[0, [DECISION_FEATURES.index(n) for n in JOURNEY_FEATURES]] = 1.0
+    assert booster.predict(x) == pytest.approx(booster.predict(x2))
