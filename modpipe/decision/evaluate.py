@@ -107,10 +107,17 @@ def evaluate(settings: Settings, build: ModelBuild, engine: DecisionEngine, *, n
     return report
 
 
-def format_table(report: dict) -> str:
-    def f(x):
-        return "-" if x is None else f"{x:.3f}"
+def _cell(x) -> str:
+    return "-" if x is None else f"{x:.3f}"
 
+
+def _caught(entry: dict, seg: str):
+    """A segment's flagged share in one decider's score (None when the scenario has no such posts)."""
+    return entry["segments"].get(seg, {}).get("flagged_share")
+
+
+def format_table(report: dict) -> str:
+    f = _cell
     lines = [f"decision model {report['decision_model']} over text model {report['text_model']}; "
              f"{report['posts_per_scenario']} posts per scenario at {report['rate']:g}/s",
              "| scenario | text-only F1 | engine F1 | engine block F1 | stealth caught (text / engine) | "
@@ -119,12 +126,10 @@ def format_table(report: dict) -> str:
     rows = list(report["scenarios"].items()) + [("overall", report["overall"])]
     for name, e in rows:
         t, g = e["text_only"], e["engine"]
-        st = (t["segments"].get("stealth", {}).get("flagged_share"), g["segments"].get("stealth", {}).get("flagged_share"))
-        ob = (t["segments"].get("obfuscated", {}).get("flagged_share"),
-              g["segments"].get("obfuscated", {}).get("flagged_share"))
         mix = g["verdict_mix"]
         lines.append(f"| {name} | {f(t['flagged']['f1'])} | {f(g['flagged']['f1'])} | {f(g['block']['f1'])} | "
-                     f"{f(st[0])} / {f(st[1])} | {f(ob[0])} / {f(ob[1])} | {f(g['shortcut_rate'])} | "
+                     f"{f(_caught(t, 'stealth'))} / {f(_caught(g, 'stealth'))} | "
+                     f"{f(_caught(t, 'obfuscated'))} / {f(_caught(g, 'obfuscated'))} | {f(g['shortcut_rate'])} | "
                      f"{mix.get('allow', 0)}/{mix.get('review', 0)}/{mix.get('block', 0)} |")
     return "\n".join(lines)
 
@@ -133,7 +138,7 @@ def ablation(settings: Settings, build: ModelBuild, drop: Collection[str], *, pr
              train_seed: int = 0, n_posts: int = 1500, rate: float = 50.0, seed: int = 0, scenarios=EVAL_SCENARIOS,
              progress: bool = True) -> dict:
     """The decision model trained twice on the same simulation and seed (every feature / without `drop`),
-    in memory (nothing is cached or served), both scored with the text-only decider on the same held-out
+    in memory (nothing is cached or served), both scored beside the text-only decider on the same held-out
     traffic. A feature group earns its place when `engine` beats `engine_without` where it should and is
     no worse elsewhere."""
     from modpipe.decision.model import DECISION_FEATURES, DecisionModel
@@ -163,11 +168,10 @@ def ablation(settings: Settings, build: ModelBuild, drop: Collection[str], *, pr
 
 
 def format_ablation(report: dict) -> str:
-    def f(x):
-        return "-" if x is None else f"{x:.3f}"
+    f = _cell
 
     def obf(e):
-        return e["segments"].get("obfuscated", {}).get("flagged_share")
+        return _caught(e, "obfuscated")
 
     lines = [f"decision model with / without {', '.join(report['ablation'])} (trained side by side, profile "
              f"{report['profile']}, seed {report['train_seed']}) over text model {report['text_model']}; "
