@@ -35,6 +35,13 @@ Scenarios (`SCENARIOS`):
   home ISP addresses and human UI journeys: behaviour no longer separates spam; the text and the links
   still do. Without it the simulated spammers were all bots, and a decision model trained on them
   learned to read the journey and ignore the text model.
+- `human_lures`: ~12% spam posted by people, once per account, from accounts that look ordinary: half
+  aged (30-400 days, 10-300 friends), half brand-new (hours to 2 days, 0-15 friends); human journeys, a
+  fresh residential address each, no link: lures to phone numbers, handles and messaging apps (held-out
+  SPAM texts). A third of the legitimate users have the same two kinds of accounts, so the profile,
+  journey and link say nothing: only the text does.
+- `taken_over_lures`: ~10% spam posted by people through taken-over aged accounts (the owner keeps
+  posting), a post each, human journeys, no link, from an address the account never used.
 - `obfuscated_campaign`: like `mixed`, but the first spam-text campaign disguises every text it posts
   (`modpipe.textmodel.attacks.variant` with the simulation's rng: look-alike letters, invisible
   characters, spaced-out letters, leetspeak, synonyms or inserted punctuation, one form or two, at a
@@ -93,6 +100,9 @@ class Scenario:
     human_share: float = 0.0  # fraction of campaign accounts operated by people (human journeys and profiles)
     obfuscating_campaigns: int = 0  # the first N spam-text campaigns rewrite every text (attacks.variant)
     legit_obfuscated_share: float = 0.0  # fraction of legitimate posts whose text is rewritten the same way
+    lure_share: float = 0.0  # fraction of posts that are lures posted by people, once per account, no link
+    lure_accounts: tuple[str, ...] = ()  # kinds of account they post from: aged | new | taken_over
+    ordinary_legit_share: float = 0.0  # fraction of legitimate users with the aged/new lure-account profiles
 
     def spam_share_at(self, t: float) -> float:
         if self.burst_every_s and (t % self.burst_every_s) >= self.burst_every_s - self.burst_len_s:
@@ -115,7 +125,14 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("obfuscated_campaign", "like mixed, but one spam-text campaign disguises its texts (look-alike "
              "letters, invisible characters, spacing, leetspeak, ...); 2% of legitimate posts look odd too",
              0.15, 3, 1 / 3, obfuscating_campaigns=1, legit_obfuscated_share=0.02),
+    Scenario("human_lures", "~12% spam posted once each by people on ordinary-looking aged or brand-new accounts, "
+             "human journeys, no link; a third of legitimate users have the same kinds of accounts", 0.0, 0, 0.0,
+             lure_share=0.12, lure_accounts=("aged", "new"), ordinary_legit_share=1 / 3),
+    Scenario("taken_over_lures", "~10% spam posted by people through taken-over aged accounts (the owner keeps "
+             "posting), human journeys, no link, from an address the account never used", 0.0, 0, 0.0,
+             lure_share=0.10, lure_accounts=("taken_over",)),
 )}
+LURE_ACCOUNTS = ("aged", "new", "taken_over")
 
 # Realistic link targets of legitimate posts: (domain, kind).
 LEGIT_SITES = (
@@ -207,8 +224,13 @@ class Simulation:
         self.spam_texts, self.ham_texts = split_texts(texts)
         if not self.ham_texts:
             raise ValueError("no ham texts: the simulation needs held-out texts with label ham/0")
-        if self.scenario.campaigns and not self.spam_texts and self.scenario.stealth_share < 1:
+        needs_spam = (self.scenario.campaigns and self.scenario.stealth_share < 1) or self.scenario.lure_share
+        if needs_spam and not self.spam_texts:
             raise ValueError("no spam texts: this scenario needs held-out texts with label spam/1")
+        unknown = set(self.scenario.lure_accounts) - set(LURE_ACCOUNTS)
+        if unknown or bool(self.scenario.lure_share) != bool(self.scenario.lure_accounts):
+            raise ValueError(f"scenario {scenario!r}: lure_accounts must name kinds from {LURE_ACCOUNTS} "
+                             f"exactly when lure_share > 0 (unknown: {sorted(unknown)})")
         self.rng = random.Random(f"{seed}:{scenario}")
         self.start_ms = int(start_ms)
         self.run_id = run_id
@@ -218,6 +240,7 @@ class Simulation:
         self._post_seq = 0
         self._heap: list[tuple[float, int, Event]] = []
         self._used_ids: set[int] = set()
+        self._lure_texts: list[dict] = []  # each held-out spam text is posted once before any is reused
         self.users = [self._legit_account() for _ in range(n_users)]
         weights = [1.0 / (rank ** zipf_s) for rank in range(1, n_users + 1)]
         self.rng.shuffle(weights)  # activity is not tied to the user index
@@ -244,6 +267,9 @@ class Simulation:
 
     def _legit_account(self) -> Account:
         r = self.rng
+        if self.scenario.ordinary_legit_share and r.random() < self.scenario.ordinary_legit_share:
+            kind = "aged" if r.random() < 0.5 else "new"
+            return self._ordinary_account("legit", kind, self.start_ms, None)
         if r.random() < 0.03:  # a few genuinely new users
             age_days = r.uniform(0.05, 7)
             friends, followers = int(r.paretovariate(1.5)) - 1, int(r.paretovariate(1.5)) - 1
@@ -256,6 +282,18 @@ class Simulation:
         home = self._home_ip()
         return Account(self._user_id(), "legit", self.start_ms - int(age_days * DAY_MS), r.choice(LEGIT_EMAIL),
                        friends, followers, verified, home, human=True)
+
+    def _ordinary_account(self, actor: str, kind: str, at_ms: int, campaign: str | None) -> Account:
+        """An account that looks like most people's: `aged` (30-400 days, 10-300 friends) or `new` (hours to
+        2 days, 0-15 friends); ordinary e-mail, not verified, a person at the UI. Lure spammers and, in the
+        lure scenarios, a share of legitimate users are drawn from the same distributions."""
+        r = self.rng
+        if kind == "aged":
+            age_days, friends, followers = r.uniform(30, 400), r.randint(10, 300), r.randint(3, 300)
+        else:
+            age_days, friends, followers = r.uniform(0.05, 2.0), r.randint(0, 15), r.randint(0, 10)
+        return Account(self._user_id(), actor, at_ms - int(age_days * DAY_MS), r.choice(LEGIT_EMAIL), friends,
+                       followers, False, self._home_ip(), campaign, human=True)
 
     def _home_ip(self) -> str:
         r = self.rng
@@ -411,11 +449,34 @@ class Simulation:
     def _delay(self, median_s: float, sigma: float = 0.8) -> float:
         return self.delay_scale * self.rng.lognormvariate(math.log(median_s), sigma)
 
+    def _lure_text(self) -> dict:
+        if not self._lure_texts:
+            self._lure_texts = list(self.spam_texts)
+            self.rng.shuffle(self._lure_texts)
+        return self._lure_texts.pop()
+
+    def _lure(self, at_ms: int) -> tuple[Account, str]:
+        """(account, lure kind) for a lure post: a fresh ordinary-looking account, or a taken-over one posting
+        from an address its owner never used (a residential address of its own)."""
+        kind = self.rng.choice(self.scenario.lure_accounts)
+        campaign = f"{self.run_id}-lures"
+        if kind != "taken_over":
+            return self._ordinary_account("spammer", kind, at_ms, campaign), kind
+        victim = self.rng.choice(self.users)  # any account can be taken over, not only the most active
+        return Account(victim.user_id, "spammer", victim.created_at_ms, victim.email_domain, victim.friends,
+                       victim.followers, victim.verified, self._home_ip(), campaign, human=True), kind
+
     def _post(self, t: float) -> None:
         r = self.rng
         at_ms = self.start_ms + int(round(t * 1000))
+        lure = None
         spam = bool(self.campaigns) and r.random() < self.scenario.spam_share_at(t)
-        if spam:
+        if not spam and self.scenario.lure_share and r.random() < self.scenario.lure_share:
+            c = None
+            acct, lure = self._lure(at_ms)
+            spam, row, url = True, self._lure_text(), None
+            journey, ip = self._human_journey(row["text"]), acct.home_ip
+        elif spam:
             c = self._pick_campaign(t)
             acct = self._pick_spammer(c, at_ms)
             row = self._campaign_text(c)
@@ -439,7 +500,7 @@ class Simulation:
         if url and r.random() < 0.4:
             post["url_reputation"] = self._reputation(spam, url)
         truth = {"post_id": post_id, "is_spam": spam, "actor": acct.actor,
-                 "campaign": c.campaign_id if c else None, "stealth": bool(c and c.stealth),
+                 "campaign": c.campaign_id if c else acct.campaign, "stealth": bool(c and c.stealth), "lure": lure,
                  "text_label": "spam" if _is_spam_label(row.get("label")) else "ham",
                  "obfuscated": bool(row.get("obfuscated")), "dataset": row.get("dataset"),
                  "scenario": self.scenario.name, "run_id": self.run_id}
