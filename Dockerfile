@@ -16,6 +16,7 @@ COPY modpipe/ modpipe/
 COPY streams/ streams/
 COPY features/ features/
 COPY loadgen/ loadgen/
+COPY simulation/ simulation/
 COPY console/ console/
 RUN pip install --upgrade pip \
  && pip install -c constraints.txt . \

@@ -1,6 +1,6 @@
 """`modpipe bench` (no target): the end-to-end comparison, three paths in one run.
 
-On the same machine, in one run, on the same texts (posts of a seeded `loadgen.sim` simulation built
+On the same machine, in one run, on the same texts (posts of a seeded `simulation.simulator` simulation built
 from the served build's held-out split):
 
 1. **pipeline**: modpipe end to end (broker -> ingest -> feature stages -> batching -> Triton ->
@@ -39,13 +39,13 @@ from pathlib import Path
 
 import numpy as np
 
-from loadgen.measure import latency_summary, percentile
-from loadgen.sim import Event, Simulation
 from loadgen.traffic import ProduceStats, arrival_times, make_producer, produce_events
 from modpipe import log, schema
 from modpipe.settings import Settings
 from modpipe.textmodel.artifacts import ModelBuild, resolve_model
 from modpipe.textmodel.tokenize import BatchTokenizer
+from simulation.metrics import latency_summary, percentile
+from simulation.simulator import Event, Simulation
 
 _log = log.get(__name__)
 

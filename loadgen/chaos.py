@@ -240,7 +240,6 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
 
     from loadgen.bench import isolated_settings
     from loadgen.measure import DecisionCollector
-    from loadgen.sim import Simulation
     from loadgen.smoke import end_consumer
     from loadgen.traffic import (
         ProduceStats,
@@ -250,6 +249,7 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
         produce_events,
     )
     from modpipe.textmodel.artifacts import resolve_model
+    from simulation.simulator import Simulation
     from streams.stack import LocalStack
 
     if settings.bootstrap_servers or settings.triton_url:

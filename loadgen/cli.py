@@ -18,10 +18,10 @@ import sys
 import time
 import uuid
 
-from loadgen.sim import SCENARIOS, Simulation
 from loadgen.traffic import PATTERNS, arrival_times, planned_posts
 from modpipe import log
 from modpipe.settings import Settings
+from simulation.simulator import SCENARIOS, Simulation
 
 _log = log.get(__name__)
 

@@ -12,74 +12,19 @@
 
 from __future__ import annotations
 
-import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from modpipe import log, schema
 from modpipe.settings import Settings
+from simulation.metrics import binary_metrics, confusion, latency_summary, percentile, round_or_none
 
 _log = log.get(__name__)
 
 FLAGGED = ("review", "block")
-
-
-# ---------------------------------------------------------------------------------------------- math
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """q-th percentile (0..100), linear interpolation between closest ranks (numpy's default)."""
-    if not values:
-        return None
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def latency_summary(latencies_ms: Sequence[float]) -> dict:
-    keys = {"p50_ms": 50, "p95_ms": 95, "p99_ms": 99}
-    out = {k: _round(percentile(latencies_ms, q)) for k, q in keys.items()}
-    out["max_ms"] = _round(max(latencies_ms)) if latencies_ms else None
-    out["mean_ms"] = _round(sum(latencies_ms) / len(latencies_ms)) if latencies_ms else None
-    out["n"] = len(latencies_ms)
-    return out
-
-
-def binary_metrics(truth: Iterable[bool], predicted: Iterable[bool]) -> dict:
-    """Precision, recall, F1 of the positive class (spam); None where the denominator is 0."""
-    tp = fp = fn = tn = 0
-    for t, p in zip(truth, predicted, strict=True):
-        if t and p:
-            tp += 1
-        elif p:
-            fp += 1
-        elif t:
-            fn += 1
-        else:
-            tn += 1
-    precision = tp / (tp + fp) if tp + fp else None
-    recall = tp / (tp + fn) if tp + fn else None
-    f1 = 2 * tp / (2 * tp + fp + fn) if tp + fp + fn else None  # = harmonic mean of precision and recall
-    n = tp + fp + fn + tn
-    return {"precision": _round(precision, 4), "recall": _round(recall, 4), "f1": _round(f1, 4),
-            "accuracy": _round((tp + tn) / n, 4) if n else None,
-            "false_positive_rate": _round(fp / (fp + tn), 4) if fp + tn else None,
-            "tp": tp, "fp": fp, "fn": fn, "tn": tn}
-
-
-def confusion(pairs: Iterable[tuple[bool, str]]) -> dict:
-    """{'spam': {'allow': n, 'review': n, 'block': n}, 'ham': {...}} from (is_spam, verdict) pairs."""
-    out = {"spam": dict.fromkeys(schema.VERDICTS, 0), "ham": dict.fromkeys(schema.VERDICTS, 0)}
-    for is_spam, verdict in pairs:
-        out["spam" if is_spam else "ham"][verdict] += 1
-    return out
-
-
-def _round(x: float | None, digits: int = 1) -> float | None:
-    return None if x is None else round(float(x), digits)
 
 
 # ---------------------------------------------------------------------------------------------- collection
@@ -272,14 +217,14 @@ def rss_summary(samples: list[tuple[float, dict[str, float]]], t0: float) -> dic
     """Per process group: first, after warm-up (the end of the first quarter), peak and last, in MiB, and the
     growth from after warm-up to the end (what a leak shows as), with the samples for the plot."""
     names = sorted({n for _, by in samples for n in by})
-    out: dict = {"samples": [[_round(t - t0, 1), by] for t, by in samples]}
+    out: dict = {"samples": [[round_or_none(t - t0, 1), by] for t, by in samples]}
     for name in names:
         series = [by[name] for _, by in samples if name in by]
         if not series:
             continue
         warm = series[len(series) // 4]
         out[name] = {"first": series[0], "after_warmup": warm, "peak": max(series), "last": series[-1],
-                     "growth_after_warmup": _round(series[-1] - warm, 1)}
+                     "growth_after_warmup": round_or_none(series[-1] - warm, 1)}
     return out
 
 
@@ -290,9 +235,9 @@ def _group_stats(rows: list[tuple[dict, Decided | None, float | None]]) -> dict:
     lat = [x for _, _, x in rows if x is not None]
     verdicts = {v: sum(d.verdict == v for _, d in decided) for v in schema.VERDICTS}
     return {"posts": len(rows), "decided": len(decided), "verdicts": verdicts,
-            "flagged_rate": _round(sum(d.verdict in FLAGGED for _, d in decided) / len(decided), 4) if decided else None,
-            "blocked_rate": _round(verdicts["block"] / len(decided), 4) if decided else None,
-            "p50_ms": _round(percentile(lat, 50))}
+            "flagged_rate": round_or_none(sum(d.verdict in FLAGGED for _, d in decided) / len(decided), 4) if decided else None,
+            "blocked_rate": round_or_none(verdicts["block"] / len(decided), 4) if decided else None,
+            "p50_ms": round_or_none(percentile(lat, 50))}
 
 
 def timeseries(sent_at: dict[str, float], decided: dict[str, Decided], t0: float, bucket_s: float = 1.0) -> list[dict]:
@@ -314,9 +259,9 @@ def timeseries(sent_at: dict[str, float], decided: dict[str, Decided], t0: float
     for k in range(min(buckets, default=0), max(buckets, default=-1) + 1):
         row = b(t0 + k * bucket_s + bucket_s / 2)  # empty seconds show as zeros, not as gaps
         lat = row.pop("lat")
-        row["p50_ms"], row["p95_ms"] = _round(percentile(lat, 50)), _round(percentile(lat, 95))
-        row["produced_per_s"] = _round(row["produced"] / bucket_s, 2)
-        row["decided_per_s"] = _round(row["decided"] / bucket_s, 2)
+        row["p50_ms"], row["p95_ms"] = round_or_none(percentile(lat, 50)), round_or_none(percentile(lat, 95))
+        row["produced_per_s"] = round_or_none(row["produced"] / bucket_s, 2)
+        row["decided_per_s"] = round_or_none(row["decided"] / bucket_s, 2)
         out.append(row)
     return out
 
@@ -360,20 +305,20 @@ def summarize(*, sent_at: dict[str, float], truth: dict[str, dict], decided: dic
         "lost": len(sent_at) - len(mine),
         "extra_decisions": sum(d.count - 1 for d in mine.values()),
         "throughput": {
-            "produce_posts_per_s": _round(len(sent_at) / produce_s, 2),
-            "produce_events_per_s": _round(sum((events_by_kind or {}).values()) / produce_s, 2),
-            "produce_seconds": _round(produce_s, 2),
-            "producer_behind_max_s": _round(behind_s_max, 3),
-            "decisions_per_s": _round(len(mine) / max(last_d - produce_started, 1e-9), 2) if mine else None,
-            "decisions_per_s_steady": _round((len(mine) - 1) / (last_d - first_d), 2)
+            "produce_posts_per_s": round_or_none(len(sent_at) / produce_s, 2),
+            "produce_events_per_s": round_or_none(sum((events_by_kind or {}).values()) / produce_s, 2),
+            "produce_seconds": round_or_none(produce_s, 2),
+            "producer_behind_max_s": round_or_none(behind_s_max, 3),
+            "decisions_per_s": round_or_none(len(mine) / max(last_d - produce_started, 1e-9), 2) if mine else None,
+            "decisions_per_s_steady": round_or_none((len(mine) - 1) / (last_d - first_d), 2)
             if len(mine) > 1 and last_d > first_d else None,
-            "drain_seconds": _round(max(0.0, last_d - produce_finished), 2),
+            "drain_seconds": round_or_none(max(0.0, last_d - produce_finished), 2),
         },
         "latency_ms": latency_summary(latencies),
         "pipeline_latency_ms": latency_summary(pipeline_lat),
         "lag": {"max": max(lag_values) if lag_values else None, "last": lag_values[-1] if lag_values else None,
                 "group_max": max(totals) if totals else None, "group_last": totals[-1] if totals else None,
-                "samples": [[_round(t - produce_started, 2), lag, total] for t, lag, total in samples]},
+                "samples": [[round_or_none(t - produce_started, 2), lag, total] for t, lag, total in samples]},
         "accuracy": {
             "review_or_block": binary_metrics(spam_truth, [v in FLAGGED for _, v in pairs]),
             "block": binary_metrics(spam_truth, [v == "block" for _, v in pairs]),

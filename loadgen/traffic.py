@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from loadgen.sim import KIND_TOPICS, TRUTH_HEADER, Event
 from modpipe import log, schema
 from modpipe.settings import Settings
+from simulation.simulator import KIND_TOPICS, TRUTH_HEADER, Event
 
 _log = log.get(__name__)
 

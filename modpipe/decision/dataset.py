@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from features.offline import compute
-from loadgen.sim import Event, Simulation
 from modpipe import log
 from modpipe.decision.engine import shortcut
 from modpipe.textmodel.artifacts import ModelBuild
+from simulation.simulator import Event, Simulation
 
 _log = log.get(__name__)
 

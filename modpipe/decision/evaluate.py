@@ -21,13 +21,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Collection, Mapping
 
-from loadgen.measure import binary_metrics
 from modpipe.decision import dataset
 from modpipe.decision.engine import DecisionEngine, cascade
 from modpipe.decision.train import feedback_of
 from modpipe.decision.verdict import Decider, ThresholdDecider
 from modpipe.settings import Settings
 from modpipe.textmodel.artifacts import ModelBuild
+from simulation.metrics import binary_metrics
 
 EVAL_SCENARIOS = ("mixed", "campaign_burst", "stealth_campaign", "hijacked_accounts", "human_spammers",
                   "obfuscated_campaign", "ham_only")

@@ -70,7 +70,7 @@ def decision_root(settings: Settings) -> Path:
 
 # The code that shapes the model: this package, the feature logic and the simulation of the traffic it
 # learns from (not the load generator's producing, measuring or benchmarking code, which it never runs).
-SOURCES = ("modpipe/decision/*.py", "features/*.py", "loadgen/sim.py", "modpipe/textmodel/attacks.py")
+SOURCES = ("modpipe/decision/*.py", "features/*.py", "simulation/simulator.py", "modpipe/textmodel/attacks.py")
 
 
 def source_hash() -> str:

@@ -11,7 +11,7 @@ from confluent_kafka.admin import AdminClient
 
 from loadgen.cli import run_loadgen
 from loadgen.measure import format_table
-from loadgen.sim import TRUTH_HEADER
+from simulation.simulator import TRUTH_HEADER
 
 pytestmark = pytest.mark.integration
 

@@ -128,7 +128,7 @@ def test_decision_cache_key_follows_the_code_that_shapes_the_model():
     root = Path(T.__file__).resolve().parents[2]
     hashed = {str(p.relative_to(root)) for pattern in T.SOURCES for p in root.glob(pattern)}
     # the model's own code, the feature logic it replays and the simulation it learns from ...
-    assert {"modpipe/decision/train.py", "features/state.py", "features/vector.py", "loadgen/sim.py",
+    assert {"modpipe/decision/train.py", "features/state.py", "features/vector.py", "simulation/simulator.py",
             "features/obfuscation.py", "modpipe/textmodel/attacks.py"} <= hashed  # the obfuscated campaign's texts
     # ... but not the load generator's measuring and benchmarking code, which never runs in training
     assert not hashed & {"loadgen/bench.py", "loadgen/measure.py", "loadgen/cli.py"}

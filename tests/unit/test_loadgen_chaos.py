@@ -9,8 +9,8 @@ import random
 import pytest
 
 from loadgen.chaos import canonical, compare_tables, count_decisions, fault_plan, offline_tables
-from loadgen.sim import simulate
-from tests.unit.test_loadgen_sim import TEXTS
+from simulation.simulator import simulate
+from tests.unit.test_simulation_simulator import TEXTS
 
 
 def test_fault_plan_has_each_fault_once_in_its_window_spaced_and_seeded():

@@ -7,7 +7,6 @@ import statistics
 import orjson
 import pytest
 
-from loadgen.sim import TRUTH_HEADER, simulate
 from loadgen.traffic import (
     BURST_PERIOD_S,
     arrival_times,
@@ -15,7 +14,8 @@ from loadgen.traffic import (
     produce_events,
 )
 from modpipe.settings import Settings
-from tests.unit.test_loadgen_sim import TEXTS
+from simulation.simulator import TRUTH_HEADER, simulate
+from tests.unit.test_simulation_simulator import TEXTS
 
 
 def test_constant_count_and_duration_arithmetic():

@@ -12,8 +12,8 @@ from features.events import parse_ts
 from features.journey import journey_features
 from features.lists import SHORTENER_DOMAINS
 from features.url import parse_url
-from loadgen.sim import KIND_TOPICS, SCENARIOS, Simulation, simulate, split_texts
 from modpipe import schema
+from simulation.simulator import KIND_TOPICS, SCENARIOS, Simulation, simulate, split_texts
 
 # Labelled texts shaped like heldout.jsonl (label 1/0, as the build writes; "spam"/"ham" also accepted).
 SPAM = [f"WINNER!! You have won a {i}000 prize. Call 0906{i:04d} now to claim, T&C apply" for i in range(12)]
