@@ -241,6 +241,7 @@ class Simulation:
         self._heap: list[tuple[float, int, Event]] = []
         self._used_ids: set[int] = set()
         self._lure_texts: list[dict] = []  # each held-out spam text is posted once before any is reused
+        self._taken_over: set[str] = set()
         self.users = [self._legit_account() for _ in range(n_users)]
         weights = [1.0 / (rank ** zipf_s) for rank in range(1, n_users + 1)]
         self.rng.shuffle(weights)  # activity is not tied to the user index
@@ -462,7 +463,10 @@ class Simulation:
         campaign = f"{self.run_id}-lures"
         if kind != "taken_over":
             return self._ordinary_account("spammer", kind, at_ms, campaign), kind
-        victim = self.rng.choice(self.users)  # any account can be taken over, not only the most active
+        # Active accounts are the ones taken over (phished while in use), each once.
+        victim = next((v for v in (self._pick_legit() for _ in range(5)) if v.user_id not in self._taken_over),
+                      None) or self.rng.choice(self.users)
+        self._taken_over.add(victim.user_id)
         return Account(victim.user_id, "spammer", victim.created_at_ms, victim.email_domain, victim.friends,
                        victim.followers, victim.verified, self._home_ip(), campaign, human=True), kind
 

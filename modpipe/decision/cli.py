@@ -79,7 +79,7 @@ def load_engine(settings: Settings, text_model_version: str, path: Path | None =
     from modpipe.decision.train import resolve_decision_model
 
     model = DecisionModel.load(path or resolve_decision_model(settings, text_model_version))
-    return DecisionEngine(model, settings.review_threshold, settings.block_threshold)
+    return DecisionEngine.for_model(model, settings.review_threshold, settings.block_threshold, settings.text_floor)
 
 
 def promote(settings: Settings, model_dir: Path, text_model_version: str) -> Path:
@@ -164,7 +164,7 @@ def _train_labels(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from modpipe.decision.evaluate import evaluate, format_table
+    from modpipe.decision.evaluate import evaluate, format_report
     from modpipe.textmodel.artifacts import resolve_model
 
     settings = Settings.from_env()
@@ -185,5 +185,5 @@ def _eval(args: argparse.Namespace) -> int:
     engine = load_engine(settings, build.version, args.model)
     report = evaluate(settings, build, engine, n_posts=args.posts, rate=args.rate, seed=args.seed,
                       progress=not args.no_progress)
-    print(json.dumps(report, indent=2) if args.json else format_table(report))
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0

@@ -8,7 +8,15 @@ to the tables as the pipeline would. A post counts as flagged spam when its verd
 
 Segments: `stealth` = campaign posts whose text is ham (only behaviour gives them away), `spam_text` =
 campaign posts with spam text, `legit` = legitimate users; across them, `obfuscated` = campaign posts whose
-text was disguised (scenario `obfuscated_campaign`) and `legit_obfuscated` = legitimate posts rewritten so.
+text was disguised (scenario `obfuscated_campaign`) and `legit_obfuscated` = legitimate posts rewritten so;
+`lure_<dataset>` = spam posted by people without a link (scenarios `human_lures`, `taken_over_lures`), by
+the data set its text came from.
+
+Account segments (`account_segment`): what the decider sees of the poster, account age band x link or
+none x journey kind, read from the feature map itself, so the same table works on labelled production
+traffic. Per segment: spam caught and legitimate posts flagged, by the engine and by the text model alone;
+a segment where the engine catches less spam than the text model alone is the engine being deaf to the
+text (`segment_table` marks it).
 
 `ablation` (`decision eval --ablation FEATURE,...`): trains the decision model twice on the same simulation
 and seed, once with every feature and once without the named ones, and scores both side by side on the
@@ -30,7 +38,11 @@ from modpipe.textmodel.artifacts import ModelBuild
 from simulation.metrics import binary_metrics
 
 EVAL_SCENARIOS = ("mixed", "campaign_burst", "stealth_campaign", "hijacked_accounts", "human_spammers",
-                  "obfuscated_campaign", "ham_only")
+                  "obfuscated_campaign", "human_lures", "taken_over_lures", "ham_only")
+LURE_SCENARIOS = ("human_lures", "taken_over_lures")
+# (upper bound in days, band): the bands the issue of link-less lures is stated in
+AGE_BANDS = ((2.0, "new <2d"), (30.0, "young 2-30d"), (400.0, "aged 30-400d"), (float("inf"), "old >400d"))
+SCRIPTED_STEP_MS = 100  # no step of a person's journey is this short (the shortest, a submit click, ~120 ms+)
 EVAL_SEED_OFFSET = 7_919  # seeds disjoint from training's (seed * 1000 + k, k < 1000)
 F1_TARGET = 0.97
 
@@ -39,6 +51,38 @@ def segment(truth: dict) -> str:
     if truth.get("actor") != "spammer":
         return "legit"
     return "stealth" if truth.get("stealth") else "spam_text"
+
+
+def age_band(age_days) -> str:
+    if not dataset.finite(age_days):
+        return "age unknown"
+    return next(band for bound, band in AGE_BANDS if age_days < bound)
+
+
+def journey_kind(features: dict) -> str:
+    """`none` (no journey: an API post), `scripted` (faster than a person) or `human`."""
+    if not features.get("journey_steps"):
+        return "none"
+    min_step = features.get("journey_min_step_ms")
+    if features.get("journey_submit_without_typing") or (dataset.finite(min_step) and min_step < SCRIPTED_STEP_MS):
+        return "scripted"
+    return "human"
+
+
+def account_segment(features: dict) -> str:
+    link = "link" if features.get("url_present") else "no link"
+    return f"{age_band(features.get('user_age'))} | {link} | {journey_kind(features)}"
+
+
+def _account_segments(rows: list[dataset.Row], flagged: list[bool]) -> dict:
+    out: dict[str, dict[str, int]] = {}
+    for row, hit in zip(rows, flagged, strict=True):
+        seg = out.setdefault(account_segment(row.features),
+                             {"spam": 0, "spam_flagged": 0, "legit": 0, "legit_flagged": 0})
+        kind = "spam" if row.spam else "legit"
+        seg[kind] += 1
+        seg[f"{kind}_flagged"] += hit
+    return dict(sorted(out.items()))
 
 
 def score(rows: list[dataset.Row], decider: Decider) -> dict:
@@ -50,6 +94,9 @@ def score(rows: list[dataset.Row], decider: Decider) -> dict:
               for seg in ("spam_text", "stealth", "legit")}
     groups["obfuscated"] = [i for i, r in enumerate(rows) if r.truth.get("obfuscated") and r.spam]
     groups["legit_obfuscated"] = [i for i, r in enumerate(rows) if r.truth.get("obfuscated") and not r.spam]
+    for i, r in enumerate(rows):
+        if r.truth.get("lure"):
+            groups.setdefault(f"lure_{r.truth.get('dataset') or 'unknown'}", []).append(i)
     for seg, idx in groups.items():
         if idx:
             caught = sum(flagged[i] for i in idx)
@@ -63,6 +110,7 @@ def score(rows: list[dataset.Row], decider: Decider) -> dict:
         "shortcuts": dict(shortcuts),
         "shortcut_rate": round(sum(shortcuts.values()) / len(rows), 4) if rows else None,
         "segments": by_segment,
+        "account_segments": _account_segments(rows, flagged),
     }
 
 
@@ -103,8 +151,67 @@ def evaluate(settings: Settings, build: ModelBuild, engine: DecisionEngine, *, n
                               "met": (overall["engine"]["flagged"]["f1"] or 0) >= F1_TARGET},
         "stealth_recall_engine_vs_text_only": {"engine": stealth["engine"], "text_only": stealth["text_only"],
                                                "met": (stealth["engine"] or 0) > (stealth["text_only"] or 0) + 0.2},
+        **lure_targets(per_scenario, overall),
     }
     return report
+
+
+def _share(num: int, den: int) -> float | None:
+    return round(num / den, 4) if den else None
+
+
+def deaf_segments(segments: dict[str, dict[str, dict]]) -> list[str]:
+    """Account segments where the engine caught fewer spam posts than the text model alone."""
+    text, engine = segments["text_only"], segments["engine"]
+    return [seg for seg, e in engine.items() if e["spam_flagged"] < text.get(seg, {}).get("spam_flagged", 0)]
+
+
+def pooled_segments(entries: list[dict]) -> dict[str, dict[str, dict]]:
+    """{decider: {account segment: counts}} summed over several scenarios' scores."""
+    out: dict[str, dict[str, dict]] = {}
+    for entry in entries:
+        for label, sc in entry.items():
+            for seg, counts in sc["account_segments"].items():
+                acc = out.setdefault(label, {}).setdefault(seg, dict.fromkeys(counts, 0))
+                for k, v in counts.items():
+                    acc[k] += v
+    return {label: dict(sorted(segs.items())) for label, segs in out.items()}
+
+
+def lure_targets(per_scenario: dict, overall: dict) -> dict:
+    """The engine must never know less than its own text model: link-less lures from ordinary-looking
+    accounts caught as often as the text model alone catches them (every account segment) and >= 0.90 of
+    them overall; legitimate posts of the same kinds of accounts <= 2% flagged; the review band of `mixed`
+    <= 3% of its posts; every campaign scenario keeps engine F1 >= 0.99."""
+    targets: dict = {}
+    lures = [per_scenario[s] for s in LURE_SCENARIOS if s in per_scenario]
+    if lures:
+        segs = pooled_segments(lures)
+        deaf = deaf_segments(segs)
+        targets["lure_segments_engine_at_least_text"] = {"deaf_segments": deaf, "met": not deaf}
+        for name in sorted({k for e in lures for k in e["engine"]["segments"] if k.startswith("lure_")}):
+            posts = sum(e["engine"]["segments"].get(name, {}).get("posts", 0) for e in lures)
+            caught = {label: sum(e[label]["segments"].get(name, {}).get("flagged", 0) for e in lures)
+                      for label in ("text_only", "engine")}
+            value = _share(caught["engine"], posts)
+            targets[f"{name}_caught"] = {"target": 0.90, "posts": posts, "text_only": _share(caught["text_only"], posts),
+                                         "engine": value, "met": (value or 0) >= 0.90}
+        legit = {label: [sum(c["legit"] for c in segs[label].values()),
+                         sum(c["legit_flagged"] for c in segs[label].values())] for label in segs}
+        value = _share(legit["engine"][1], legit["engine"][0])
+        targets["lure_scenarios_legit_flagged"] = {"target": 0.02, "posts": legit["engine"][0],
+                                                   "text_only": _share(legit["text_only"][1], legit["text_only"][0]),
+                                                   "engine": value, "met": value is not None and value <= 0.02}
+    if "mixed" in per_scenario:
+        mixed = per_scenario["mixed"]["engine"]
+        value = _share(mixed["verdict_mix"].get("review", 0), mixed["posts"])
+        targets["mixed_review_band"] = {"target": 0.03, "value": value, "met": value is not None and value <= 0.03}
+    campaign = {s: per_scenario[s]["engine"]["flagged"]["f1"] for s in per_scenario
+                if s not in LURE_SCENARIOS and s != "ham_only"}
+    if campaign:
+        targets["campaign_scenarios_engine_f1"] = {"target": 0.99, "values": campaign,
+                                                   "met": all((f or 0) >= 0.99 for f in campaign.values())}
+    return targets
 
 
 def _cell(x) -> str:
@@ -153,9 +260,10 @@ def ablation(settings: Settings, build: ModelBuild, drop: Collection[str], *, pr
     deciders: dict[str, Decider] = {"text_only": ThresholdDecider(settings.review_threshold, settings.block_threshold)}
     versions, gain = {}, {}
     for label, dropped in (("engine", ()), ("engine_without", drop)):
-        booster, _ = train_rounds(settings, runs, probs, config, train_seed, progress=progress, drop=dropped)
+        booster, rounds = train_rounds(settings, runs, probs, config, train_seed, progress=progress, drop=dropped)
         model = DecisionModel(booster, list(DECISION_FEATURES), DecisionModel.version_of(booster))
-        deciders[label] = DecisionEngine(model, settings.review_threshold, settings.block_threshold)
+        deciders[label] = DecisionEngine(model, settings.review_threshold, settings.block_threshold,
+                                         text_floor=rounds[-1]["text_floor"]["chosen"])
         versions[label] = model.version
         gain[label] = feature_gain(booster)
     per_scenario, overall = replay_scores(settings, build, deciders, n_posts=n_posts, rate=rate, seed=seed,
@@ -165,6 +273,39 @@ def ablation(settings: Settings, build: ModelBuild, drop: Collection[str], *, pr
             "top_gain": {label: dict(list(g.items())[:8]) for label, g in gain.items()},
             "posts_per_scenario": n_posts, "rate": rate, "scenarios": per_scenario,
             "overall": overall}
+
+
+def segment_table(segments: dict[str, dict[str, dict]], title: str) -> str:
+    """Per account segment: spam caught and legitimate posts flagged, text model alone beside the engine;
+    `<` marks a segment where the engine catches less spam than the text model alone."""
+    f = _cell
+    text, engine = segments["text_only"], segments["engine"]
+    lines = [title, "| account age | link | journey | spam | caught: text / engine | legit | flagged: text / engine | |",
+             "|---|---|---|---|---|---|---|---|"]
+    for seg, g in engine.items():
+        t = text[seg]
+        mark = "<" if g["spam_flagged"] < t["spam_flagged"] else ""
+        age, link, journey = seg.split(" | ")
+        lines.append(f"| {age} | {link} | {journey} | {g['spam']} | {f(_share(t['spam_flagged'], t['spam']))} / "
+                     f"{f(_share(g['spam_flagged'], g['spam']))} | {g['legit']} | "
+                     f"{f(_share(t['legit_flagged'], t['legit']))} / {f(_share(g['legit_flagged'], g['legit']))} | "
+                     f"{mark} |")
+    return "\n".join(lines)
+
+
+def format_report(report: dict) -> str:
+    """The scenario table, the account-segment tables (lure scenarios, then every scenario) and the targets."""
+    parts = [format_table(report)]
+    lures = [report["scenarios"][s] for s in LURE_SCENARIOS if s in report["scenarios"]]
+    if lures:
+        parts.append(segment_table(pooled_segments(lures), "link-less lures by people (" +
+                                   ", ".join(s for s in LURE_SCENARIOS if s in report["scenarios"]) + "):"))
+    parts.append(segment_table({label: report["overall"][label]["account_segments"]
+                                for label in ("text_only", "engine")}, "every scenario:"))
+    parts.append("targets:\n" + "\n".join(f"- {name}: {'met' if t.get('met') else 'NOT met'} "
+                                          f"({', '.join(f'{k}={v}' for k, v in t.items() if k != 'met')})"
+                                          for name, t in report["targets"].items()))
+    return "\n\n".join(parts)
 
 
 def format_ablation(report: dict) -> str:

@@ -108,3 +108,64 @@ def test_a_dropped_feature_is_never_split_on(tiny):
     x2 = x.copy()
     x2[0, [DECISION_FEATURES.index(n) for n in JOURNEY_FEATURES]] = 1.0
     assert booster.predict(x) == pytest.approx(booster.predict(x2))
+
+
+def _segment_row(i, spam, p, *, age, url=False, journey=(1500, False), lure=None, dataset_name="sms"):
+    steps, without_typing = journey
+    features = {"text_probability": p, "domain_banned": False, "ip_banned": False, "user_age": age,
+                "url_present": url, "journey_steps": 3 if steps else 0, "journey_min_step_ms": steps,
+                "journey_submit_without_typing": without_typing}
+    truth = {"is_spam": spam, "actor": "spammer" if spam else "legit", "stealth": False, "lure": lure,
+             "dataset": dataset_name}
+    return dataset.Row(f"p{i}", "r", i, features, truth)
+
+
+def test_account_segments_read_what_the_decider_sees():
+    assert evaluate.account_segment(_segment_row(0, True, 0.9, age=0.5).features) == "new <2d | no link | human"
+    assert evaluate.account_segment(_segment_row(0, True, 0.9, age=90, url=True, journey=(20, False)).features) \
+        == "aged 30-400d | link | scripted"
+    assert evaluate.account_segment(_segment_row(0, True, 0.9, age=5000, journey=(0, None)).features) \
+        == "old >400d | no link | none"
+    assert evaluate.age_band(None) == "age unknown" and evaluate.age_band(10) == "young 2-30d"
+    assert evaluate.journey_kind({"journey_steps": 2, "journey_min_step_ms": 500,
+                                  "journey_submit_without_typing": True}) == "scripted"
+
+
+class Deaf:
+    """A decider that allows every post on an account older than 30 days, whatever the text says."""
+    version = "deaf"
+
+    def decide_many(self, features_list):
+        from modpipe.decision.verdict import ThresholdDecider, Verdict
+
+        text = ThresholdDecider(0.5, 0.9).decide_many(features_list)
+        return [Verdict("allow", 0.0) if f["user_age"] > 30 else v for f, v in zip(features_list, text, strict=True)]
+
+
+def test_a_deaf_engine_shows_in_the_segments_and_fails_the_lure_targets():
+    from modpipe.decision.verdict import ThresholdDecider
+
+    rows = [_segment_row(i, True, 0.95, age=age, lure="aged" if age > 30 else "new",
+                         dataset_name=("sms", "spamassassin")[i % 2]) for i, age in enumerate([1, 1, 90, 90, 120, 120])]
+    rows += [_segment_row(10 + i, False, 0.6 if i == 0 else 0.1, age=90) for i in range(50)]
+    scores = {"text_only": evaluate.score(rows, ThresholdDecider(0.5, 0.9)), "engine": evaluate.score(rows, Deaf())}
+    segs = evaluate.pooled_segments([scores, scores])  # two scenarios' worth: counts add up
+    assert segs["engine"]["aged 30-400d | no link | human"] == {"spam": 8, "spam_flagged": 0, "legit": 100,
+                                                                "legit_flagged": 0}
+    assert segs["text_only"]["aged 30-400d | no link | human"]["spam_flagged"] == 8
+    assert evaluate.deaf_segments(segs) == ["aged 30-400d | no link | human"]
+    targets = evaluate.lure_targets({"human_lures": scores}, {})
+    assert targets["lure_segments_engine_at_least_text"] == {"deaf_segments": ["aged 30-400d | no link | human"],
+                                                             "met": False}
+    assert targets["lure_sms_caught"]["engine"] == 0.3333 and not targets["lure_sms_caught"]["met"]
+    assert targets["lure_sms_caught"]["text_only"] == 1.0
+    legit = targets["lure_scenarios_legit_flagged"]
+    assert legit["text_only"] == 0.02 and legit["engine"] == 0.0 and legit["met"]
+    table = evaluate.segment_table(segs, "lures:")
+    assert "| aged 30-400d | no link | human | 8 | 1.000 / 0.000 | 100 | 0.020 / 0.000 | < |" in table
+    assert "| new <2d | no link | human | 4 | 1.000 / 1.000 | 0 | - / - |  |" in table
+
+
+def test_eval_and_training_cover_the_lure_scenarios():
+    assert set(evaluate.LURE_SCENARIOS) <= set(evaluate.EVAL_SCENARIOS)
+    assert set(evaluate.LURE_SCENARIOS) <= set(train.TrainConfig().scenarios)

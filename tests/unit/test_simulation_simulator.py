@@ -291,3 +291,56 @@ def test_obfuscation_leaves_the_other_scenarios_alone():
         assert not any(e.truth["obfuscated"] for e in posts)
         assert all(e.payload["text"].rsplit(" ", 1)[0] in set(SPAM) | set(HAM) or e.payload["text"] in set(SPAM)
                    | set(HAM) for e in posts)
+
+
+def _age_days(event) -> float:
+    return (event.at_ms - parse_ts(event.payload["user"]["created_at"])) / 86_400_000
+
+
+def test_human_lures_are_link_less_one_post_per_ordinary_account():
+    events = simulate(TEXTS, 3000, "human_lures", seed=3)
+    posts = posts_of(events)
+    lures = [e for e in posts if e.truth["lure"]]
+    legit = [e for e in posts if not e.truth["is_spam"]]
+    assert {e.truth["lure"] for e in lures} == {"aged", "new"}
+    assert 0.08 < len(lures) / len(posts) < 0.16
+    assert all(e.truth["is_spam"] and e.truth["text_label"] == "spam" for e in lures)
+    assert all(e.payload["url"] is None for e in lures)
+    # once per account, each from its own address
+    assert len({e.payload["user_id"] for e in lures}) == len(lures) == len({e.payload["ip"] for e in lures})
+    for e in lures:
+        j = journey_features(e.payload["journey"], len(e.payload["text"]))
+        assert j["journey_submit_without_typing"] is False and j["journey_min_step_ms"] >= 120
+        age, user = _age_days(e), e.payload["user"]
+        if e.truth["lure"] == "aged":
+            assert 30 <= age <= 400 and 10 <= user["friends"] <= 300
+        else:
+            assert 0.04 <= age <= 2 and user["friends"] <= 15
+    # every held-out spam text is used before any is used again
+    texts = [e.payload["text"] for e in lures]
+    assert len(set(texts[:len(SPAM)])) == len(SPAM)
+    # legitimate users of the same kinds post beside them
+    ordinary = [e for e in legit if _age_days(e) <= 400 and e.payload["user"]["friends"] <= 300]
+    assert len(ordinary) / len(legit) > 0.25
+
+
+def test_taken_over_lures_post_from_an_address_the_account_never_used():
+    events = simulate(TEXTS, 3000, "taken_over_lures", seed=4)
+    posts = posts_of(events)
+    lures = [e for e in posts if e.truth["lure"]]
+    assert lures and {e.truth["lure"] for e in lures} == {"taken_over"}
+    owner_ips = defaultdict(set)
+    for e in posts:
+        if not e.truth["is_spam"]:
+            owner_ips[e.payload["user_id"]].add(e.payload["ip"])
+    victims = [e for e in lures if e.payload["user_id"] in owner_ips]
+    assert len(victims) > len(lures) // 4  # the owners of many of them post too
+    assert all(e.payload["ip"] not in owner_ips[e.payload["user_id"]] for e in victims)
+    assert all(e.payload["url"] is None for e in lures)
+    assert statistics.median(_age_days(e) for e in lures) > 100  # aged accounts
+
+
+def test_lure_scenarios_need_spam_texts_and_existing_scenarios_have_no_lures():
+    with pytest.raises(ValueError, match="no spam texts"):
+        simulate([t for t in TEXTS if t["label"] == "ham"], 10, "human_lures")
+    assert not any(e.truth.get("lure") for e in posts_of(simulate(TEXTS, 1500, "mixed", seed=2)))
