@@ -106,6 +106,10 @@ SETTINGS_SPEC: dict[str, Spec] = {
                                   "A candidate decision model scored beside the serving one on every post; "
                                   "disagreements are counted and logged, the serving verdict is published. "
                                   "Empty: none."),
+    "text_floor": Spec("MODPIPE_TEXT_FLOOR", "",
+                       "Text probability at or above which the decision engine sends a post at least to review, "
+                       "whatever the other signals say. Empty: the floor the decision model was trained with "
+                       "(its model.json `policy.text_floor`); `off`: none; or a probability in [0, 1]."),
     "redecide_reports": Spec("MODPIPE_REDECIDE_REPORTS", "3",
                              "Reports on a post that trigger a re-decision (a new decision, revision + 1); 0: never.",
                              int),
@@ -202,6 +206,7 @@ class Settings:
     decision_model: str
     decision_model_watch_s: float
     shadow_decision_model: str
+    text_floor: str
     redecide_reports: int
     local_hops: str
     state_flush_ms: float
@@ -260,6 +265,14 @@ class Settings:
             raise SettingsError("MODPIPE_LOCAL_HOPS must be `on` or `off`")
         if self.decider not in ("lightgbm", "text-only"):
             raise SettingsError("MODPIPE_DECIDER must be `lightgbm` or `text-only`")
+        if self.text_floor not in ("", "off"):
+            try:
+                floor = float(self.text_floor)
+            except ValueError:
+                floor = -1.0
+            if not 0 <= floor <= 1:
+                raise SettingsError("MODPIPE_TEXT_FLOOR must be empty (the decision model's own), `off` or a "
+                                    "probability in [0, 1]")
         if self.redecide_reports < 0:
             raise SettingsError("MODPIPE_REDECIDE_REPORTS must be >= 0")
         if self.triton_variant not in ("cpu", "cuda"):

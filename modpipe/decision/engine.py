@@ -4,8 +4,14 @@
    not asked (`shortcut` is checked before the batching agent builds its Triton request).
 2. LightGBM: spam_probability from the text model's probability and every numeric feature; two
    thresholds map it to allow / review / block.
-3. Reasons: the `top_reasons` features with the largest per-prediction contributions (TreeSHAP, in
-   log-odds), largest first, each with its value and a sentence for the moderator.
+3. Text floor: a post the text model rates at or above `text_floor` goes at least to review, whatever
+   the other signals say, so the engine never knows less than its own text model (a lure posted by a
+   person from an ordinary account looks clean in every other signal). The floor is chosen at training
+   time against the review load (`modpipe.decision.train.choose_text_floor`) and kept in the model's
+   `model.json` (`policy.text_floor`); MODPIPE_TEXT_FLOOR overrides it.
+4. Reasons: the `top_reasons` features with the largest per-prediction contributions (TreeSHAP, in
+   log-odds), largest first, each with its value and a sentence for the moderator; when the floor raised
+   the verdict, the text comes first and says so.
 
 Plain class, no Kafka: the batching agent, the re-decision hook and `modpipe decision train|eval` call
 the same `decide_many`, so offline evaluation measures exactly what the worker does.
@@ -56,12 +62,33 @@ def cascade(decider: Decider, features_list: Sequence[dict]) -> list[Verdict]:
     return out  # type: ignore[return-value]
 
 
+def text_floor_reason(text_probability: float, floor: float) -> dict:
+    return {"feature": "text_probability", "value": round(text_probability, 6), "contribution": None,
+            "direction": "spam",
+            "description": f"the text classifier rates the text {text_probability:.0%} likely spam, at or above the "
+                           f"text floor ({floor:g}): a moderator looks at it whatever the other signals say"}
+
+
+def model_text_floor(model: DecisionModel) -> float | None:
+    """The floor the model was trained with (model.json `policy.text_floor`), None for none."""
+    floor = (model.meta.get("policy") or {}).get("text_floor")
+    return None if floor is None else float(floor)
+
+
 @dataclass
 class DecisionEngine:
     model: DecisionModel
     review_threshold: float = 0.5
     block_threshold: float = 0.9
     top_reasons: int = 5
+    text_floor: float | None = None  # see the module docstring; None: no floor
+
+    @classmethod
+    def for_model(cls, model: DecisionModel, review_threshold: float, block_threshold: float,
+                  text_floor: str = "") -> DecisionEngine:
+        """`text_floor` as MODPIPE_TEXT_FLOOR gives it: empty = the model's own, `off`, or a probability."""
+        floor = model_text_floor(model) if text_floor == "" else None if text_floor == "off" else float(text_floor)
+        return cls(model, review_threshold, block_threshold, text_floor=floor)
 
     @property
     def version(self) -> str:
@@ -76,8 +103,18 @@ class DecisionEngine:
         # TreeSHAP contributions plus the bias sum to the raw score: the probability follows from them,
         # so the reasons explain exactly the number that was thresholded.
         probs = 1.0 / (1.0 + np.exp(-contrib.sum(axis=1)))
-        return [Verdict(verdict_for(float(p), self.review_threshold, self.block_threshold), float(p),
-                        self.reasons(features, c)) for features, p, c in zip(features_list, probs, contrib, strict=True)]
+        return [self._verdict(features, float(p), c) for features, p, c in zip(features_list, probs, contrib, strict=True)]
+
+    def _verdict(self, features: dict, p: float, contributions: np.ndarray) -> Verdict:
+        verdict, reasons = verdict_for(p, self.review_threshold, self.block_threshold), self.reasons(features, contributions)
+        text_p = features.get("text_probability")
+        if verdict == "allow" and self.text_floor is not None and isinstance(text_p, float | int) \
+                and text_p >= self.text_floor:
+            # spam_probability stays the model's own: the floor is policy, not a probability
+            verdict = "review"
+            reasons = [text_floor_reason(float(text_p), self.text_floor),
+                       *[r for r in reasons if r["feature"] != "text_probability"]][: self.top_reasons]
+        return Verdict(verdict, p, reasons)
 
     def reasons(self, features: dict, contributions: np.ndarray) -> list[dict]:
         order = np.argsort(-np.abs(contributions[:-1]), kind="stable")[: self.top_reasons]

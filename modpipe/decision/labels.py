@@ -139,7 +139,7 @@ def fit_with_labels(sim_rows: Sequence[dataset.Row], labelled: Sequence[dataset.
                     eval_fraction: float, config, seed: int, review_threshold: float, block_threshold: float) -> tuple:
     """(candidate DecisionModel, report). Pure given its rows: no Kafka, no files."""
     from modpipe.decision.engine import DecisionEngine
-    from modpipe.decision.train import fit, time_split
+    from modpipe.decision.train import choose_text_floor, fit, time_split
 
     usable = [r for r in labelled if r.features.get("text_probability") is not None]
     if len(usable) < MIN_LABELS:
@@ -151,13 +151,14 @@ def fit_with_labels(sim_rows: Sequence[dataset.Row], labelled: Sequence[dataset.
     booster, report = fit(sim_train + train_labels, sim_valid, config, seed,
                           weight=lambda r: label_weight if r.run == LABEL_RUN else 1.0)
     candidate = DecisionModel(booster, list(DECISION_FEATURES), DecisionModel.version_of(booster))
-    engine = DecisionEngine(candidate, review_threshold, block_threshold)
+    floor, floors = choose_text_floor(candidate, sim_valid, config, review_threshold, block_threshold)
+    engine = DecisionEngine(candidate, review_threshold, block_threshold, text_floor=floor)
     serving_scores, candidate_scores = scores(serving.decide_many, held_out), scores(engine.decide_many, held_out)
     better = (candidate_scores["f1"], -candidate_scores["logloss"]) >= (serving_scores["f1"], -serving_scores["logloss"])
     return candidate, {
         "labels": len(usable), "train_labels": len(train_labels), "held_out_labels": len(held_out),
         "held_out_spam": int(sum(r.spam for r in held_out)), "simulated_rows": len(sim_rows),
-        "label_weight": label_weight, "fit": report, "serving": {"version": serving.version, **serving_scores},
+        "label_weight": label_weight, "fit": report, "text_floor": {"chosen": floor, "candidates": floors}, "serving": {"version": serving.version, **serving_scores},
         "candidate": {"version": candidate.version, **candidate_scores},
         "f1_change": round(candidate_scores["f1"] - serving_scores["f1"], 4),
         "logloss_change": round(candidate_scores["logloss"] - serving_scores["logloss"], 5),
@@ -183,7 +184,8 @@ def train_on_labels(settings: Settings, build, *, bootstrap: str, profile: str =
     report["seconds"] = round(time.monotonic() - started, 1)
     report["written"] = None
     if report["not_worse"] or force:
-        candidate.meta = {"text_model_version": build.version, "trained_on": "labels+simulation", "profile": profile,
+        candidate.meta = {"policy": {"text_floor": report["text_floor"]["chosen"]},
+                          "text_model_version": build.version, "trained_on": "labels+simulation", "profile": profile,
                           "seed": seed, "labels_report": {k: v for k, v in report.items() if k != "written"}}
         out = Path(decision_root(settings)) / f"labels-{candidate.version}"
         candidate.save(out)

@@ -9,6 +9,12 @@ Feedback: the tables count the pipeline's own blocks, so the features depend on 
 replays with the text-only decider feeding back; the model trained on it is then the feedback of
 round 1, whose model is the result. Both rounds are deterministic given the seed.
 
+Never deaf to the text: the model is monotone in `text_probability` (a higher text probability never
+lowers the score, whatever else a tree split on), the simulation includes link-less lures posted by
+people from ordinary-looking accounts, and the text floor (`choose_text_floor`, kept in model.json as
+`policy.text_floor`) sends what the text model rates highly at least to review, chosen on the validation
+side against the review load.
+
 The build is `$MODPIPE_CACHE_DIR/decision/<key>/` (key: this package's code, the features code, the
 text-model version, the config and the seed) and `decision/current` points at the newest one.
 """
@@ -41,7 +47,7 @@ _log = log.get(__name__)
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     scenarios: tuple[str, ...] = ("mixed", "campaign_burst", "stealth_campaign", "hijacked_accounts", "human_spammers",
-                                  "obfuscated_campaign", "ham_only")
+                                  "obfuscated_campaign", "human_lures", "taken_over_lures", "ham_only")
     rates: tuple[float, ...] = (20.0, 50.0, 100.0)
     posts_per_run: int = 1500
     train_fraction: float = 0.8
@@ -51,6 +57,12 @@ class TrainConfig:
     # text model off); 100 trees of 7 leaves take 0.08 ms at the same held-out F1 (measured side by side).
     num_boost_round: int = 100
     early_stopping: int = 20
+    monotone_text: bool = True  # the score never falls as text_probability rises (LightGBM monotone constraint)
+    # Text floor candidates, lowest first; the lowest whose extra reviews keep the validation side within
+    # both budgets is kept (None when even the highest does not).
+    text_floors: tuple[float, ...] = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98)
+    review_budget: float = 0.03  # share of all posts in the review band
+    legit_flag_budget: float = 0.01  # share of legitimate posts flagged (review or block)
     params: tuple[tuple[str, object], ...] = (
         ("objective", "binary"), ("learning_rate", 0.2), ("num_leaves", 7), ("min_data_in_leaf", 50),
         ("feature_fraction", 0.9), ("bagging_fraction", 0.9), ("bagging_freq", 1), ("lambda_l2", 1.0),
@@ -155,6 +167,9 @@ def fit(train: list[dataset.Row], valid: list[dataset.Row], config: TrainConfig,
     yt = np.asarray([r.spam for r in train], dtype=np.float64)
     yv = np.asarray([r.spam for r in valid], dtype=np.float64)
     params = {**dict(config.params), "seed": seed, "metric": "binary_logloss"}
+    if config.monotone_text:
+        params["monotone_constraints"] = [1 if name == "text_probability" else 0 for name in DECISION_FEATURES]
+        params["monotone_constraints_method"] = "advanced"
     wt = None if weight is None else np.asarray([weight(r) for r in train], dtype=np.float64)
     dtrain = lgb.Dataset(xt, yt, weight=wt, feature_name=list(DECISION_FEATURES), free_raw_data=False)
     dvalid = lgb.Dataset(xv, yv, reference=dtrain)
@@ -184,6 +199,7 @@ def train(settings: Settings, build: ModelBuild, *, profile: str = "full", seed:
     booster, rounds = train_rounds(settings, runs, probs, config, seed, progress=progress)
 
     model = DecisionModel(booster, list(DECISION_FEATURES), DecisionModel.version_of(booster), meta={
+        "policy": {"text_floor": rounds[-1]["text_floor"]["chosen"]},
         "text_model_version": build.version, "profile": profile, "seed": seed, "config": config.to_dict(),
         "rounds": rounds, "train_seconds": round(time.monotonic() - started, 1), "key": key,
         "importance_gain": _importance(booster)})
@@ -208,11 +224,43 @@ def train_rounds(settings: Settings, runs, probs, config: TrainConfig, seed: int
         feedback = feedback_of(decider, settings.block_threshold)
         rows = [row for name, events in tqdm(runs, desc=f"replay round {rnd}", unit="run", disable=not progress)
                 for row in dataset.replay(events, probs, feedback, run=name)]
-        booster, report = fit(*time_split(rows, config.train_fraction), config, seed, drop=drop)
+        train_rows, valid_rows = time_split(rows, config.train_fraction)
+        booster, report = fit(train_rows, valid_rows, config, seed, drop=drop)
         rounds.append({"round": rnd, "feedback": decider.version, **report})
         model = DecisionModel(booster, list(DECISION_FEATURES), DecisionModel.version_of(booster))
         decider = _Fast(model)
+    floor, candidates = choose_text_floor(model, valid_rows, config, settings.review_threshold,
+                                          settings.block_threshold)
+    rounds[-1]["text_floor"] = {"chosen": floor, "candidates": candidates}
     return booster, rounds
+
+
+def choose_text_floor(model: DecisionModel, rows: list[dataset.Row], config: TrainConfig, review_threshold: float,
+                      block_threshold: float) -> tuple[float | None, list[dict]]:
+    """The lowest candidate floor whose verdicts on `rows` (the validation side: later traffic than the
+    model learned from) keep the review band within `review_budget` of all posts and the legitimate posts
+    flagged within `legit_flag_budget`; None when no candidate does. Every candidate's figures are returned
+    so the model card shows what the choice cost and bought."""
+    from modpipe.decision.engine import DecisionEngine
+
+    if not rows:
+        return None, []
+    legit = sum(not r.spam for r in rows) or 1
+    spam = sum(r.spam for r in rows) or 1
+    candidates, chosen = [], None
+    for floor in (None, *config.text_floors):
+        engine = DecisionEngine(model, review_threshold, block_threshold, top_reasons=0, text_floor=floor)
+        verdicts = cascade(engine, [r.features for r in rows])
+        flagged = [v.verdict != "allow" for v in verdicts]
+        entry = {"floor": floor,
+                 "review_share": round(sum(v.verdict == "review" for v in verdicts) / len(rows), 4),
+                 "legit_flagged": round(sum(f for f, r in zip(flagged, rows, strict=True) if not r.spam) / legit, 4),
+                 "spam_caught": round(sum(f for f, r in zip(flagged, rows, strict=True) if r.spam) / spam, 4)}
+        candidates.append(entry)
+        if floor is not None and chosen is None and entry["review_share"] <= config.review_budget \
+                and entry["legit_flagged"] <= config.legit_flag_budget:
+            chosen = floor
+    return chosen, candidates
 
 
 def _simulation(settings: Settings, build: ModelBuild, config: TrainConfig, seed: int, progress: bool):

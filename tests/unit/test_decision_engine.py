@@ -133,3 +133,48 @@ def test_decision_cache_key_follows_the_code_that_shapes_the_model():
     # ... but not the load generator's measuring and benchmarking code, which never runs in training
     assert not hashed & {"loadgen/bench.py", "loadgen/measure.py", "loadgen/cli.py"}
     assert T.source_hash() == T.source_hash()
+
+
+def test_text_floor_lifts_an_allowed_post_to_review_and_says_why(model):
+    rng = np.random.default_rng(2)
+    clean = _features(rng, False)  # everything about the account says ham ...
+    clean["text_probability"] = 0.97  # ... but the text model is sure
+    plain = DecisionEngine(model, 0.5, 0.9)
+    floored = DecisionEngine(model, 0.5, 0.9, text_floor=0.9)
+    before, after = plain.decide_many([clean])[0], floored.decide_many([clean])[0]
+    if before.verdict == "allow":
+        assert after.verdict == "review"
+        assert after.reasons[0]["feature"] == "text_probability" and "text floor (0.9)" in after.reasons[0]["description"]
+        assert [r["feature"] for r in after.reasons].count("text_probability") == 1
+    else:  # the model already listens: the floor changes nothing
+        assert after.verdict == before.verdict and after.reasons == before.reasons
+    assert after.spam_probability == before.spam_probability  # the floor is policy, not a probability
+    below = dict(clean, text_probability=0.89)
+    assert floored.decide_many([below])[0].verdict == plain.decide_many([below])[0].verdict
+
+
+def test_text_floor_never_lowers_a_verdict(model):
+    rng = np.random.default_rng(3)
+    feats = [_features(rng, spam) for spam in rng.random(200) < 0.5]
+    plain = DecisionEngine(model, 0.5, 0.9).decide_many(feats)
+    floored = DecisionEngine(model, 0.5, 0.9, text_floor=0.5).decide_many(feats)
+    rank = {"allow": 0, "review": 1, "block": 2}
+    assert all(rank[b.verdict] >= rank[a.verdict] for a, b in zip(plain, floored, strict=True))
+    assert all(v.verdict != "allow" for f, v in zip(feats, floored, strict=True) if f["text_probability"] >= 0.5)
+
+
+def test_text_floor_from_the_model_or_the_setting(model):
+    trained = DecisionModel(model.booster, model.features, model.version, {"policy": {"text_floor": 0.8}})
+    assert DecisionEngine.for_model(trained, 0.5, 0.9).text_floor == 0.8
+    assert DecisionEngine.for_model(trained, 0.5, 0.9, "off").text_floor is None
+    assert DecisionEngine.for_model(trained, 0.5, 0.9, "0.95").text_floor == 0.95
+    assert DecisionEngine.for_model(model, 0.5, 0.9).text_floor is None  # a model trained without one
+
+
+def test_text_floor_setting_is_validated():
+    from modpipe.settings import Settings, SettingsError
+
+    assert Settings.from_env({"MODPIPE_TEXT_FLOOR": "0.7"}).text_floor == "0.7"
+    for bad in ("1.5", "high", "-0.1"):
+        with pytest.raises(SettingsError, match="MODPIPE_TEXT_FLOOR"):
+            Settings.from_env({"MODPIPE_TEXT_FLOOR": bad})
