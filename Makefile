@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup model model-demo test test-unit test-integration demo lint bench clean
+.PHONY: setup model model-demo test test-unit test-integration demo lint docs bench clean
 
 setup: $(STAMP)
 
@@ -39,6 +39,10 @@ demo: model-demo
 
 lint: setup
 	$(BIN)/ruff check .
+
+# The configuration reference is generated from the settings spec (modpipe/settings.py).
+docs: setup
+	$(BIN)/python -m modpipe.configdoc docs/configuration.md
 
 # Issue #5's end-to-end comparison: pipeline vs seed vs in-process ONNX Runtime ceiling, one run, same texts.
 # Prints the table and writes it as markdown to $MODPIPE_STATE_DIR/bench/e2e.md (`bench model|features`: parts).

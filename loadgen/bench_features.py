@@ -71,7 +71,8 @@ def plain_loop(settings: Settings, bootstrap: str, posts: list[dict]) -> float:
 def pipeline(settings: Settings, bootstrap: str, posts: list[dict], workers: int, progress: bool,
              broker_pid: int | None, local_hops: str) -> dict:
     """The feature path at saturation, text model off: decisions/s over the steady part, CPU per post."""
-    from loadgen.bench import CpuMeter, saturation_rates
+    from loadgen.bench.metering import CpuMeter
+    from loadgen.bench.pipeline import saturation_rates
 
     settings = dataclasses.replace(settings, local_hops=local_hops,
                                    topic_prefix=f"{settings.topic_prefix}{local_hops}.",

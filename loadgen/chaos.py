@@ -238,7 +238,7 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
 
     from tqdm import tqdm
 
-    from loadgen.bench import isolated_settings
+    from loadgen.bench.runs import isolated_settings
     from loadgen.measure import DecisionCollector
     from loadgen.smoke import end_consumer
     from loadgen.traffic import (

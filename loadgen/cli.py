@@ -175,7 +175,8 @@ decided again, or a table differs. See loadgen/chaos.py.
 
 
 def _bench_e2e(args: argparse.Namespace) -> int:
-    from loadgen.bench import BenchError, format_text, run, write_markdown
+    from loadgen.bench.report import format_text, write_markdown
+    from loadgen.bench.runs import BenchError, run
 
     settings = Settings.from_env()
     batches = [int(b) for b in args.ceiling_batch_sizes.split(",") if b.strip()]
@@ -196,13 +197,8 @@ def _bench_e2e(args: argparse.Namespace) -> int:
 
 def register_bench(sub: argparse._SubParsersAction) -> None:
     """`modpipe bench` with no target runs the end-to-end comparison; `bench model|features` stay as they are."""
-    from loadgen.bench import (
-        DEFAULT_CEILING_BATCHES,
-        DEFAULT_LOAD,
-        DEFAULT_LOW_POSTS,
-        DEFAULT_LOW_RATE,
-        DEFAULT_POSTS,
-    )
+    from loadgen.bench.ceilings import DEFAULT_CEILING_BATCHES
+    from loadgen.bench.runs import DEFAULT_LOAD, DEFAULT_LOW_POSTS, DEFAULT_LOW_RATE, DEFAULT_POSTS
     from modpipe.serving.cli import _bench_subparsers
 
     _bench_subparsers(sub).metavar = "[TARGET]"  # optional: no target = the end-to-end comparison

@@ -1,7 +1,7 @@
 """The one settings object. Every knob is an environment variable with a documented default.
 
 `SETTINGS_SPEC` is the single source of truth: `Settings.from_env()` reads it, `modpipe config`
-prints it, and a test checks that the README's configuration table lists every entry.
+prints it, and docs/configuration.md is generated from it (`make docs`; a unit test fails when they differ).
 """
 
 from __future__ import annotations
@@ -312,13 +312,3 @@ class Settings:
 
 class SettingsError(ValueError):
     """A setting has a value we cannot use."""
-
-
-def settings_markdown_table() -> str:
-    rows = ["| Variable | Default | Meaning |", "|---|---|---|"]
-    for spec in SETTINGS_SPEC.values():
-        default = spec.default if spec.default else "(empty)"
-        if spec.env in ("MODPIPE_STATE_DIR", "MODPIPE_CACHE_DIR"):
-            default = "~/.local/state/modpipe" if spec.env == "MODPIPE_STATE_DIR" else "~/.cache/modpipe"
-        rows.append(f"| `{spec.env}` | `{default}` | {spec.help} |")
-    return "\n".join(rows)

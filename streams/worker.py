@@ -41,9 +41,8 @@ def make_decider(settings: Settings, text_model_version: str) -> Decider:
     its pointer moves (modpipe/decision/live.py), or text-only."""
     if settings.decider == "text-only":
         return ThresholdDecider(settings.review_threshold, settings.block_threshold)
-    from modpipe.decision.cli import load_engine
     from modpipe.decision.live import WatchedDecider
-    from modpipe.decision.train import resolve_decision_model
+    from modpipe.decision.store import load_engine, resolve_decision_model
 
     def load(path):
         engine = load_engine(settings, text_model_version, path)
@@ -64,8 +63,8 @@ def make_shadow(settings: Settings, text_model_version: str):
         return None
     from pathlib import Path
 
-    from modpipe.decision.cli import load_engine
     from modpipe.decision.live import ShadowScorer
+    from modpipe.decision.store import load_engine
 
     shadow = ShadowScorer(load_engine(settings, text_model_version, Path(settings.shadow_decision_model).expanduser()))
     _log.info("shadow decision model loaded", extra={"shadow": shadow.version})

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from modpipe.decision.store import load_engine
 from modpipe.settings import Settings
 
 
@@ -73,21 +74,13 @@ def register(subparsers) -> None:
     ex.set_defaults(func=_export_labels)
 
 
-def load_engine(settings: Settings, text_model_version: str, path: Path | None = None):
-    from modpipe.decision.engine import DecisionEngine
-    from modpipe.decision.model import DecisionModel
-    from modpipe.decision.train import resolve_decision_model
-
-    model = DecisionModel.load(path or resolve_decision_model(settings, text_model_version))
-    return DecisionEngine.for_model(model, settings.review_threshold, settings.block_threshold, settings.text_floor)
-
-
 def promote(settings: Settings, model_dir: Path, text_model_version: str) -> Path:
     """Serve `model_dir` (see `decision promote --help`); returns the directory the pointers lead to."""
     import shutil
 
     from modpipe.decision.model import DecisionModel
-    from modpipe.decision.train import _point_current, decision_root
+    from modpipe.decision.store import decision_root
+    from modpipe.decision.train import _point_current
 
     model = DecisionModel.load(model_dir)  # refuses another feature list before anything moves
     root = decision_root(settings)

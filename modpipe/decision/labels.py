@@ -169,8 +169,8 @@ def train_on_labels(settings: Settings, build, *, bootstrap: str, profile: str =
                     label_weight: float = 10.0, eval_fraction: float = 0.25, force: bool = False,
                     progress: bool = True, rows: Sequence[dataset.Row] | None = None) -> dict:
     """Read the labels, train, judge, write the candidate if it is not worse; returns the report."""
-    from modpipe.decision.cli import load_engine
-    from modpipe.decision.train import PROFILES, decision_root, simulated_rows
+    from modpipe.decision.store import decision_root, load_engine
+    from modpipe.decision.train import PROFILES, simulated_rows
 
     started = time.monotonic()
     labelled = list(rows) if rows is not None else read_label_rows(settings, bootstrap)

@@ -37,6 +37,7 @@ from modpipe import log
 from modpipe.decision import dataset
 from modpipe.decision.engine import cascade
 from modpipe.decision.model import DECISION_FEATURES, DecisionModel, decision_vector
+from modpipe.decision.store import decision_root
 from modpipe.decision.verdict import Decider, ThresholdDecider
 from modpipe.settings import Settings
 from modpipe.textmodel.artifacts import ModelBuild
@@ -74,10 +75,6 @@ class TrainConfig:
 
 
 PROFILES = {"full": TrainConfig(), "demo": TrainConfig(rates=(50.0,), posts_per_run=1200, rounds=2)}
-
-
-def decision_root(settings: Settings) -> Path:
-    return settings.cache_dir / "decision"
 
 
 # The code that shapes the model: this package, the feature logic and the simulation of the traffic it
@@ -301,16 +298,3 @@ def _point_current(root: Path, target: Path, text_model_version: str) -> None:
             tmp.unlink()
         tmp.symlink_to(target.name)
         tmp.replace(root / name)
-
-
-def resolve_decision_model(settings: Settings, text_model_version: str | None = None) -> Path:
-    """MODPIPE_DECISION_MODEL if set, else the model trained on the served text model, else the newest one.
-
-    A decision model learned how the text model's probabilities relate to spam: one trained on another
-    text model still loads (the feature list is the same) but its calibration is off, so prefer a match."""
-    if settings.decision_model:
-        return Path(settings.decision_model).expanduser()
-    root = decision_root(settings)
-    if text_model_version and (root / f"for-{text_model_version}" / "model.json").exists():
-        return root / f"for-{text_model_version}"
-    return root / "current"

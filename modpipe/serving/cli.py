@@ -63,7 +63,7 @@ def _export(args: argparse.Namespace) -> int:
     build = resolve_model(settings)
     decision = None
     if args.variant == "tensorrt":  # the FIL backend serves the decision model trained for this text model
-        from modpipe.decision.train import resolve_decision_model
+        from modpipe.decision.store import resolve_decision_model
 
         candidate = resolve_decision_model(settings, build.version)
         decision = candidate if (candidate / "model.txt").exists() else None

@@ -9,7 +9,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from loadgen.bench import TARGETS, format_markdown, format_text, run, write_markdown
+from loadgen.bench.report import TARGETS, format_markdown, format_text, write_markdown
+from loadgen.bench.runs import run
 
 pytestmark = pytest.mark.integration
 

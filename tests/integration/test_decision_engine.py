@@ -19,7 +19,7 @@ from confluent_kafka import Producer
 from loadgen.posts import make_post
 from loadgen.smoke import end_consumer
 from modpipe import schema
-from modpipe.decision.train import resolve_decision_model
+from modpipe.decision.store import resolve_decision_model
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ from loadgen.posts import make_post
 from loadgen.smoke import end_consumer
 from modpipe import schema
 from modpipe.decision.model import DECISION_FEATURES, DecisionModel
-from modpipe.decision.train import resolve_decision_model
+from modpipe.decision.store import resolve_decision_model
 from modpipe.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -115,7 +115,7 @@ def test_decision_train_labels_reads_the_topics_and_writes_a_candidate_only_if_n
     import subprocess
     import sys
 
-    from modpipe.decision.train import decision_root
+    from modpipe.decision.store import decision_root
 
     real_root = decision_root(Settings.from_env())
     cache = tmp_path / "cache"

@@ -131,7 +131,7 @@ def test_decision_cache_key_follows_the_code_that_shapes_the_model():
     assert {"modpipe/decision/train.py", "features/state.py", "features/vector.py", "simulation/simulator.py",
             "features/obfuscation.py", "modpipe/textmodel/attacks.py"} <= hashed  # the obfuscated campaign's texts
     # ... but not the load generator's measuring and benchmarking code, which never runs in training
-    assert not hashed & {"loadgen/bench.py", "loadgen/measure.py", "loadgen/cli.py"}
+    assert not hashed & {"loadgen/bench/runs.py", "loadgen/measure.py", "loadgen/cli.py"}
     assert T.source_hash() == T.source_hash()
 
 

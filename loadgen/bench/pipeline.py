@@ -1,0 +1,263 @@
+"""The pipeline's passes on a running local stack: saturation (every post produced up front), latency at a
+fixed offered rate, and the saturation pass again with the text cache on. Decisions are read back from the
+decisions topic (`DecisionLog`)."""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Callable, Sequence
+
+from loadgen.bench.metering import CpuMeter, stats_delta, triton_quiet, triton_stats
+from loadgen.traffic import ProduceStats, arrival_times, make_producer, produce_events
+from modpipe import schema
+from modpipe.settings import Settings
+from simulation.metrics import latency_summary, percentile
+from simulation.simulator import Event
+
+TEXT_CACHE_ON = 100_000  # MODPIPE_TEXT_CACHE_SIZE of the last pass (the pipeline's default)
+STEADY_TRIM = 0.1  # fraction of decisions left out at each end of the saturation pass
+
+
+class BenchError(RuntimeError):
+    """The benchmark could not measure (a post got no decision, a worker died)."""
+
+def saturation_rates(produce_started: float, received: Sequence[float], trim: float = STEADY_TRIM) -> dict:
+    """Decisions/s of a pass where every post was produced at `produce_started`.
+
+    `overall`: all decisions over first produce -> last decision (includes fill and drain).
+    `steady`: decisions completed in (t_a, t_b] / (t_b - t_a), t_a and t_b the receive times of the
+    decisions at `trim` and `1 - trim` of the run: an interval count, so decisions arriving in batches do
+    not bias it. None when the window is empty (a tiny run decided in one or two batches)."""
+    r = sorted(received)
+    n = len(r)
+    if not n:
+        return {"overall": None, "steady": None, "steady_window_s": None, "steady_decisions": 0}
+    overall = n / max(r[-1] - produce_started, 1e-9)
+    t_a = r[min(n - 1, int(n * trim))]
+    t_b = r[max(0, math.ceil(n * (1 - trim)) - 1)]
+    count = sum(1 for x in r if t_a < x <= t_b)
+    steady = count / (t_b - t_a) if count and t_b > t_a else None
+    return {"overall": round(overall, 2), "steady": None if steady is None else round(steady, 2),
+            "steady_window_s": round(t_b - t_a, 3), "steady_decisions": count}
+
+class DecisionLog:
+    """This run's decisions, read from the decisions topic only once they are all there.
+
+    The embedded broker (noida-db) answers an empty fetch at once instead of waiting `fetch.wait.max.ms`,
+    so a consumer left assigned to an idle topic spins: about half a core in the client and a third in
+    the broker (measured). A live collector would take that from the pipeline it measures. Instead,
+    completion is watched through the high watermarks (a few ListOffsets requests per second) and the
+    records are fetched in one go at the end; a decision's time is its record timestamp, set by the
+    worker's producer when it publishes the decision (a consumer on this machine sees it milliseconds
+    later)."""
+
+    def __init__(self, settings: Settings, bootstrap: str, topic: str, prefix: str):
+        from confluent_kafka import Consumer, TopicPartition
+
+        self._tp = TopicPartition
+        self.topic, self.prefix = topic, prefix
+        self.consumer = Consumer({**settings.kafka_client_config(), "bootstrap.servers": bootstrap,
+                                  "group.id": f"modpipe-bench-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False})
+        meta = self.consumer.list_topics(topic, timeout=10).topics[topic]
+        self.partitions = sorted(meta.partitions)
+        self.read_to = self.highs()  # everything before this run is skipped
+        self.decided: dict[str, float] = {}  # post_id -> wall time (s) of its first decision
+        self.records = 0
+
+    def highs(self) -> dict[int, int]:
+        return {p: self.consumer.get_watermark_offsets(self._tp(self.topic, p), timeout=10)[1] for p in self.partitions}
+
+    def _read(self, highs: dict[int, int]) -> None:
+        todo = {p: h for p, h in highs.items() if h > self.read_to[p]}
+        if not todo:
+            return
+        self.consumer.assign([self._tp(self.topic, p, self.read_to[p]) for p in todo])
+        deadline = time.monotonic() + 60
+        try:
+            while todo and time.monotonic() < deadline:
+                for msg in self.consumer.consume(1000, 0.5):
+                    if msg.error():
+                        continue
+                    p = msg.partition()
+                    self.read_to[p] = msg.offset() + 1
+                    if p in todo and self.read_to[p] >= todo[p]:
+                        del todo[p]
+                    self.records += 1
+                    try:
+                        pid = schema.decode_decision(msg.value())["post_id"]
+                    except schema.InvalidMessage:
+                        continue
+                    if pid.startswith(self.prefix):
+                        _, ts_ms = msg.timestamp()
+                        self.decided.setdefault(pid, ts_ms / 1000.0)
+        finally:
+            self.consumer.unassign()
+
+    def wait(self, wanted: set[str], timeout_s: float, healthy: Callable[[], bool], bar=None) -> dict[str, float]:
+        """{post_id: decision time} for every post of `wanted`; BenchError when some stay undecided."""
+        deadline = time.monotonic() + timeout_s
+        shown = 0
+        while True:
+            missing = len(wanted) - sum(1 for pid in wanted if pid in self.decided)
+            highs = self.highs()
+            new = sum(h - self.read_to[p] for p, h in highs.items())
+            if bar is not None:
+                now = min(len(wanted), len(wanted) - missing + new)
+                bar.update(now - shown)
+                shown = now
+            if new >= missing or time.monotonic() >= deadline:
+                self._read(highs)
+                if all(pid in self.decided for pid in wanted):
+                    return {pid: self.decided[pid] for pid in wanted}
+                if time.monotonic() >= deadline:
+                    got = sum(1 for pid in wanted if pid in self.decided)
+                    raise BenchError(f"{len(wanted) - got} of {len(wanted)} posts got no decision in {timeout_s:.0f} s")
+            if not healthy():
+                raise BenchError("a worker exited during the benchmark; see its log")
+            time.sleep(0.25)  # decision times come from the records: polling less often only ends later
+
+    def close(self) -> None:
+        self.consumer.close()
+
+def _produce(settings: Settings, producer, events: list[Event], bar=None) -> ProduceStats:
+    stats = produce_events(producer, settings, events, stats=ProduceStats(), progress=bar)
+    if producer.flush(60) != 0 or stats.delivery_errors:
+        raise BenchError("not every post was delivered to the broker")
+    return stats
+
+def _worker_metrics(before: dict[str, float], after: dict[str, float]) -> dict:
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    batches = delta("modpipe_batch_size_posts_count")
+    requests = delta("modpipe_triton_request_duration_seconds_count")
+    hits, misses = delta("modpipe_text_cache_requests_total{result=hit}"), delta(
+        "modpipe_text_cache_requests_total{result=miss}")
+    return {"batches": int(batches),
+            "avg_batch": round(delta("modpipe_batch_size_posts_sum") / batches, 2) if batches else None,
+            "triton_request_mean_ms": round(1000 * delta("modpipe_triton_request_duration_seconds_sum") / requests, 1)
+            if requests else None,
+            "text_cache_hit_ratio": round(hits / (hits + misses), 3) if hits + misses else None,
+            "local_hops": int(sum(after.get(k, 0.0) - before.get(k, 0.0) for k in after
+                                  if k.startswith("modpipe_local_hops_total")))}
+
+def _stack_groups(stack) -> dict[str, int]:
+    groups = {w.name: w.process.pid for w in stack.workers if w.process.pid}
+    if stack.triton is not None and stack.triton.pid:
+        groups["triton"] = stack.triton.pid
+    if stack.broker is not None and stack.broker.process is not None:
+        groups["broker"] = stack.broker.process.pid
+    return groups
+
+def _where_time_goes(cpu: dict, n_posts: int, worker_names: Sequence[str]) -> dict:
+    """CPU milliseconds per post by component (workers summed)."""
+    cpu_s = dict(cpu["cpu_s"])
+    per = {"workers": sum(cpu_s.pop(name, 0.0) for name in worker_names)}
+    per.update(cpu_s)
+    return {k: round(1000 * v / n_posts, 1) for k, v in per.items()}
+
+def saturation_pass(settings: Settings, stack, producer, events: list[Event], *, timeout_s: float,
+                    decisions: DecisionLog, progress: bool, healthy: Callable[[], bool], label: str) -> dict:
+    """Every post produced up front; decisions/s over the steady part and where the CPU went."""
+    from tqdm import tqdm
+
+    groups = _stack_groups(stack)
+    metrics0, triton0 = stack.scrape(), triton_stats(stack.triton_url, settings.triton_model)
+    cpu = CpuMeter(groups)
+    t0 = time.perf_counter()
+    stats = _produce(settings, producer, [ev._replace(offset_s=0.0) for ev in events])
+    with tqdm(total=len(events), desc=label, unit="post", disable=not progress) as bar:
+        decided = decisions.wait(set(stats.sent_at), timeout_s, healthy, bar)
+    wall = time.perf_counter() - t0
+    cpu_sat = cpu.stop()
+    rates = saturation_rates(stats.started, list(decided.values()))
+    sat_latency = [(t - stats.sent_at[pid]) * 1000 for pid, t in decided.items()]
+    return {
+        "posts": len(events), "wall_s": round(wall, 2), "posts_per_s": rates["steady"] or rates["overall"],
+        "posts_per_s_steady": rates["steady"], "posts_per_s_overall": rates["overall"],
+        "steady_window_s": rates["steady_window_s"], "rate_used": "steady" if rates["steady"] else "overall",
+        "time_to_last_decision_s": round(max(decided.values()) - stats.started, 2),
+        "queueing_latency_p50_ms": round(percentile(sat_latency, 50), 1),
+        "workers": _worker_metrics(metrics0, stack.scrape()),
+        "triton": stats_delta(triton0, triton_stats(stack.triton_url, settings.triton_model), wall),
+        "cpu": cpu_sat,
+        "cpu_ms_per_post": _where_time_goes(cpu_sat, len(events), [w.name for w in stack.workers]),
+    }
+
+def latency_pass(settings: Settings, stack, producer, events: list[Event], rate: float, *, arrivals: str,
+                 seed: int, timeout_s: float, decisions: DecisionLog, progress: bool,
+                 healthy: Callable[[], bool], label: str) -> dict:
+    """Posts arriving at `rate` per second: end-to-end latency, produce() call -> decision published."""
+    from tqdm import tqdm
+
+    times = list(arrival_times(arrivals, rate, count=len(events), seed=seed))
+    events = [ev._replace(offset_s=t) for ev, t in zip(events, times, strict=True)]
+    metrics0 = stack.scrape()
+    cpu = CpuMeter(_stack_groups(stack))
+    with tqdm(total=len(events), desc=label, unit="post", disable=not progress) as bar:
+        stats = _produce(settings, producer, events, bar)
+    decided = decisions.wait(set(stats.sent_at), timeout_s, healthy)
+    cpu_lat = cpu.stop()
+    latencies = [(t - stats.sent_at[pid]) * 1000 for pid, t in decided.items()]
+    last = max(decided.values())
+    lat = latency_summary(latencies)
+    return {
+        "arrivals": arrivals, "posts": len(events), "offered_posts_per_s": round(rate, 2),
+        "produced_posts_per_s": round(len(events) / max(stats.finished - stats.started, 1e-9), 2),
+        "decided_posts_per_s": round(len(events) / max(last - stats.started, 1e-9), 2),
+        "drain_s": round(max(0.0, last - stats.finished), 2),
+        **{k: lat[k] for k in ("p50_ms", "p95_ms", "p99_ms", "max_ms", "mean_ms")},
+        "latency_is": "produce() call -> decision record published by the worker",
+        "workers": _worker_metrics(metrics0, stack.scrape()),
+        "cpu": cpu_lat,
+    }
+
+def pipeline_passes(settings: Settings, stack, warmup: list[Event], saturation: list[Event],
+                    latency_events: list[Event], low_events: list[Event], cached_events: list[Event], *,
+                    load: float, low_rate: float, arrivals: str, seed: int, timeout_s: float,
+                    decisions: DecisionLog, progress: bool, idle_s: float = 3.0) -> dict:
+    """The pipeline's passes (see the module docstring). The stack's workers run with the text cache off;
+    they are restarted with it on for the last pass."""
+
+    def healthy() -> bool:
+        return all(w.process.alive() for w in stack.workers)
+
+    common = {"timeout_s": timeout_s, "decisions": decisions, "progress": progress, "healthy": healthy}
+    producer = make_producer(settings, stack.bootstrap)
+    # warm-up: first Triton connection, table stores, consumer fetch sessions; not measured
+    stats = _produce(settings, producer, [ev._replace(offset_s=0.0) for ev in warmup])
+    decisions.wait(set(stats.sent_at), timeout_s, healthy)
+
+    # what the stack burns with nothing to do (on noida-db, idle consumers poll empty fetches)
+    cpu = CpuMeter(_stack_groups(stack))
+    time.sleep(idle_s)
+    idle = cpu.stop()
+    idle_cores = {k: round(v / idle["wall_s"], 2) for k, v in idle["cpu_s"].items()}
+
+    sat = saturation_pass(settings, stack, producer, saturation, label="pipeline saturation", **common)
+    sat["idle_cores"] = idle_cores
+    low = latency_pass(settings, stack, producer, low_events, low_rate, arrivals=arrivals, seed=seed,
+                       label=f"pipeline at {low_rate:g} posts/s", **common)
+    offered = round(load * sat["posts_per_s"], 2)
+    lat = latency_pass(settings, stack, producer, latency_events, offered, arrivals=arrivals, seed=seed,
+                       label=f"pipeline at {load:.0%}", **common)
+    lat["load"] = load
+
+    # the same saturation pass with the text cache on (fresh workers, an empty cache)
+    for w in stack.workers:
+        w.process.stop(timeout=20)
+    stack.extra_env["MODPIPE_TEXT_CACHE_SIZE"] = str(TEXT_CACHE_ON)
+    for i in range(len(stack.workers)):
+        stack.start_worker(i)
+    stack.wait_workers_ready()
+    stats = _produce(settings, producer, [ev._replace(offset_s=0.0) for ev in warmup[: max(1, len(warmup) // 4)]])
+    decisions.wait(set(stats.sent_at), timeout_s, healthy)
+    # Restarted workers first decide again what the last pass left uncommitted (at-least-once); those texts
+    # are not this pass's: wait until Triton has computed nothing for a while before the pass begins.
+    triton_quiet(stack.triton_url, settings.triton_model, quiet_s=max(2.0, 2 * idle_s), timeout_s=timeout_s)
+    cached = saturation_pass(settings, stack, producer, cached_events, label="pipeline saturation, text cache on",
+                             **common)
+    return {"posts_per_s": sat["posts_per_s"], "saturation": sat, "low_rate": low, "latency": lat,
+            "saturation_text_cache": cached}

@@ -1,0 +1,149 @@
+"""The end-to-end report's verdicts and rendering: ratios, the issue's targets, the capacity line, and the
+markdown and text tables."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+# Issue #12's targets on the 2-core embedded stack: (direction, goal); "max": the value must not exceed it.
+TARGETS = {
+    "worker_cpu_ms_per_post": ("max", 1.0),        # at saturation, workers summed
+    "broker_cpu_ms_per_post": ("max", 1.5),
+    "pipeline_over_sorted_ceiling": ("min", 0.9),  # the text model on CPU, every text computed (cache off)
+    "low_rate_p50_ms": ("max", 50.0),              # at 5 posts/s
+    "low_rate_p99_ms": ("max", 150.0),
+    "load_p99_ms": ("max", 300.0),                 # at 50% of saturation
+}
+# What one GPU serves at the worker's request shape (64 texts, 2 in flight): Triton 2.51 on an H100, python
+# backend running the served model shape in PyTorch fp16 (docs/benchmarks.md, "One GPU"). Not measured by
+# this benchmark; it sizes the capacity line (worker cores per GPU).
+GPU_TEXTS_PER_S_REFERENCE = 17_900
+
+
+def ratio(a: float | None, b: float | None, digits: int = 3) -> float | None:
+    return round(a / b, digits) if a and b else None
+
+def targets(measured: dict) -> dict:
+    """Each target with its measured value and whether it is met (a missing value is not)."""
+    out = {}
+    for name, (direction, goal) in TARGETS.items():
+        value = measured.get(name)
+        met = value is not None and (value <= goal if direction == "max" else value >= goal)
+        out[name] = {"target": goal, "direction": direction, "value": value, "met": met}
+    return out
+
+def capacity(worker_cpu_ms_per_post: float | None, gpu_texts_per_s: float = GPU_TEXTS_PER_S_REFERENCE) -> dict:
+    """Posts/s one worker core can feed at the measured CPU per post, and the worker cores one GPU needs."""
+    if not worker_cpu_ms_per_post:
+        return {"posts_per_worker_core_s": None, "gpu_texts_per_s_reference": gpu_texts_per_s,
+                "worker_cores_per_gpu": None}
+    per_core = 1000.0 / worker_cpu_ms_per_post
+    return {"posts_per_worker_core_s": round(per_core, 1), "gpu_texts_per_s_reference": gpu_texts_per_s,
+            "worker_cores_per_gpu": round(gpu_texts_per_s / per_core, 1)}
+
+def _f(x, digits: int = 1) -> str:
+    if x is None:
+        return "-"
+    return f"{x:,.{digits}f}"
+
+TARGET_LABELS = {
+    "worker_cpu_ms_per_post": ("worker CPU per post at saturation (ms)", 2),
+    "broker_cpu_ms_per_post": ("broker CPU per post at saturation (ms)", 2),
+    "pipeline_over_sorted_ceiling": ("pipeline / sorted ceiling (text model on CPU)", 2),
+    "low_rate_p50_ms": ("p50 at 5 posts/s (ms)", 0),
+    "low_rate_p99_ms": ("p99 at 5 posts/s (ms)", 0),
+    "load_p99_ms": ("p99 at 50% of saturation (ms)", 0),
+}
+
+def format_markdown(report: dict) -> str:
+    cfg, m = report["config"], report["machine"]
+    pipe, seed, ceil = report["pipeline"], report["seed"], report["ceiling"]
+    sorted_ceil = report["ceiling_sorted"]
+    sat, low, lat, cached = pipe["saturation"], pipe["low_rate"], pipe["latency"], pipe["saturation_text_cache"]
+    workers = f"{cfg['workers']} worker{'s' if cfg['workers'] != 1 else ''}"
+    lines = [
+        "| path | what | posts/s | p50 ms | p99 ms |",
+        "|---|---|---:|---:|---:|",
+        f"| **pipeline**, saturation | all {cfg['posts']} posts produced at once; broker -> ingest + feature stages "
+        f"-> Triton batches (avg {_f(sat['workers']['avg_batch'])}) -> decisions, {workers}, text cache off | "
+        f"**{_f(pipe['posts_per_s'])}** | | |",
+        f"| pipeline, text cache on | the same posts again (fresh ids), fresh workers with the text cache: "
+        f"{_f(100 * (cached['workers']['text_cache_hit_ratio'] or 0), 0)}% of texts from the cache | "
+        f"{_f(cached['posts_per_s'])} | | |",
+        f"| pipeline at {_f(low['offered_posts_per_s'], 0)} posts/s | {low['arrivals']} arrivals, {low['posts']} posts; "
+        f"produce -> decision published | {_f(low['decided_posts_per_s'])} | **{_f(low['p50_ms'], 0)}** | "
+        f"**{_f(low['p99_ms'], 0)}** |",
+        f"| pipeline at {cfg['load']:.0%} load | {lat['arrivals']} arrivals at {_f(lat['offered_posts_per_s'])}/s | "
+        f"{_f(lat['decided_posts_per_s'])} | {_f(lat['p50_ms'], 0)} | **{_f(lat['p99_ms'], 0)}** |",
+        f"| **seed** | one blocking gRPC request per post to the same Triton, batch 1, padded to {seed['width']} | "
+        f"**{_f(seed['posts_per_s'])}** | {_f(seed['p50_ms'])} | {_f(seed['p99_ms'])} |",
+        f"| **ceiling** | in-process ONNX Runtime, same model file, {ceil['threads']} threads, batch "
+        f"{ceil['best_batch']} (best of {', '.join(str(r['batch']) for r in ceil['by_batch'])}), per-batch padding "
+        f"| **{_f(ceil['posts_per_s'])}** | | |",
+        f"| ceiling, sorted | the same, texts sorted by length first (an offline bound: no batch pays for "
+        f"padding), batch {sorted_ceil['best_batch']} | **{_f(sorted_ceil['posts_per_s'])}** | | |",
+        "",
+        "| target | measured | goal | met |",
+        "|---|---:|---:|---|",
+    ]
+    for name, t in report["targets"].items():
+        label, digits = TARGET_LABELS.get(name, (name, 2))
+        sign = "<=" if t["direction"] == "max" else ">="
+        lines.append(f"| {label} | **{_f(t['value'], digits)}** | {sign} {t['target']:g} | "
+                     f"{'yes' if t['met'] else 'no'} |")
+    r = report["ratios"]
+    per = sat["cpu_ms_per_post"]
+    cap = report["capacity"]
+    lines += [
+        "",
+        f"Other ratios: pipeline / seed {_f(r['pipeline_over_seed'], 2)}, pipeline / ceiling "
+        f"{_f(r['pipeline_over_ceiling'], 2)}, pipeline with the text cache / sorted ceiling "
+        f"{_f(r['pipeline_text_cache_over_sorted_ceiling'], 2)}.",
+        "CPU per post at saturation: " + ", ".join(f"{k} {_f(v, 2)} ms" for k, v in per.items()) + ".",
+        f"Capacity: one worker core feeds {_f(cap['posts_per_worker_core_s'], 0)} posts/s at that CPU per post; "
+        f"one GPU serving {cap['gpu_texts_per_s_reference']:,} texts/s at the worker's request shape (H100, "
+        f"docs/benchmarks.md) needs {_f(cap['worker_cores_per_gpu'])} worker cores.",
+    ]
+    others = [v for v in m.get("other_cores_by_phase", {}).values() if v is not None]
+    model = report.get("model", {})
+    untrimmed = seed.get("untrimmed_compute", {}).get("posts_per_s")
+    lines += [
+        f"The seed's requests go to the same Triton, whose model computes each row only up to its last real "
+        f"token: there its padding to {seed['width']} costs bytes, not compute. Computing the padding (batch 1 "
+        f"at width {seed['width']}, ONNX Runtime in process, same threads, {seed.get('untrimmed_compute', {}).get('texts')} "
+        f"texts): {_f(untrimmed)} posts/s.",
+        f"Machine: {m['cpus_usable']} CPUs ({m['cpu_model'] or 'unknown'}), no GPU; model build "
+        f"{model.get('build_version')} ({model.get('precision')}), {report['texts']['posts']} posts of the "
+        f"`{cfg['scenario']}` simulation, {report['texts']['tokens_mean']} tokens/text on average. "
+        + (f"Other processes used {min(others):.2f}-{max(others):.2f} cores during the phases "
+           f"(load average {m['loadavg_1m_start']} at the start)"
+           + (": the machine was shared, so the phases ran under different loads." if m.get("shared") else ".")
+           if others else ""),
+    ]
+    return "\n".join(lines)
+
+def format_text(report: dict) -> str:
+    sat = report["pipeline"]["saturation"]
+    tr = sat["triton"]
+    notes = [
+        "",
+        f"pipeline saturation: steady {_f(sat['posts_per_s_steady'])}/s, overall {_f(sat['posts_per_s_overall'])}/s "
+        f"({sat['posts']} posts in {sat['time_to_last_decision_s']} s); items applied without a Kafka hop: "
+        f"{sat['workers']['local_hops']}",
+        "idle stack (nothing to process), cores: " + ", ".join(f"{k} {v}" for k, v in sat["idle_cores"].items()),
+        f"Triton during saturation: model busy {_f(100 * (tr['model_busy_share'] or 0), 0)}% of the time, "
+        f"server batch {tr['avg_server_batch']}",
+        "targets " + ("all met" if report["all_targets_met"] else "NOT all met: "
+                      + ", ".join(k for k, t in report["targets"].items() if not t["met"])),
+    ]
+    return format_markdown(report) + "\n" + "\n".join(notes)
+
+def write_markdown(report: dict, path: Path) -> Path:
+    path = Path(path).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    path.write_text(f"<!-- modpipe bench, {when}; {' '.join(sys.argv[1:]) or 'run()'} -->\n"
+                    + format_markdown(report) + "\n")
+    return path
