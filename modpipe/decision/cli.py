@@ -46,6 +46,9 @@ def register(subparsers) -> None:
     e.add_argument("--seed", type=int, default=0, help="offset of the evaluation seeds (default 0)")
     e.add_argument("--model", type=Path, default=None,
                    help="decision model directory (default: $MODPIPE_DECISION_MODEL, else the cached one)")
+    e.add_argument("--before", type=Path, default=None, metavar="DIR",
+                   help="an earlier decision model directory scored on the same traffic in the same run, its "
+                        "figures beside the engine's (before / after)")
     e.add_argument("--no-progress", action="store_true", help="no progress bars")
     e.add_argument("--ablation", metavar="FEATURE[,FEATURE...]", default=None,
                    help="instead of judging the served model: train the decision model twice in memory on the same "
@@ -176,7 +179,8 @@ def _eval(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2) if args.json else format_ablation(report))
         return 0
     engine = load_engine(settings, build.version, args.model)
+    before = load_engine(settings, build.version, args.before) if args.before else None
     report = evaluate(settings, build, engine, n_posts=args.posts, rate=args.rate, seed=args.seed,
-                      progress=not args.no_progress)
+                      progress=not args.no_progress, before=before)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0

@@ -137,21 +137,28 @@ def replay_scores(settings: Settings, build: ModelBuild, deciders: Mapping[str, 
 
 
 def evaluate(settings: Settings, build: ModelBuild, engine: DecisionEngine, *, n_posts: int = 1500,
-             rate: float = 50.0, seed: int = 0, scenarios=EVAL_SCENARIOS, progress: bool = True) -> dict:
+             rate: float = 50.0, seed: int = 0, scenarios=EVAL_SCENARIOS, progress: bool = True,
+             before: DecisionEngine | None = None) -> dict:
+    """`before`: another decision model (an earlier one) scored on the same traffic in the same run."""
     text_only = ThresholdDecider(settings.review_threshold, settings.block_threshold)
-    per_scenario, overall = replay_scores(settings, build, {"text_only": text_only, "engine": engine},
-                                          n_posts=n_posts, rate=rate, seed=seed, scenarios=scenarios,
-                                          progress=progress)
+    deciders: dict[str, Decider] = {"text_only": text_only, "engine": engine}
+    if before is not None:
+        deciders["before"] = before
+    per_scenario, overall = replay_scores(settings, build, deciders, n_posts=n_posts, rate=rate, seed=seed,
+                                          scenarios=scenarios, progress=progress)
     report: dict = {"decision_model": engine.version, "text_model": build.version, "posts_per_scenario": n_posts,
                     "rate": rate, "thresholds": {"review": engine.review_threshold, "block": engine.block_threshold},
-                    "scenarios": per_scenario, "overall": overall}
+                    "text_floor": engine.text_floor, "scenarios": per_scenario, "overall": overall}
+    if before is not None:
+        report["before"] = {"decision_model": before.version, "text_floor": before.text_floor,
+                            "targets": lure_targets(per_scenario, "before")}
     stealth = {label: overall[label]["segments"].get("stealth", {}).get("flagged_share") for label in overall}
     report["targets"] = {
         "engine_f1_overall": {"target": F1_TARGET, "value": overall["engine"]["flagged"]["f1"],
                               "met": (overall["engine"]["flagged"]["f1"] or 0) >= F1_TARGET},
         "stealth_recall_engine_vs_text_only": {"engine": stealth["engine"], "text_only": stealth["text_only"],
                                                "met": (stealth["engine"] or 0) > (stealth["text_only"] or 0) + 0.2},
-        **lure_targets(per_scenario, overall),
+        **lure_targets(per_scenario),
     }
     return report
 
@@ -160,9 +167,9 @@ def _share(num: int, den: int) -> float | None:
     return round(num / den, 4) if den else None
 
 
-def deaf_segments(segments: dict[str, dict[str, dict]]) -> list[str]:
-    """Account segments where the engine caught fewer spam posts than the text model alone."""
-    text, engine = segments["text_only"], segments["engine"]
+def deaf_segments(segments: dict[str, dict[str, dict]], label: str = "engine") -> list[str]:
+    """Account segments where the decider `label` caught fewer spam posts than the text model alone."""
+    text, engine = segments["text_only"], segments[label]
     return [seg for seg, e in engine.items() if e["spam_flagged"] < text.get(seg, {}).get("spam_flagged", 0)]
 
 
@@ -178,7 +185,7 @@ def pooled_segments(entries: list[dict]) -> dict[str, dict[str, dict]]:
     return {label: dict(sorted(segs.items())) for label, segs in out.items()}
 
 
-def lure_targets(per_scenario: dict, overall: dict) -> dict:
+def lure_targets(per_scenario: dict, label: str = "engine") -> dict:
     """The engine must never know less than its own text model: link-less lures from ordinary-looking
     accounts caught as often as the text model alone catches them (every account segment) and >= 0.90 of
     them overall; legitimate posts of the same kinds of accounts <= 2% flagged; the review band of `mixed`
@@ -187,26 +194,26 @@ def lure_targets(per_scenario: dict, overall: dict) -> dict:
     lures = [per_scenario[s] for s in LURE_SCENARIOS if s in per_scenario]
     if lures:
         segs = pooled_segments(lures)
-        deaf = deaf_segments(segs)
+        deaf = deaf_segments(segs, label)
         targets["lure_segments_engine_at_least_text"] = {"deaf_segments": deaf, "met": not deaf}
-        for name in sorted({k for e in lures for k in e["engine"]["segments"] if k.startswith("lure_")}):
-            posts = sum(e["engine"]["segments"].get(name, {}).get("posts", 0) for e in lures)
-            caught = {label: sum(e[label]["segments"].get(name, {}).get("flagged", 0) for e in lures)
-                      for label in ("text_only", "engine")}
-            value = _share(caught["engine"], posts)
+        for name in sorted({k for e in lures for k in e[label]["segments"] if k.startswith("lure_")}):
+            posts = sum(e[label]["segments"].get(name, {}).get("posts", 0) for e in lures)
+            caught = {who: sum(e[who]["segments"].get(name, {}).get("flagged", 0) for e in lures)
+                      for who in ("text_only", label)}
+            value = _share(caught[label], posts)
             targets[f"{name}_caught"] = {"target": 0.90, "posts": posts, "text_only": _share(caught["text_only"], posts),
-                                         "engine": value, "met": (value or 0) >= 0.90}
-        legit = {label: [sum(c["legit"] for c in segs[label].values()),
-                         sum(c["legit_flagged"] for c in segs[label].values())] for label in segs}
-        value = _share(legit["engine"][1], legit["engine"][0])
-        targets["lure_scenarios_legit_flagged"] = {"target": 0.02, "posts": legit["engine"][0],
+                                         label: value, "met": (value or 0) >= 0.90}
+        legit = {who: [sum(c["legit"] for c in segs[who].values()),
+                       sum(c["legit_flagged"] for c in segs[who].values())] for who in ("text_only", label)}
+        value = _share(legit[label][1], legit[label][0])
+        targets["lure_scenarios_legit_flagged"] = {"target": 0.02, "posts": legit[label][0],
                                                    "text_only": _share(legit["text_only"][1], legit["text_only"][0]),
-                                                   "engine": value, "met": value is not None and value <= 0.02}
+                                                   label: value, "met": value is not None and value <= 0.02}
     if "mixed" in per_scenario:
-        mixed = per_scenario["mixed"]["engine"]
+        mixed = per_scenario["mixed"][label]
         value = _share(mixed["verdict_mix"].get("review", 0), mixed["posts"])
         targets["mixed_review_band"] = {"target": 0.03, "value": value, "met": value is not None and value <= 0.03}
-    campaign = {s: per_scenario[s]["engine"]["flagged"]["f1"] for s in per_scenario
+    campaign = {s: per_scenario[s][label]["flagged"]["f1"] for s in per_scenario
                 if s not in LURE_SCENARIOS and s != "ham_only"}
     if campaign:
         targets["campaign_scenarios_engine_f1"] = {"target": 0.99, "values": campaign,
@@ -225,20 +232,33 @@ def _caught(entry: dict, seg: str):
 
 def format_table(report: dict) -> str:
     f = _cell
-    lines = [f"decision model {report['decision_model']} over text model {report['text_model']}; "
+    before = "before" in report
+    head = f"decision model {report['decision_model']} (text floor {report.get('text_floor')})"
+    if before:
+        head += f", earlier model {report['before']['decision_model']} as `before`"
+    lines = [f"{head}, over text model {report['text_model']}; "
              f"{report['posts_per_scenario']} posts per scenario at {report['rate']:g}/s",
-             "| scenario | text-only F1 | engine F1 | engine block F1 | stealth caught (text / engine) | "
-             "obfuscated caught (text / engine) | shortcut rate | engine verdicts (allow/review/block) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| scenario | text-only F1 | " + ("before F1 | " if before else "") + "engine F1 | engine block F1 | "
+             "stealth caught (text / engine) | obfuscated caught (text / engine) | lures caught (text / " +
+             ("before / " if before else "") + "engine) | shortcut rate | engine verdicts (allow/review/block) |",
+             "|---|---|---|---|---|---|---|---|---|" + ("---|" if before else "")]
     rows = list(report["scenarios"].items()) + [("overall", report["overall"])]
     for name, e in rows:
         t, g = e["text_only"], e["engine"]
         mix = g["verdict_mix"]
-        lines.append(f"| {name} | {f(t['flagged']['f1'])} | {f(g['flagged']['f1'])} | {f(g['block']['f1'])} | "
+        lure = " / ".join(f(_lures_caught(e[x])) for x in ("text_only", "before", "engine") if x in e)
+        lines.append(f"| {name} | {f(t['flagged']['f1'])} | " +
+                     (f"{f(e['before']['flagged']['f1'])} | " if before else "") +
+                     f"{f(g['flagged']['f1'])} | {f(g['block']['f1'])} | "
                      f"{f(_caught(t, 'stealth'))} / {f(_caught(g, 'stealth'))} | "
-                     f"{f(_caught(t, 'obfuscated'))} / {f(_caught(g, 'obfuscated'))} | {f(g['shortcut_rate'])} | "
-                     f"{mix.get('allow', 0)}/{mix.get('review', 0)}/{mix.get('block', 0)} |")
+                     f"{f(_caught(t, 'obfuscated'))} / {f(_caught(g, 'obfuscated'))} | {lure} | "
+                     f"{f(g['shortcut_rate'])} | {mix.get('allow', 0)}/{mix.get('review', 0)}/{mix.get('block', 0)} |")
     return "\n".join(lines)
+
+
+def _lures_caught(entry: dict) -> float | None:
+    segs = [v for k, v in entry["segments"].items() if k.startswith("lure_")]
+    return _share(sum(v["flagged"] for v in segs), sum(v["posts"] for v in segs))
 
 
 def ablation(settings: Settings, build: ModelBuild, drop: Collection[str], *, profile: str = "full",
@@ -276,35 +296,41 @@ def ablation(settings: Settings, build: ModelBuild, drop: Collection[str], *, pr
 
 
 def segment_table(segments: dict[str, dict[str, dict]], title: str) -> str:
-    """Per account segment: spam caught and legitimate posts flagged, text model alone beside the engine;
-    `<` marks a segment where the engine catches less spam than the text model alone."""
+    """Per account segment: spam caught and legitimate posts flagged by the text model alone, the earlier
+    model (when scored) and the engine; `<` marks a segment where the engine catches less spam than the
+    text model alone."""
     f = _cell
-    text, engine = segments["text_only"], segments["engine"]
-    lines = [title, "| account age | link | journey | spam | caught: text / engine | legit | flagged: text / engine | |",
+    labels = [label for label in ("text_only", "before", "engine") if label in segments]
+    names = " / ".join({"text_only": "text", "before": "before", "engine": "engine"}[x] for x in labels)
+    lines = [title, f"| account age | link | journey | spam | caught: {names} | legit | flagged: {names} | |",
              "|---|---|---|---|---|---|---|---|"]
-    for seg, g in engine.items():
-        t = text[seg]
-        mark = "<" if g["spam_flagged"] < t["spam_flagged"] else ""
+    for seg, g in segments["engine"].items():
+        mark = "<" if g["spam_flagged"] < segments["text_only"][seg]["spam_flagged"] else ""
         age, link, journey = seg.split(" | ")
-        lines.append(f"| {age} | {link} | {journey} | {g['spam']} | {f(_share(t['spam_flagged'], t['spam']))} / "
-                     f"{f(_share(g['spam_flagged'], g['spam']))} | {g['legit']} | "
-                     f"{f(_share(t['legit_flagged'], t['legit']))} / {f(_share(g['legit_flagged'], g['legit']))} | "
-                     f"{mark} |")
+        caught = " / ".join(f(_share(segments[x][seg]["spam_flagged"], g["spam"])) for x in labels)
+        flagged = " / ".join(f(_share(segments[x][seg]["legit_flagged"], g["legit"])) for x in labels)
+        lines.append(f"| {age} | {link} | {journey} | {g['spam']} | {caught} | {g['legit']} | {flagged} | {mark} |")
     return "\n".join(lines)
+
+
+def _targets_lines(targets: dict) -> str:
+    return "\n".join(f"- {name}: {'met' if t.get('met') else 'NOT met'} "
+                     f"({', '.join(f'{k}={v}' for k, v in t.items() if k != 'met')})" for name, t in targets.items())
 
 
 def format_report(report: dict) -> str:
     """The scenario table, the account-segment tables (lure scenarios, then every scenario) and the targets."""
     parts = [format_table(report)]
+    labels = [x for x in ("text_only", "before", "engine") if x in report["overall"]]
     lures = [report["scenarios"][s] for s in LURE_SCENARIOS if s in report["scenarios"]]
     if lures:
         parts.append(segment_table(pooled_segments(lures), "link-less lures by people (" +
                                    ", ".join(s for s in LURE_SCENARIOS if s in report["scenarios"]) + "):"))
-    parts.append(segment_table({label: report["overall"][label]["account_segments"]
-                                for label in ("text_only", "engine")}, "every scenario:"))
-    parts.append("targets:\n" + "\n".join(f"- {name}: {'met' if t.get('met') else 'NOT met'} "
-                                          f"({', '.join(f'{k}={v}' for k, v in t.items() if k != 'met')})"
-                                          for name, t in report["targets"].items()))
+    parts.append(segment_table({x: report["overall"][x]["account_segments"] for x in labels}, "every scenario:"))
+    parts.append("targets:\n" + _targets_lines(report["targets"]))
+    if "before" in report:
+        parts.append(f"targets of the earlier model {report['before']['decision_model']}:\n" +
+                     _targets_lines(report["before"]["targets"]))
     return "\n\n".join(parts)
 
 

@@ -1,6 +1,7 @@
 """The decision engine in the running pipeline (real broker, real Triton, worker processes):
-bans short-circuit without Triton, re-decisions after reports and after a later ban, and a worker
-that refuses a decision model trained on another feature list."""
+bans short-circuit without Triton, re-decisions after reports and after a later ban, link-less lures
+from ordinary-looking accounts flagged at least as often as the text model alone flags them, and a
+worker that refuses a decision model trained on another feature list."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from confluent_kafka import Producer
 from loadgen.posts import make_post
 from loadgen.smoke import end_consumer
 from modpipe import schema
+from modpipe.decision.dataset import heldout_half
 from modpipe.decision.store import resolve_decision_model
+from simulation.simulator import simulate
 
 pytestmark = pytest.mark.integration
 
@@ -152,3 +155,40 @@ def test_worker_refuses_a_model_with_another_feature_list(pipeline_settings, mod
                           timeout=120)
     assert proc.returncode != 0
     assert "missing ['user_age']" in proc.stderr and "modpipe decision train" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_link_less_lures_from_ordinary_accounts_are_flagged_as_the_text_model_flags_them(local_stack,
+                                                                                       pipeline_settings, model_build):
+    """The traffic the engine used to wave through: held-out spam texts the decision model never saw, posted
+    once each by people on aged or brand-new ordinary accounts, no link, beside legitimate users of the same
+    kinds (scenario human_lures). Judged on the live text probability each decision record carries."""
+    stack = local_stack(workers=1)
+    events = simulate(heldout_half(model_build.heldout(), "eval"), 500, "human_lures", seed=2024, rate=200.0,
+                      start_ms=schema.now_ms() - 5_000, run_id=f"lures-{pipeline_settings.app_id[-8:]}")
+    posts = [e for e in events if e.kind == "post"]
+    lures = {e.payload["post_id"] for e in posts if e.truth["lure"]}
+    assert len(lures) > 30
+    consumer = end_consumer(pipeline_settings, stack.bootstrap, [stack.topics.decisions])
+    producer = _producer(pipeline_settings)
+    for e in posts:
+        _send(producer, pipeline_settings.topic("posts"), e.key, e.payload)
+    producer.flush(10)
+    wanted = {e.payload["post_id"] for e in posts}
+    got = _collect(consumer, lambda rs: wanted <= {r["post_id"] for r in rs}, 180)
+    consumer.close()
+    first = {}
+    for r in got:
+        first.setdefault(r["post_id"], r)
+    assert wanted <= first.keys(), f"{len(wanted - first.keys())} posts never decided"
+    review = pipeline_settings.review_threshold
+    text_flagged = {pid for pid, r in first.items() if pid in wanted and r["text_probability"] >= review}
+    engine_flagged = {pid for pid, r in first.items() if pid in wanted and r["verdict"] != "allow"}
+    assert len(engine_flagged & lures) >= len(text_flagged & lures), (
+        f"the engine flagged {len(engine_flagged & lures)} of {len(lures)} lures, the text model alone "
+        f"{len(text_flagged & lures)}")
+    legit = wanted - lures
+    assert len(engine_flagged & legit) <= max(3, 0.03 * len(legit)), \
+        f"{len(engine_flagged & legit)} of {len(legit)} legitimate posts flagged"
+    # when the text drove the verdict, the reasons say so
+    for pid in engine_flagged & lures:
+        assert "text_probability" in [x["feature"] for x in first[pid]["reasons"]], first[pid]["reasons"]

@@ -154,7 +154,7 @@ def test_a_deaf_engine_shows_in_the_segments_and_fails_the_lure_targets():
                                                                 "legit_flagged": 0}
     assert segs["text_only"]["aged 30-400d | no link | human"]["spam_flagged"] == 8
     assert evaluate.deaf_segments(segs) == ["aged 30-400d | no link | human"]
-    targets = evaluate.lure_targets({"human_lures": scores}, {})
+    targets = evaluate.lure_targets({"human_lures": scores})
     assert targets["lure_segments_engine_at_least_text"] == {"deaf_segments": ["aged 30-400d | no link | human"],
                                                              "met": False}
     assert targets["lure_sms_caught"]["engine"] == 0.3333 and not targets["lure_sms_caught"]["met"]
@@ -169,3 +169,26 @@ def test_a_deaf_engine_shows_in_the_segments_and_fails_the_lure_targets():
 def test_eval_and_training_cover_the_lure_scenarios():
     assert set(evaluate.LURE_SCENARIOS) <= set(evaluate.EVAL_SCENARIOS)
     assert set(evaluate.LURE_SCENARIOS) <= set(train.TrainConfig().scenarios)
+
+
+def test_eval_scores_an_earlier_model_beside_the_engine_in_one_run(tiny):
+    from modpipe.decision.engine import DecisionEngine
+    from modpipe.decision.model import DecisionModel
+
+    config = train.PROFILES["tiny"]
+    runs, probs = train._simulation(tiny, FakeBuild(), config, 0, False)
+    booster, rounds = train.train_rounds(tiny, runs, probs, config, 0, progress=False)
+    model = DecisionModel(booster, list(DECISION_FEATURES), DecisionModel.version_of(booster))
+    engine = DecisionEngine(model, 0.5, 0.9, text_floor=0.5)
+    earlier = DecisionEngine(model, 0.5, 0.9)  # the same trees without the floor
+    report = evaluate.evaluate(tiny, FakeBuild(), engine, n_posts=300, scenarios=("human_lures", "mixed"),
+                               progress=False, before=earlier)
+    assert report["text_floor"] == 0.5 and report["before"]["text_floor"] is None
+    lures = report["scenarios"]["human_lures"]
+    # with a floor at the review threshold the engine flags every lure the text model flags
+    assert evaluate.deaf_segments(evaluate.pooled_segments([lures])) == []
+    assert lures["engine"]["segments"]["lure_sms"]["flagged"] >= lures["text_only"]["segments"]["lure_sms"]["flagged"]
+    assert set(report["before"]["targets"]) == set(report["targets"]) - {"engine_f1_overall",
+                                                                         "stealth_recall_engine_vs_text_only"}
+    text = evaluate.format_report(report)
+    assert "before F1" in text and "caught: text / before / engine" in text and "targets of the earlier model" in text
