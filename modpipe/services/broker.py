@@ -33,7 +33,8 @@ def broker_binary() -> Path:
 def metadata_ready(bootstrap: str, timeout: float = 1.0) -> bool:
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": int(timeout * 1000)})
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": int(timeout * 1000),
+                         "logger": log.kafka_client_logger()})
     md = admin.list_topics(timeout=timeout)
     return bool(md.brokers)
 
