@@ -2,7 +2,7 @@
 
 noida-db (a PyPI wheel carrying a Kafka-protocol broker binary) is used rather than tansu: it
 returns correct end offsets, supports transactions and restores faust tables after a restart
-(see FIELD-NOTES). Production points KAFKA_BOOTSTRAP_SERVERS at a real Kafka cluster instead and
+(docs/operations.md, "Embedded services"). Production points KAFKA_BOOTSTRAP_SERVERS at a real Kafka cluster instead and
 nothing here runs.
 """
 
