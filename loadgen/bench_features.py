@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from loadgen.posts import make_post
 from loadgen.smoke import end_consumer
-from modpipe import schema
+from modpipe import log, schema
 from modpipe.services.broker import EmbeddedBroker
 from modpipe.services.process import free_port
 from modpipe.settings import Settings
@@ -37,7 +37,8 @@ def _posts(n: int, seed: int = 1) -> list[dict]:
 
 def _produce(bootstrap: str, topic: str, posts: list[dict]) -> None:
     # keyed by user_id with Kafka's default (Java) partitioner, as a platform's producer would
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "partitioner": "murmur2_random"})
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "partitioner": "murmur2_random",
+                         "logger": log.kafka_client_logger()})
     for post in posts:
         producer.produce(topic, key=post["user_id"].encode(), value=schema.dumps(post))
         producer.poll(0)
@@ -49,8 +50,9 @@ def plain_loop(settings: Settings, bootstrap: str, posts: list[dict]) -> float:
     src, dst = settings.topic("bench.plain.in"), settings.topic("bench.plain.out")
     _produce(bootstrap, src, posts)
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:6]}",
+                         "logger": log.kafka_client_logger(),
                          "auto.offset.reset": "earliest", "enable.auto.commit": True})
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "logger": log.kafka_client_logger()})
     consumer.subscribe([src])
     done, started = 0, None
     while done < len(posts):

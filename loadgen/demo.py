@@ -41,6 +41,7 @@ def run_demo(settings: Settings, posts: int = 300, workers: int = 2, keep_runnin
         for _, raw in bad:
             producer.produce(stack.topics.posts, key=b"demo", value=raw)
         producer.flush(30)
+        producer.close()  # before the broker stops: a client left connected logs its disconnection
         _say(f"sent {posts} held-out posts and {len(bad)} malformed records to `{stack.topics.posts}`")
 
         decided, dead, status, last = {}, [], StatusLine(), time.monotonic()

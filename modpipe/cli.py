@@ -19,6 +19,10 @@ COMMAND_MODULES = [
     "console.cli",               # console
 ]
 
+# Commands that register only their own module: `modpipe worker` is what production runs, and its process
+# must not load the load generator, the simulation or training code just to parse its command line.
+LEAN_COMMANDS = {"worker": "streams.cli"}
+
 
 def _config(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
@@ -30,7 +34,10 @@ def _config(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """Every command's parser; when `argv` names a command of LEAN_COMMANDS, only its module's."""
+    command = next((a for a in argv or () if not a.startswith("-")), None)
+    modules = [LEAN_COMMANDS[command]] if command in LEAN_COMMANDS else COMMAND_MODULES
     parser = argparse.ArgumentParser(
         prog="modpipe",
         description="Real-time spam moderation: Kafka posts -> features -> Triton text model -> decisions. "
@@ -39,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     cfg = sub.add_parser("config", help="print the effective settings (environment variables)")
     cfg.set_defaults(func=_config)
-    for module in COMMAND_MODULES:
+    for module in modules:
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as exc:
@@ -51,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
         settings = Settings.from_env()

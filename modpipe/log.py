@@ -9,6 +9,7 @@ import time
 import orjson
 
 _RESERVED = set(vars(logging.makeLogRecord({})).keys()) | {"message", "asctime"}
+KAFKA_CLIENT_LOGGER = "librdkafka"
 
 
 class JsonFormatter(logging.Formatter):
@@ -43,10 +44,17 @@ def configure(level: str = "INFO", fmt: str = "json", stream=sys.stderr) -> None
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # faust/aiokafka are chatty at INFO; keep their warnings unless we are debugging.
-    for noisy in ("aiokafka", "faust", "mode", "kafka"):
+    # faust/aiokafka are chatty at INFO; keep their warnings unless we are debugging. librdkafka's INFO
+    # includes `FAIL ... Disconnected` when a broker closes a connection, as one does when it stops cleanly.
+    for noisy in ("aiokafka", "faust", "mode", "kafka", KAFKA_CLIENT_LOGGER):
         logging.getLogger(noisy).setLevel(root.level if root.level <= logging.DEBUG else logging.WARNING)
 
 
 def get(name: str) -> logging.Logger:
     return logging.getLogger(name)
+
+
+def kafka_client_logger() -> logging.Logger:
+    """The logger confluent-kafka clients get (`"logger"` in their config): librdkafka's lines become records
+    of this logger, formatted like every other, instead of raw `%6|...|FAIL|...` lines on stderr."""
+    return logging.getLogger(KAFKA_CLIENT_LOGGER)

@@ -11,6 +11,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from modpipe import log
+
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
@@ -295,9 +297,11 @@ class Settings:
         """KAFKA_BOOTSTRAP_SERVERS, else the embedded broker's address (started by `modpipe broker` or `up`)."""
         return self.bootstrap_servers or f"127.0.0.1:{self.broker_port}"
 
-    def kafka_client_config(self) -> dict[str, str]:
-        """librdkafka settings shared by every confluent-kafka client we create."""
-        conf = {"bootstrap.servers": self.bootstrap_servers, "security.protocol": self.security_protocol}
+    def kafka_client_config(self) -> dict:
+        """librdkafka settings shared by every confluent-kafka client we create. Its log lines go to the
+        `librdkafka` logger (structured, served when the client polls) instead of raw `%N|...` lines on stderr."""
+        conf = {"bootstrap.servers": self.bootstrap_servers, "security.protocol": self.security_protocol,
+                "logger": log.kafka_client_logger()}
         if self.sasl_mechanism:
             conf.update({"sasl.mechanism": self.sasl_mechanism, "sasl.username": self.sasl_username,
                          "sasl.password": self.sasl_password})

@@ -83,7 +83,7 @@ class Pipeline:
 def rocksdb_options(settings: Settings) -> dict | None:
     """Memory bounds of each table partition's RocksDB (one per table per partition: 20 with 4 partitions).
     faust's defaults (64 MiB write buffers x 3 and a 2 GiB block cache, per partition) made a worker's memory
-    grow for many minutes under steady load (the soak run in the README)."""
+    grow for many minutes under steady load (the soak run in docs/benchmarks.md)."""
     if settings.table_store != "rocksdb":
         return None
     return {"write_buffer_size": settings.rocksdb_write_buffer_mb * 1024 * 1024, "max_write_buffer_number": 2,
@@ -108,7 +108,7 @@ def create_app(settings: Settings, bootstrap: str, worker_name: str = "worker-0"
         consumer_auto_offset_reset="earliest",
         processing_guarantee="at_least_once",
         # Static membership: a restarted worker with the same name takes its partitions back at once
-        # instead of waiting for its old session to expire (and noida-db never expires it, see README).
+        # instead of waiting for its old session to expire (and noida-db never expires it: docs/operations.md).
         consumer_group_instance_id=f"{settings.app_id}-{worker_name}",
         producer_acks=-1,
         producer_linger=0.005,

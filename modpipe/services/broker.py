@@ -2,7 +2,7 @@
 
 noida-db (a PyPI wheel carrying a Kafka-protocol broker binary) is used rather than tansu: it
 returns correct end offsets, supports transactions and restores faust tables after a restart
-(see FIELD-NOTES). Production points KAFKA_BOOTSTRAP_SERVERS at a real Kafka cluster instead and
+(docs/operations.md, "Embedded services"). Production points KAFKA_BOOTSTRAP_SERVERS at a real Kafka cluster instead and
 nothing here runs.
 """
 
@@ -33,7 +33,8 @@ def broker_binary() -> Path:
 def metadata_ready(bootstrap: str, timeout: float = 1.0) -> bool:
     from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": int(timeout * 1000)})
+    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": int(timeout * 1000),
+                         "logger": log.kafka_client_logger()})
     md = admin.list_topics(timeout=timeout)
     return bool(md.brokers)
 

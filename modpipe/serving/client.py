@@ -2,8 +2,8 @@
 
 `TextModelClient` (asyncio, `tritonclient.grpc.aio`) is what the stream workers use: one per event
 loop, many requests in flight on one HTTP/2 channel. `SyncTextModelClient` wraps it with a private
-event loop for the CLI and tests. (FIELD-NOTES: tritonclient.http's async_infer serialises
-submissions and its clients are not thread-safe; grpc.aio has neither problem.)
+event loop for the CLI and tests. (tritonclient.http's async_infer serialises submissions and its
+clients are not thread-safe; grpc.aio has neither problem: docs/operations.md, "Embedded services".)
 """
 
 from __future__ import annotations

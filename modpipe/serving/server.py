@@ -1,7 +1,7 @@
 """The embedded Triton server: nvidia-pytriton's `tritonserver` binary run on our own model repository.
 
-Recipe (measured, see FIELD-NOTES section 2): a backend directory holding a copy of the bundled
-python backend with the stub of *our* Python version; LD_LIBRARY_PATH = the shared libpython's
+Recipe (each part checked by starting it; docs/operations.md, "Embedded services"): a backend
+directory holding a copy of the bundled python backend with the stub of *our* Python version; LD_LIBRARY_PATH = the shared libpython's
 directory + `nvidia_pytriton.libs`; the virtualenv's bin first on PATH (the stub imports numpy,
 onnxruntime and tokenizers from it); every listener on 127.0.0.1.
 

@@ -93,8 +93,8 @@ def wait_settled(stack: LocalStack, settings, wanted: set[str], timeout: float =
 def test_worker_rebuilds_tables_that_are_ahead_of_a_broker_which_lost_writes(pipeline_settings, model_build):
     """The broker comes back from an older copy of its data (what noida-db does after a SIGKILL, and Apache
     Kafka after an unclean leader election): the worker's RocksDB tables hold updates the changelog lost.
-    Without the check faust refused to start (ConsistencyError) at every restart; now the stores ahead are
-    discarded and rebuilt, the lost posts are sent again, and every table equals features.offline."""
+    Without the check faust refuses to start (ConsistencyError) at every restart; with it the stores ahead
+    are discarded and rebuilt, the lost posts are sent again, and every table equals features.offline."""
     settings = dataclasses.replace(pipeline_settings, bootstrap_servers="", broker_port=free_port(),
                                    table_store="rocksdb", text_model="off")
     stack = LocalStack(settings, workers=1)

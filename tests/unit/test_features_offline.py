@@ -325,7 +325,7 @@ def test_a_first_ham_decision_goes_to_the_post_table_only():
 
 
 def test_text_obfuscation_shares_are_not_decision_features():
-    """Measured side by side and left out (README, "Obfuscated texts"): they did not help the decision model
+    """Measured side by side and left out (docs/decision-engine.md, "Obfuscated texts"): they did not help the decision model
     on obfuscating campaigns; adding them back needs that measurement again."""
     from features.obfuscation import OBFUSCATION_FEATURES
 

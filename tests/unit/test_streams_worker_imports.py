@@ -66,3 +66,27 @@ def test_a_worker_with_its_deciders_loads_no_loadgen_training_cli_or_tqdm(tmp_pa
     assert report["verdict"] in ("allow", "review", "block")
     assert "streams.worker" in report["modules"] and "lightgbm" in report["modules"]
     assert not forbidden(report["modules"]), f"the worker loaded: {forbidden(report['modules'])}"
+
+
+COMMAND_PROBE = """
+import json, sys
+from modpipe import cli
+args = cli.build_parser(sys.argv[1:]).parse_args(sys.argv[1:])
+print(json.dumps({"modules": sorted(sys.modules), "handler": args.func.__module__ + "." + args.func.__name__}))
+"""
+
+
+def _command_modules(argv: list[str]) -> dict:
+    out = subprocess.run([sys.executable, "-c", COMMAND_PROBE, *argv], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_modpipe_worker_parses_its_command_line_without_the_other_commands_modules():
+    report = _command_modules(["worker", "--name", "w0"])
+    assert report["handler"].startswith("streams.cli.")
+    loaded = [m for m in forbidden(report["modules"]) if m not in ("modpipe.cli", "streams.cli")]
+    assert not loaded, f"`modpipe worker` loaded: {loaded}"
+    everything = _command_modules(["config"])  # any other command builds every command's parser
+    assert "loadgen.cli" in everything["modules"] and "simulation.simulator" in everything["modules"]
