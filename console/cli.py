@@ -45,9 +45,11 @@ def run_console(settings: Settings, host: str, port: int) -> int:
         if not accounts.list() and not proxy:
             raise ConsoleError(f"no moderator accounts in {accounts.path} and no sign-in proxy: create one with "
                                "`modpipe console add-moderator NAME`")
+        config = console_config(settings, host, port)
+        config.check()  # before any Kafka client exists: a refused start says why and nothing else
         audit = AuditLog(settings.console_file(settings.console_audit_log, "audit.jsonl"))
-        server = serve(index, LabelPublisher(settings, bootstrap), config=console_config(settings, host, port),
-                       accounts=accounts, audit=audit, proxy=proxy)
+        server = serve(index, LabelPublisher(settings, bootstrap), config=config, accounts=accounts, audit=audit,
+                       proxy=proxy)
     except (ConsoleError, AccountError, OSError) as exc:
         print(f"modpipe console: {exc}", file=sys.stderr)
         return 2
@@ -84,43 +86,37 @@ def read_password(from_stdin: bool) -> str:
     return password
 
 
-def _add(args: argparse.Namespace) -> int:
+def _accounts_command(command: str, action) -> int:
+    """Run `action(accounts)`; a refused operation is one line on stderr and exit status 2."""
     from console.auth import AccountError
 
-    accounts = accounts_of(Settings.from_env())
     try:
-        account = accounts.add(args.name, read_password(args.password_stdin), args.role)
+        action(accounts_of(Settings.from_env()))
     except (AccountError, ValueError, EOFError) as exc:
-        print(f"modpipe console add-moderator: {exc}", file=sys.stderr)
+        print(f"modpipe console {command}: {exc}", file=sys.stderr)
         return 2
-    print(f"{account.name} ({account.role}) in {accounts.path}")
     return 0
+
+
+def _add(args: argparse.Namespace) -> int:
+    def add(accounts):
+        account = accounts.add(args.name, read_password(args.password_stdin), args.role)
+        print(f"{account.name} ({account.role}) in {accounts.path}")
+    return _accounts_command("add-moderator", add)
 
 
 def _remove(args: argparse.Namespace) -> int:
-    from console.auth import AccountError
-
-    accounts = accounts_of(Settings.from_env())
-    try:
+    def remove(accounts):
         accounts.remove(args.name)
-    except AccountError as exc:
-        print(f"modpipe console remove-moderator: {exc}", file=sys.stderr)
-        return 2
-    print(f"{args.name} removed from {accounts.path} (their sessions end at their next request)")
-    return 0
+        print(f"{args.name} removed from {accounts.path} (their sessions end at their next request)")
+    return _accounts_command("remove-moderator", remove)
 
 
 def _list(args: argparse.Namespace) -> int:
-    from console.auth import AccountError
-
-    accounts = accounts_of(Settings.from_env())
-    try:
+    def show(accounts):
         for account in accounts.list():
             print(f"{account.name}\t{account.role}")
-    except AccountError as exc:
-        print(f"modpipe console list-moderators: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return _accounts_command("list-moderators", show)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import socket
+import subprocess
+import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +22,7 @@ from console.audit import AuditLog
 from console.auth import Accounts, LoginThrottle, ProxyIdentity
 from console.index import DecisionIndex
 from console.server import ConsoleConfig, ConsoleError, serve
+from modpipe.settings import SETTINGS_SPEC
 
 
 class Clock:
@@ -414,3 +419,28 @@ def test_a_public_bind_needs_tls_or_a_proxy_and_a_wildcard_needs_a_public_name(t
         start(tls_cert=str(tmp_path / "cert.pem"))
     with pytest.raises(ConsoleError, match="unusable"):
         start(tls_cert=str(tmp_path / "cert.pem"), tls_key=str(tmp_path / "key.pem"))
+
+
+def test_the_console_doc_names_every_console_setting():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "console.md").read_text()
+    console_settings = [spec.env for name, spec in SETTINGS_SPEC.items() if name.startswith("console_")]
+    assert len(console_settings) >= 15
+    assert [env for env in console_settings if f"| `{env}` |" not in doc] == []
+
+
+def test_the_accounts_commands_and_a_console_without_accounts(tmp_path):
+    env = {**os.environ, "MODPIPE_STATE_DIR": str(tmp_path), "MODPIPE_LOG_FORMAT": "text"}
+
+    def modpipe(*args, stdin=""):
+        return subprocess.run([sys.executable, "-m", "modpipe", "console", *args], input=stdin, env=env,
+                              capture_output=True, text=True, timeout=60)
+
+    refused = modpipe("--port", "0")
+    assert refused.returncode == 2 and "modpipe console add-moderator NAME" in refused.stderr
+    assert modpipe("add-moderator", "kim", "--password-stdin", stdin="short\n").returncode == 2
+    added = modpipe("add-moderator", "kim", "--role", "viewer", "--password-stdin", stdin="kim's long password\n")
+    assert added.returncode == 0, added.stderr
+    assert modpipe("list-moderators").stdout == "kim\tviewer\n"
+    assert Accounts(tmp_path / "console" / "accounts.json").verify("kim", "kim's long password").role == "viewer"
+    assert modpipe("remove-moderator", "kim").returncode == 0 and modpipe("list-moderators").stdout == ""
+    assert modpipe("remove-moderator", "kim").returncode == 2
