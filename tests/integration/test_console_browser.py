@@ -96,11 +96,12 @@ def test_moderator_signs_in_labels_a_post_in_the_browser_and_the_label_reaches_t
         wait_for(lambda: browser.current_url.endswith("/login"), what="the redirect to the sign-in page")
         assert not browser.find_elements(By.ID, "queue")
         sign_in(browser, "mod-7", "not the passphrase")
-        wait_for(lambda: "wrong name or password" in browser.find_element(By.ID, "login-error").text,
+        wait_for(lambda: [e for e in browser.find_elements(By.ID, "login-error") if "wrong name or password" in e.text],
                  what="the sign-in error")
         assert not browser.find_elements(By.ID, "queue")
         sign_in(browser, "mod-7", PASSWORD)
-        wait_for(lambda: "mod-7" in browser.find_element(By.ID, "me").text, what="the signed-in moderator's name")
+        wait_for(lambda: [e for e in browser.find_elements(By.ID, "me") if e.text == "moderator: mod-7"],
+                 what="the signed-in moderator's name in the header")
         items = wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#queue li"), what="the queue on the page")
         assert len(items) == len(posts)
         assert all("likely spam" in li.text for li in items)  # the reasons, in words
