@@ -39,20 +39,20 @@ function fmtP(p) { return p === null || p === undefined ? "-" : (100 * p).toFixe
 function fmtWait(s) { return s === null || s === undefined ? "" : s < 120 ? `${Math.round(s)} s` : `${Math.round(s / 60)} min`; }
 
 function postItem(post, list) {
+  const buttons = list === "queue" && state.role === "moderator" ? el("span", { class: "actions" },
+    el("button", { class: "spam", "data-action": "spam", onclick: ev => { ev.stopPropagation(); label(post.post_id, "spam"); } }, "spam (s)"),
+    " ",
+    el("button", { class: "ham", "data-action": "ham", onclick: ev => { ev.stopPropagation(); label(post.post_id, "ham"); } }, "ham (h)")) : null;
   const li = el("li", { "data-post-id": post.post_id, class: state.selected === post.post_id ? "selected" : "" },
-    el("div", { class: "meta" },
-      el("span", { class: "verdict-" + post.verdict }, post.verdict), " · spam ", fmtP(post.spam_probability),
-      " · text ", fmtP(post.text_probability), " · ", post.user_id, post.waiting_s !== null ? " · waiting " + fmtWait(post.waiting_s) : "",
-      post.degraded ? " · decided without the text model" : ""),
+    el("div", { class: "row" },
+      el("div", { class: "meta" },
+        el("span", { class: "verdict-" + post.verdict }, post.verdict), " · spam ", fmtP(post.spam_probability),
+        " · text ", fmtP(post.text_probability), " · ", post.user_id, post.waiting_s !== null ? " · waiting " + fmtWait(post.waiting_s) : "",
+        post.degraded ? " · decided without the text model" : ""),
+      buttons),
     el("div", { class: "text" }, post.text === null ? "(text not seen yet)" : post.text),
     post.url ? el("div", { class: "meta" }, "link: ", post.url) : null,
     el("div", { class: "meta" }, (post.reasons || []).map(reasonText).join("; ")));
-  if (list === "queue" && state.role === "moderator") {
-    li.append(el("div", {},
-      el("button", { class: "spam", "data-action": "spam", onclick: ev => { ev.stopPropagation(); label(post.post_id, "spam"); } }, "spam (s)"),
-      " ",
-      el("button", { class: "ham", "data-action": "ham", onclick: ev => { ev.stopPropagation(); label(post.post_id, "ham"); } }, "ham (h)")));
-  }
   li.addEventListener("click", () => select(post.post_id));
   return li;
 }
