@@ -63,6 +63,7 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 MAX_BODY = 10_000
+MAX_VERIFYING = 4  # password verifications at once
 REFRESH_HEADER = "X-Console-Refresh"  # the page's background polling: not a moderator's action
 
 
@@ -129,6 +130,9 @@ class ConsoleApp:
         self.accounts, self.audit, self.proxy = accounts, audit, proxy
         self.sessions = Sessions(config.session_idle_s, config.session_max_s, clock)
         self.throttle = throttle or LoginThrottle()
+        # Each argon2 verification takes 64 MiB and ~0.2 s of a core: a flood of sign-ins from many addresses
+        # waits here instead of taking the memory.
+        self._verifying = threading.BoundedSemaphore(MAX_VERIFYING)
         self._warned_untrusted_proxy = False
 
     # -- sessions and cookies
@@ -250,11 +254,15 @@ class ConsoleApp:
             seconds = math.ceil(wait)
             return Reply(429, {"error": f"too many failed sign-ins: try again in {seconds} s"},
                          headers={"Retry-After": str(seconds)})
+        if not self._verifying.acquire(timeout=10):
+            return Reply(503, {"error": "too many sign-ins at once: try again"}, headers={"Retry-After": "5"})
         try:
             account = self.accounts.verify(name, password) if valid_name(name) else None
         except AccountError as exc:
             _log.error("accounts file unreadable", extra={"error": str(exc)})
             return Reply(500, {"error": "the console's accounts file is unreadable"})
+        finally:
+            self._verifying.release()
         if account is None:
             _log.warning("console sign-in failed", extra={"account": name[:64], "client": address})
             return Reply(401, {"error": "wrong name or password"})

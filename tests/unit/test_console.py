@@ -5,6 +5,7 @@ log, a sign-in proxy's header, and no secret in a log line."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import os
@@ -12,6 +13,8 @@ import re
 import socket
 import subprocess
 import sys
+import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -444,3 +447,31 @@ def test_the_accounts_commands_and_a_console_without_accounts(tmp_path):
     assert Accounts(tmp_path / "console" / "accounts.json").verify("kim", "kim's long password").role == "viewer"
     assert modpipe("remove-moderator", "kim").returncode == 0 and modpipe("list-moderators").stdout == ""
     assert modpipe("remove-moderator", "kim").returncode == 2
+
+
+def test_at_most_four_password_verifications_run_at_once(tmp_path, accounts_file):
+    class Counting(Accounts):
+        running = peak = 0
+        lock = threading.Lock()
+
+        def verify(self, name, password):
+            with self.lock:
+                Counting.running += 1
+                Counting.peak = max(Counting.peak, Counting.running)
+            try:
+                time.sleep(0.2)
+                return super().verify(name, password)
+            finally:
+                with self.lock:
+                    Counting.running -= 1
+
+    server = serve(DecisionIndex(), lambda label: label, config=ConsoleConfig(), accounts=Counting(accounts_file),
+                   audit=AuditLog(tmp_path / "audit.jsonl"), throttle=LoginThrottle(free=100))
+    try:
+        c = Console(server, [], None, None, None, None)
+        with concurrent.futures.ThreadPoolExecutor(10) as pool:
+            statuses = list(pool.map(lambda _: c.call("/api/login", {"name": "ann", "password": PASSWORD})[0],
+                                     range(10)))
+        assert statuses == [200] * 10 and Counting.peak == 4
+    finally:
+        server.shutdown()
