@@ -20,6 +20,8 @@ from typing import Any
 
 from modpipe import schema
 
+CHART_S = 600  # how far back the charts can look
+
 
 @dataclasses.dataclass
 class PostView:
@@ -73,8 +75,9 @@ class DecisionIndex:
         self._posts: collections.OrderedDict[str, PostView] = collections.OrderedDict()  # oldest first
         self._by_user: dict[str, list[str]] = collections.defaultdict(list)
         self._lock = threading.Lock()
-        # (second, verdict) counts and (second, latency_ms) samples for the live charts: the last 10 minutes
-        self._per_second: collections.deque[tuple[int, str, float | None]] = collections.deque()
+        # Per second of the decisions' own decided_at, the last CHART_S: verdict counts and latency samples for
+        # the live charts (a console that starts late, or reads a backlog at once, draws the past as it was).
+        self._per_second: dict[int, dict[str, Any]] = {}
         self.counts = collections.Counter()  # records applied, by kind
 
     # -- applying records
@@ -109,10 +112,23 @@ class DecisionIndex:
             revision = decision.get("revision") if isinstance(decision.get("revision"), int) else 1
             view.decisions[revision] = decision  # a later copy of a revision replaces the earlier one
             self.counts["decision"] += 1
-            now = self.clock()
-            self._per_second.append((int(now), decision.get("verdict", "?"), decision.get("latency_ms")))
-            while self._per_second and self._per_second[0][0] < now - 600:
-                self._per_second.popleft()
+            self._chart(decision)
+
+    def _chart(self, decision: dict) -> None:
+        now = self.clock()
+        second = int(seconds(decision.get("decided_at")) or now)
+        if second <= now - CHART_S:
+            return
+        bucket = self._per_second.get(second)
+        if bucket is None:
+            bucket = self._per_second[second] = {"allow": 0, "review": 0, "block": 0, "lat": []}
+            if len(self._per_second) > 2 * CHART_S:  # forget seconds that left the window
+                for old in [t for t in self._per_second if t <= now - CHART_S]:
+                    del self._per_second[old]
+        if decision.get("verdict") in schema.VERDICTS:
+            bucket[decision["verdict"]] += 1
+        if isinstance(decision.get("latency_ms"), (int, float)):
+            bucket["lat"].append(decision["latency_ms"])
 
     def add_label(self, label: dict) -> None:
         with self._lock:
@@ -158,26 +174,21 @@ class DecisionIndex:
         return {"post": self.post(q), "user": self.user(q) if q in self._by_user else None}
 
     def stats(self, window_s: int = 120) -> dict:
-        """Decisions per second by verdict and latency quantiles per second, for the last `window_s` s."""
+        """Decisions per second by verdict and latency quantiles per second (by when each was decided), for the
+        last `window_s` s (at most CHART_S)."""
+        window_s = min(window_s, CHART_S)
         with self._lock:
             now = int(self.clock())
-            rows = [r for r in self._per_second if r[0] > now - window_s]
+            rows = {t: (b["allow"], b["review"], b["block"], sorted(b["lat"]))
+                    for t, b in self._per_second.items() if now - window_s < t <= now}
             queue_size = sum(1 for v in self._posts.values()
                              if v.label is None and (v.latest or {}).get("verdict") == "review")
-        per_s: dict[int, dict[str, Any]] = {}
-        for second, verdict, latency in rows:
-            bucket = per_s.setdefault(second, {"t": second, "allow": 0, "review": 0, "block": 0, "lat": []})
-            if verdict in schema.VERDICTS:
-                bucket[verdict] += 1
-            if isinstance(latency, (int, float)):
-                bucket["lat"].append(latency)
         series = []
         for second in range(now - window_s + 1, now + 1):
-            b = per_s.get(second, {"t": second, "allow": 0, "review": 0, "block": 0, "lat": []})
-            lat = sorted(b.pop("lat"))
-            b["p50_ms"] = lat[len(lat) // 2] if lat else None
-            b["p99_ms"] = lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else None
-            series.append(b)
+            allow, review, block, lat = rows.get(second, (0, 0, 0, []))
+            series.append({"t": second, "allow": allow, "review": review, "block": block,
+                           "p50_ms": lat[len(lat) // 2] if lat else None,
+                           "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else None})
         return {"now": now, "series": series, "queue_size": queue_size, "posts_known": len(self._posts),
                 "records": dict(self.counts)}
 

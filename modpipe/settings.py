@@ -151,13 +151,38 @@ SETTINGS_SPEC: dict[str, Spec] = {
     "table_store": Spec("MODPIPE_TABLE_STORE", "rocksdb", "faust table store: `rocksdb` or `memory`."),
     # -- review console (`modpipe console`)
     "console_host": Spec("MODPIPE_CONSOLE_HOST", "127.0.0.1",
-                         "Address the review console binds; anything but loopback requires MODPIPE_CONSOLE_TOKEN."),
+                         "Address the review console binds. Anything but loopback needs TLS "
+                         "(MODPIPE_CONSOLE_TLS_CERT/KEY) or MODPIPE_CONSOLE_PLAINTEXT_BEHIND_PROXY=on."),
     "console_port": Spec("MODPIPE_CONSOLE_PORT", "8088", "Port of the review console.", int),
-    "console_token": Spec("MODPIPE_CONSOLE_TOKEN", "",
-                          "Shared secret moderators give once at /login?token=...&moderator=ID; empty: no login "
-                          "(loopback only, labels signed by MODPIPE_CONSOLE_MODERATOR)."),
-    "console_moderator": Spec("MODPIPE_CONSOLE_MODERATOR", "local",
-                              "Moderator id of labels from a console without a token."),
+    "console_public_name": Spec("MODPIPE_CONSOLE_PUBLIC_NAME", "",
+                                "Comma-separated names (host or host:port) browsers reach the console by; a "
+                                "request whose Host (or a write whose Origin) is neither one of them nor the bind "
+                                "(on loopback: localhost, 127.0.0.1, [::1] with the port) is refused."),
+    "console_accounts": Spec("MODPIPE_CONSOLE_ACCOUNTS", "",
+                             "Moderator accounts file (argon2id hashes, mode 0600) written by `modpipe console "
+                             "add-moderator`. Empty: MODPIPE_STATE_DIR/console/accounts.json."),
+    "console_audit_log": Spec("MODPIPE_CONSOLE_AUDIT_LOG", "",
+                              "Append-only JSONL audit log, one line per label (who, when, post, verdict before). "
+                              "Empty: MODPIPE_STATE_DIR/console/audit.jsonl."),
+    "console_session_idle_s": Spec("MODPIPE_CONSOLE_SESSION_IDLE_S", "1800",
+                                   "A session ends after this long without a moderator's action (seconds; the "
+                                   "page's background refresh does not count).", float),
+    "console_session_max_s": Spec("MODPIPE_CONSOLE_SESSION_MAX_S", "43200",
+                                  "A session ends this long after sign-in whatever happens (seconds).", float),
+    "console_tls_cert": Spec("MODPIPE_CONSOLE_TLS_CERT", "",
+                             "PEM certificate (chain) the console serves HTTPS with; needs MODPIPE_CONSOLE_TLS_KEY."),
+    "console_tls_key": Spec("MODPIPE_CONSOLE_TLS_KEY", "", "PEM private key of MODPIPE_CONSOLE_TLS_CERT."),
+    "console_plaintext_behind_proxy": Spec("MODPIPE_CONSOLE_PLAINTEXT_BEHIND_PROXY", "off",
+                                           "`on`: a non-loopback bind may speak plain HTTP because a TLS-terminating "
+                                           "proxy is in front (cookies are still marked Secure)."),
+    "console_proxy_user_header": Spec("MODPIPE_CONSOLE_PROXY_USER_HEADER", "",
+                                      "Header an authenticating reverse proxy puts the signed-in user in (e.g. "
+                                      "X-Forwarded-User); honoured only from MODPIPE_CONSOLE_PROXY_ADDRESSES."),
+    "console_proxy_addresses": Spec("MODPIPE_CONSOLE_PROXY_ADDRESSES", "",
+                                    "Comma-separated addresses or CIDR networks of that proxy."),
+    "console_proxy_role": Spec("MODPIPE_CONSOLE_PROXY_ROLE", "viewer",
+                               "Role of a proxy-signed-in user without an account: `viewer` (reads the queue) or "
+                               "`moderator` (also labels). An account of the same name gives its own role."),
     "console_lookback_s": Spec("MODPIPE_CONSOLE_LOOKBACK_S", "86400",
                                "How far back the console reads posts, decisions and labels when it starts (seconds).",
                                float),
@@ -225,8 +250,17 @@ class Settings:
     post_state_cache_keys: int
     console_host: str
     console_port: int
-    console_token: str
-    console_moderator: str
+    console_public_name: str
+    console_accounts: str
+    console_audit_log: str
+    console_session_idle_s: float
+    console_session_max_s: float
+    console_tls_cert: str
+    console_tls_key: str
+    console_plaintext_behind_proxy: str
+    console_proxy_user_header: str
+    console_proxy_addresses: str
+    console_proxy_role: str
     console_lookback_s: float
     console_max_posts: int
     log_level: str
@@ -257,6 +291,12 @@ class Settings:
             raise SettingsError("MODPIPE_MAX_BATCH, MODPIPE_MAX_INFLIGHT and MODPIPE_PARTITIONS must be >= 1")
         if self.console_max_posts < 1 or self.console_lookback_s < 0:
             raise SettingsError("MODPIPE_CONSOLE_MAX_POSTS must be >= 1 and MODPIPE_CONSOLE_LOOKBACK_S >= 0")
+        if not 0 < self.console_session_idle_s <= self.console_session_max_s:
+            raise SettingsError("need 0 < MODPIPE_CONSOLE_SESSION_IDLE_S <= MODPIPE_CONSOLE_SESSION_MAX_S")
+        if self.console_plaintext_behind_proxy not in ("on", "off"):
+            raise SettingsError("MODPIPE_CONSOLE_PLAINTEXT_BEHIND_PROXY must be `on` or `off`")
+        if self.console_proxy_role not in ("viewer", "moderator"):
+            raise SettingsError("MODPIPE_CONSOLE_PROXY_ROLE must be `viewer` or `moderator`")
         if self.state_cache_keys < 1 or self.post_state_cache_keys < 1:
             raise SettingsError("MODPIPE_STATE_CACHE_KEYS and MODPIPE_POST_STATE_CACHE_KEYS must be >= 1")
         if self.table_store not in ("rocksdb", "memory"):
@@ -288,6 +328,10 @@ class Settings:
             raise SettingsError("MODPIPE_MAX_SEQ_LEN must be >= 0 (0: the build's own)")
         if self.model_profile not in ("full", "gpu", "demo"):
             raise SettingsError("MODPIPE_MODEL_PROFILE must be `full`, `gpu` or `demo`")
+
+    def console_file(self, configured: str, name: str) -> Path:
+        """A console file setting, else its default place under MODPIPE_STATE_DIR/console."""
+        return Path(configured).expanduser() if configured else self.state_dir / "console" / name
 
     def topic(self, name: str) -> str:
         """Physical topic name for a logical one (`posts` -> `<prefix>posts`)."""

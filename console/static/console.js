@@ -2,7 +2,7 @@
 // through textContent / setAttribute only (el() below), never innerHTML.
 "use strict";
 
-const state = { queue: [], blocks: [], selected: null, queueHistory: [] };
+const state = { queue: [], blocks: [], selected: null, queueHistory: [], csrf: null, role: null };
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -19,8 +19,17 @@ function el(tag, attrs, ...children) {
 
 async function api(path, options) {
   const response = await fetch(path, options);
+  if (response.status === 401) { window.location.assign("/login"); throw new Error("signed out"); }
   if (!response.ok) throw new Error(`${path}: ${response.status} ${await response.text()}`);
   return response.json();
+}
+
+// The page's own polling: the server does not count it as the moderator's activity (idle expiry).
+function poll(path) { return api(path, { headers: { "X-Console-Refresh": "1" } }); }
+
+function send(path, body) {
+  return api(path, { method: "POST", headers: { "Content-Type": "application/json", "X-CSRF-Token": state.csrf },
+    body: JSON.stringify(body) });
 }
 
 function reasonText(r) { return r.description || r.feature || JSON.stringify(r); }
@@ -30,20 +39,20 @@ function fmtP(p) { return p === null || p === undefined ? "-" : (100 * p).toFixe
 function fmtWait(s) { return s === null || s === undefined ? "" : s < 120 ? `${Math.round(s)} s` : `${Math.round(s / 60)} min`; }
 
 function postItem(post, list) {
+  const buttons = list === "queue" && state.role === "moderator" ? el("span", { class: "actions" },
+    el("button", { class: "spam", "data-action": "spam", onclick: ev => { ev.stopPropagation(); label(post.post_id, "spam"); } }, "spam (s)"),
+    " ",
+    el("button", { class: "ham", "data-action": "ham", onclick: ev => { ev.stopPropagation(); label(post.post_id, "ham"); } }, "ham (h)")) : null;
   const li = el("li", { "data-post-id": post.post_id, class: state.selected === post.post_id ? "selected" : "" },
-    el("div", { class: "meta" },
-      el("span", { class: "verdict-" + post.verdict }, post.verdict), " · spam ", fmtP(post.spam_probability),
-      " · text ", fmtP(post.text_probability), " · ", post.user_id, post.waiting_s !== null ? " · waiting " + fmtWait(post.waiting_s) : "",
-      post.degraded ? " · decided without the text model" : ""),
+    el("div", { class: "row" },
+      el("div", { class: "meta" },
+        el("span", { class: "verdict-" + post.verdict }, post.verdict), " · spam ", fmtP(post.spam_probability),
+        " · text ", fmtP(post.text_probability), " · ", post.user_id, post.waiting_s !== null ? " · waiting " + fmtWait(post.waiting_s) : "",
+        post.degraded ? " · decided without the text model" : ""),
+      buttons),
     el("div", { class: "text" }, post.text === null ? "(text not seen yet)" : post.text),
     post.url ? el("div", { class: "meta" }, "link: ", post.url) : null,
     el("div", { class: "meta" }, (post.reasons || []).map(reasonText).join("; ")));
-  if (list === "queue") {
-    li.append(el("div", {},
-      el("button", { class: "spam", "data-action": "spam", onclick: ev => { ev.stopPropagation(); label(post.post_id, "spam"); } }, "spam (s)"),
-      " ",
-      el("button", { class: "ham", "data-action": "ham", onclick: ev => { ev.stopPropagation(); label(post.post_id, "ham"); } }, "ham (h)")));
-  }
   li.addEventListener("click", () => select(post.post_id));
   return li;
 }
@@ -53,11 +62,13 @@ function renderLists() {
   queue.replaceChildren(...state.queue.map(p => postItem(p, "queue")));
   document.getElementById("queue-size").textContent = `(${state.queueSize})`;
   document.getElementById("blocks").replaceChildren(...state.blocks.map(p => postItem(p, "blocks")));
+  const selected = queue.querySelector("li.selected");
+  if (selected) selected.scrollIntoView({ block: "nearest" });
 }
 
 async function refresh() {
   try {
-    const [queue, blocks, stats] = await Promise.all([api("/api/queue?limit=100"), api("/api/blocks?limit=20"), api("/api/stats?window=120")]);
+    const [queue, blocks, stats] = await Promise.all([poll("/api/queue?limit=100"), poll("/api/blocks?limit=20"), poll("/api/stats?window=120")]);
     state.queue = queue.posts; state.queueSize = queue.size; state.blocks = blocks.posts;
     if (!state.selected && state.queue.length) state.selected = state.queue[0].post_id;
     renderLists();
@@ -66,8 +77,8 @@ async function refresh() {
 }
 
 async function label(postId, value) {
-  await api("/api/label", { method: "POST", headers: { "Content-Type": "application/json", "X-Requested-With": "modpipe-console" },
-    body: JSON.stringify({ post_id: postId, label: value }) });
+  if (state.role !== "moderator") return;
+  await send("/api/label", { post_id: postId, label: value });
   const i = state.queue.findIndex(p => p.post_id === postId);
   state.queue = state.queue.filter(p => p.post_id !== postId);
   state.queueSize = Math.max(0, state.queueSize - 1);
@@ -144,7 +155,13 @@ document.addEventListener("DOMContentLoaded", async () => {
     else if (found.user) showUser(found.user.user_id);
     else fill("detail", el("p", {}, "nothing found for ", q));
   });
-  const me = await api("/api/me"); document.getElementById("me").textContent = "moderator: " + me.moderator;
+  const me = await api("/api/me");
+  state.csrf = me.csrf; state.role = me.role;
+  document.getElementById("me").textContent = `${me.role}: ${me.moderator}`;
+  document.getElementById("sign-out").addEventListener("click", async () => {
+    await send("/api/logout", {});
+    window.location.assign("/login");
+  });
   await refresh();
   setInterval(refresh, 2000);
 });
