@@ -6,8 +6,12 @@
    thresholds map it to allow / review / block.
 3. Text floor: a post the text model rates at or above `text_floor` goes at least to review, whatever
    the other signals say, so the engine never knows less than its own text model (a lure posted by a
-   person from an ordinary account looks clean in every other signal). The floor is chosen at training
-   time against the review load (`modpipe.decision.train.choose_text_floor`) and kept in the model's
+   person from an ordinary account looks clean in every other signal). One exception (`at_home`): an
+   author posting again from an address that only it has used keeps the model's verdict; a taken-over
+   account's lure comes from an address new to the account, and the text model's false positives on
+   people's own writing mostly come from home (measured in docs/decision-engine.md: the exception halves
+   the floor's false positives and keeps every lure it catches). The floor is chosen at training time
+   against the review load (`modpipe.decision.train.choose_text_floor`) and kept in the model's
    `model.json` (`policy.text_floor`); MODPIPE_TEXT_FLOOR overrides it.
 4. Reasons: the `top_reasons` features with the largest per-prediction contributions (TreeSHAP, in
    log-odds), largest first, each with its value and a sentence for the moderator; when the floor raised
@@ -69,6 +73,12 @@ def text_floor_reason(text_probability: float, floor: float) -> dict:
                            f"text floor ({floor:g}): a moderator looks at it whatever the other signals say"}
 
 
+def at_home(features: dict) -> bool:
+    """The author posted from this address before (the count includes this post) and no other account did."""
+    users, posts = features.get("ip_distinct_users"), features.get("ip_posts")
+    return users == 1 and isinstance(posts, int | float) and posts >= 2
+
+
 def model_text_floor(model: DecisionModel) -> float | None:
     """The floor the model was trained with (model.json `policy.text_floor`), None for none."""
     floor = (model.meta.get("policy") or {}).get("text_floor")
@@ -109,7 +119,7 @@ class DecisionEngine:
         verdict, reasons = verdict_for(p, self.review_threshold, self.block_threshold), self.reasons(features, contributions)
         text_p = features.get("text_probability")
         if verdict == "allow" and self.text_floor is not None and isinstance(text_p, float | int) \
-                and text_p >= self.text_floor:
+                and text_p >= self.text_floor and not at_home(features):
             # spam_probability stays the model's own: the floor is policy, not a probability
             verdict = "review"
             reasons = [text_floor_reason(float(text_p), self.text_floor),

@@ -138,7 +138,7 @@ def test_decision_cache_key_follows_the_code_that_shapes_the_model():
 def test_text_floor_lifts_an_allowed_post_to_review_and_says_why(model):
     rng = np.random.default_rng(2)
     clean = _features(rng, False)  # everything about the account says ham ...
-    clean["text_probability"] = 0.97  # ... but the text model is sure
+    clean.update(text_probability=0.97, ip_posts=1, ip_distinct_users=1)  # ... but the text model is sure
     plain = DecisionEngine(model, 0.5, 0.9)
     floored = DecisionEngine(model, 0.5, 0.9, text_floor=0.9)
     before, after = plain.decide_many([clean])[0], floored.decide_many([clean])[0]
@@ -153,6 +153,23 @@ def test_text_floor_lifts_an_allowed_post_to_review_and_says_why(model):
     assert floored.decide_many([below])[0].verdict == plain.decide_many([below])[0].verdict
 
 
+def test_text_floor_spares_an_author_at_home_only():
+    from modpipe.decision.engine import at_home
+
+    assert at_home({"ip_posts": 5, "ip_distinct_users": 1})
+    assert not at_home({"ip_posts": 1, "ip_distinct_users": 1})  # a first post from this address
+    assert not at_home({"ip_posts": 40, "ip_distinct_users": 7})  # a shared address (carrier NAT, café)
+    assert not at_home({"ip_posts": None, "ip_distinct_users": None})
+
+
+def test_text_floor_leaves_the_models_verdict_to_an_author_at_home(model):
+    rng = np.random.default_rng(2)
+    home = _features(rng, False)
+    home.update(text_probability=0.97, ip_posts=12, ip_distinct_users=1)
+    plain, floored = DecisionEngine(model, 0.5, 0.9), DecisionEngine(model, 0.5, 0.9, text_floor=0.9)
+    assert floored.decide_many([home])[0] == plain.decide_many([home])[0]
+
+
 def test_text_floor_never_lowers_a_verdict(model):
     rng = np.random.default_rng(3)
     feats = [_features(rng, spam) for spam in rng.random(200) < 0.5]
@@ -160,6 +177,7 @@ def test_text_floor_never_lowers_a_verdict(model):
     floored = DecisionEngine(model, 0.5, 0.9, text_floor=0.5).decide_many(feats)
     rank = {"allow": 0, "review": 1, "block": 2}
     assert all(rank[b.verdict] >= rank[a.verdict] for a, b in zip(plain, floored, strict=True))
+    # _features carries no address counts: no author is at home, the floor covers everyone
     assert all(v.verdict != "allow" for f, v in zip(feats, floored, strict=True) if f["text_probability"] >= 0.5)
 
 
