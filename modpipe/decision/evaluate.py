@@ -21,7 +21,7 @@ text (`segment_table` marks it).
 `ablation` (`decision eval --ablation FEATURE,...`): trains the decision model twice on the same simulation
 and seed, once with every feature and once without the named ones, and scores both side by side on the
 same held-out traffic: does a feature group earn its place? (How the text-obfuscation features were
-measured and left out: README, "Obfuscated texts".)
+measured and left out: docs/decision-engine.md, "Obfuscated texts".)
 """
 
 from __future__ import annotations
