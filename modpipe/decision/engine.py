@@ -120,8 +120,9 @@ class DecisionEngine:
         text_p = features.get("text_probability")
         if verdict == "allow" and self.text_floor is not None and isinstance(text_p, float | int) \
                 and text_p >= self.text_floor and not at_home(features):
-            # spam_probability stays the model's own: the floor is policy, not a probability
-            verdict = "review"
+            # the score is raised to the review threshold, so that a consumer thresholding spam_probability
+            # reads the same verdict; the reasons say the floor decided, the model's own score was lower
+            verdict, p = "review", max(p, self.review_threshold)
             reasons = [text_floor_reason(float(text_p), self.text_floor),
                        *[r for r in reasons if r["feature"] != "text_probability"]][: self.top_reasons]
         return Verdict(verdict, p, reasons)
