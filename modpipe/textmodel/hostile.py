@@ -13,8 +13,8 @@ before the punctuation-run rule (tokenize.py) and BERT's own normalizer (lowerca
    first, so that the pieces of "p*ri'ze" are not taken for one-letter words by rule 5;
 5. letter-spaced words rejoined: the separator between one-letter words in a run of three or more
    ("F R E E", "F • R • E • E" after rule 4 kept the spaces) is dropped; "u r" (SMS-speak) stays.
-6. optionally (`fold_leet`), leetspeak digits folded where they sit between letters ("h4d" -> "had"); see
-   `LEET_FOLD` for why the full recipe does not.
+6. optionally (`fold_leet`, on in every profile), leetspeak digits folded where they sit between letters
+   ("h4d" -> "had"); see `LEET_FOLD`.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def _field(buf: bytes, number: int) -> bytes:
     raise ValueError(f"protobuf field {number} not found")
 
 
-# Leet folding, measured against teaching it by augmentation (README, "Hostile text"): a digit is folded only
+# Leet folding, measured against teaching it by augmentation (docs/text-model.md): a digit is folded only
 # between two letters, or at a word's end after two letters ("gr347" -> "great"), never at a word's start
 # ("5pm", "4 sale" keep their digits).
 LEET_FOLD = tuple((digit, letter) for letter, digit in LEET.items())

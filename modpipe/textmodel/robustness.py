@@ -16,8 +16,8 @@ from modpipe.textmodel.data import Example
 from modpipe.textmodel.tokenize import BatchTokenizer
 
 ATTACK_SEED = 1123  # default seed of the test-time attacks
-ATTACK_RATE = 0.6  # share of a text's words (>= 3 letters) each attack rewrites
-MAX_GAP = 0.02  # target: every attack within 2 accuracy points of clean
+ATTACK_RATE = 1.0  # share of a text's words (>= 3 letters) each attack rewrites: spammers disguise every word
+MAX_GAP = 0.03  # target: every attack within 3 accuracy points of clean, at full strength
 
 
 def attack_sets(test: list[Example], seed: int = ATTACK_SEED, rate: float = ATTACK_RATE) -> dict[str, list[str]]:
