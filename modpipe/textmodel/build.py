@@ -243,7 +243,7 @@ def _build_into(out: Path, settings: Settings, profile: Profile, base: Path | No
     import torch
     from tokenizers import Tokenizer
 
-    from modpipe.textmodel import card, convert, corpora, data, evaluate, export, hostile, train
+    from modpipe.textmodel import card, convert, data, evaluate, export, hostile, train
     from modpipe.textmodel.tokenize import BatchTokenizer, collapse_punctuation_runs, prepare
 
     timings: dict[str, float] = {}
@@ -343,7 +343,7 @@ def _build_into(out: Path, settings: Settings, profile: Profile, base: Path | No
         # the served threshold: the validation-side shift folded into the classifier bias (train.choose_shift)
         "threshold": {"served": 0.5, **result.bias_calibration},
         # what the build was never trained on (`modpipe model eval --ood` reads these packages)
-        "ood_sources": corpora.ood_hashes(settings.cache_dir),
+        "ood_sources": data.ood_hashes(settings.cache_dir),
     }
     if extra is not None:
         served["extra_data"] = {"path": str(extra), "sha256": data_hashes[data.EXTRA],

@@ -264,18 +264,16 @@ def _clean(text: str) -> str:
     return re.sub(r"[ \t\r\f\v]+", " ", text).strip()
 
 
-def sample(source: Source, archive: Path, seed: int, exclude: set[str] = frozenset(),
-           key: Callable[[str], str] | None = None) -> tuple[list[str], dict]:
-    """Up to `source.cap` texts of the source: cleaned, at least `min_chars`, de-duplicated on `key` (the
-    corpus's normalised form), none whose key is in `exclude`; a seeded sample, in a stable order."""
-    from modpipe.textmodel.data import MAX_TEXT_CHARS, text_hash
-
-    key = key or text_hash
+def sample(source: Source, archive: Path, seed: int, key: Callable[[str], str], max_chars: int,
+           exclude: set[str] = frozenset()) -> tuple[list[str], dict]:
+    """Up to `source.cap` texts of the source: cleaned, cut at `max_chars`, at least `min_chars` long,
+    de-duplicated on `key` (the corpus's normalised form), none whose key is in `exclude`; a seeded sample,
+    in a stable order."""
     seen: dict[str, str] = {}
     read = excluded = 0
     for text in source.reader(archive):
         read += 1
-        text = _clean(text)[:MAX_TEXT_CHARS]
+        text = _clean(text)[:max_chars]
         if len(text) < source.min_chars:
             continue
         k = key(text)
@@ -289,30 +287,23 @@ def sample(source: Source, archive: Path, seed: int, exclude: set[str] = frozens
     return picked, {"read": read, "unique": len(seen), "in_training_dropped": excluded, "kept": len(picked)}
 
 
-def training_texts(cache_dir: Path, seed: int) -> dict[str, list[str]]:
+def training_texts(cache_dir: Path, seed: int, key: Callable[[str], str], max_chars: int) -> dict[str, list[str]]:
     """{data set name: ham texts} of every training source."""
     paths = files(TRAINING_SOURCES, cache_dir)
-    return {s.name: sample(s, paths[s.package.file], seed)[0] for s in TRAINING_SOURCES}
+    return {s.name: sample(s, paths[s.package.file], seed, key, max_chars)[0] for s in TRAINING_SOURCES}
 
 
 def validation_only() -> set[str]:
     return {s.name for s in TRAINING_SOURCES if s.validation_only}
 
 
-def ood_texts(cache_dir: Path, seed: int, exclude: set[str]) -> tuple[dict[str, list[str]], dict]:
+def ood_texts(cache_dir: Path, seed: int, exclude: set[str], key: Callable[[str], str],
+              max_chars: int) -> tuple[dict[str, list[str]], dict]:
     """{source name: legitimate texts} of the out-of-domain sources, without any text in `exclude` (the
     training corpus's keys), and per source what was read, dropped and kept."""
     paths = files(OOD_SOURCES, cache_dir)
     texts, stats = {}, {}
     for s in OOD_SOURCES:
-        texts[s.name], stats[s.name] = sample(s, paths[s.package.file], seed, exclude)
+        texts[s.name], stats[s.name] = sample(s, paths[s.package.file], seed, key, max_chars, exclude)
         stats[s.name].update(register=s.register, package=s.package.spec)
     return texts, stats
-
-
-def ood_hashes(cache_dir: Path) -> dict[str, str]:
-    """sha256 of every out-of-domain package file (recorded in the build: what it was never trained on)."""
-    from modpipe.textmodel.data import file_sha256
-
-    return {name: file_sha256(path) for name, path in sorted(files(OOD_SOURCES, cache_dir).items())}
-

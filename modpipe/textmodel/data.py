@@ -378,8 +378,22 @@ def load_registers(cache_dir: Path, seed: int) -> list[Example]:
     """Ham of every training register (corpora.TRAINING_SOURCES), one data set per source."""
     from modpipe.textmodel import corpora
 
-    return [Example(text, 0, name) for name, texts in corpora.training_texts(cache_dir, seed).items()
-            for text in texts]
+    return [Example(text, 0, name) for name, texts in
+            corpora.training_texts(cache_dir, seed, text_hash, MAX_TEXT_CHARS).items() for text in texts]
+
+
+def ood_texts(cache_dir: Path, seed: int, exclude: set[str]) -> tuple[dict[str, list[str]], dict]:
+    """corpora.ood_texts on this module's normalised form and length cut."""
+    from modpipe.textmodel import corpora
+
+    return corpora.ood_texts(cache_dir, seed, exclude, text_hash, MAX_TEXT_CHARS)
+
+
+def ood_hashes(cache_dir: Path) -> dict[str, str]:
+    """sha256 of every out-of-domain package file (recorded in the build: what it was never trained on)."""
+    from modpipe.textmodel import corpora
+
+    return {name: file_sha256(path) for name, path in sorted(corpora.files(corpora.OOD_SOURCES, cache_dir).items())}
 
 
 def ham_only(examples: list[Example]) -> set[str]:

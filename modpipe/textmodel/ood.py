@@ -1,20 +1,20 @@
 """`modpipe model eval --ood`: legitimate writing the build never saw, beside the TF-IDF baseline.
 
-The out-of-domain sources (`corpora.OOD_SOURCES`: newsgroup posts, news articles, product and movie
+The out-of-domain sources (`modpipe.textmodel.corpora.OOD_SOURCES`: newsgroup posts, news articles, product and movie
 reviews, tweets, editorials, speeches, TV dialogue) are read at evaluation time from their packages, with
 every text whose normalised form is in the build's corpus dropped, and scored by the served model and by
 the baseline trained on the build's train split. Reported per source: the false-positive rate at the
 served threshold (0.5 after the build's calibration) and the baseline's (margin >= 0). The build records
 the sha256 of every out-of-domain package it was built beside (`build.json` `ood_sources`); a package that
 differs now is reported, not hidden. Spam recall comes from the build's in-domain test split: no spam of
-another kind ships in the registries this project can reach (corpora.py).
+another kind ships in the registries this project can reach (modpipe/textmodel/corpora.py).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from modpipe.textmodel import corpora, evaluate
+from modpipe.textmodel import data, evaluate
 from modpipe.textmodel.data import Example
 from modpipe.textmodel.tokenize import BatchTokenizer
 
@@ -29,7 +29,7 @@ def _rate(flags: np.ndarray) -> float | None:
 def report(build, train: list[Example], test: list[Example], cache_dir, before=None, seed: int = OOD_SEED) -> dict:
     """Per out-of-domain source: texts, model and baseline false-positive rates (and `before`'s, another
     build scored on the same texts); overall; in-domain spam recall per data set of the test split."""
-    texts, stats = corpora.ood_texts(cache_dir, seed, {e.key for e in train + test})
+    texts, stats = data.ood_texts(cache_dir, seed, {e.key for e in train + test})
     baseline = evaluate.Baseline().fit(train)
     systems = {"model": build, **({"before": before} if before is not None else {})}
     sources: dict[str, dict] = {}
@@ -51,7 +51,7 @@ def report(build, train: list[Example], test: list[Example], cache_dir, before=N
     recall = {ds: {"spam": len(idx), "model": _rate(p[idx] >= 0.5), "baseline": _rate(margin[idx] >= 0.0)}
               for ds, idx in evaluate.by_dataset(spam).items()}
     recorded = build.served.get("ood_sources") or {}
-    now = corpora.ood_hashes(cache_dir)
+    now = data.ood_hashes(cache_dir)
     worse = [n for n, e in sources.items() if e["model_fp"] > e["baseline_fp"]]
     return {"model_dir": str(build.path), "version": build.served.get("version"),
             "before": None if before is None else before.served.get("version"),

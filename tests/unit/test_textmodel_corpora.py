@@ -81,12 +81,13 @@ def test_sample_cleans_dedups_excludes_and_caps_deterministically():
     texts = ["ok", "Hello   there, friend", "hello there friend!", "See you at 5", "see you at 6 tomorrow",
              "a new text here", "another one here"]
     src = _source(texts)
-    picked, stats = corpora.sample(src, None, seed=0, exclude={data.text_hash("a new text here")})
+    picked, stats = corpora.sample(src, None, 0, data.text_hash, 100, exclude={data.text_hash("a new text here")})
     assert stats == {"read": 7, "unique": 4, "in_training_dropped": 1, "kept": 3}  # "ok" too short, 2 dups
     assert len(set(picked)) == 3 and "a new text here" not in picked
-    assert corpora.sample(src, None, seed=0, exclude={data.text_hash("a new text here")})[0] == picked
-    everything = corpora.sample(_source(texts, cap=10), None, seed=0)[0]
-    assert sorted(everything) == sorted(corpora.sample(_source(texts, cap=10), None, seed=1)[0])
+    assert corpora.sample(src, None, 0, data.text_hash, 100, exclude={data.text_hash("a new text here")})[0] == picked
+    everything = corpora.sample(_source(texts, cap=10), None, 0, data.text_hash, 100)[0]
+    assert sorted(everything) == sorted(corpora.sample(_source(texts, cap=10), None, 1, data.text_hash, 100)[0])
+    assert corpora.sample(_source(["a long text that is cut here"]), None, 0, data.text_hash, 11)[0] == ["a long text"]
     assert len(everything) == 5 and "Hello there, friend" in everything  # whitespace collapsed
 
 
@@ -162,10 +163,10 @@ def test_ood_report_on_a_tiny_model(tmp_path, monkeypatch):
     (build_dir / "served.json").write_text(json.dumps({"version": "tiny-1", "max_seq_len": 32,
                                                       "ood_sources": {"pkg.whl": "old"}}))
     build = ModelBuild(build_dir)
-    monkeypatch.setattr(corpora, "ood_texts", lambda cache, seed, exclude: (
+    monkeypatch.setattr(data, "ood_texts", lambda cache, seed, exclude: (
         {"reviews": ["see you", "hello see you"], "news": ["hello", "call you"]},
         {"reviews": {"register": "r", "kept": 2}, "news": {"register": "n", "kept": 2}}))
-    monkeypatch.setattr(corpora, "ood_hashes", lambda cache: {"pkg.whl": "new"})
+    monkeypatch.setattr(data, "ood_hashes", lambda cache: {"pkg.whl": "new"})
     train_exs = [data.Example(t, 1, "sms") for t in ("free prize", "win now", "call now free")] + \
         [data.Example(t, 0, "sms") for t in ("hello", "see you", "hello see you later")]
     result = ood.report(build, train_exs, train_exs, tmp_path, before=build)
