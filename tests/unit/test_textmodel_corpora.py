@@ -139,26 +139,14 @@ def test_ham_only_data_sets_are_found():
 def test_ood_report_on_a_tiny_model(tmp_path, monkeypatch):
     import shutil
 
-    from modpipe.textmodel import export, ood
+    pytest.importorskip("torch")
+    from modpipe.textmodel import ood
     from modpipe.textmodel.artifacts import ModelBuild
+    from tests.unit.test_textmodel_export import tiny_model
 
-    torch = pytest.importorskip("torch")
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-    from transformers import DistilBertConfig, DistilBertForSequenceClassification
-
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + "free win prize call now hello see you".split()
-    tok = Tokenizer(models.WordPiece({w: i for i, w in enumerate(vocab)}, unk_token="[UNK]"))
-    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2),
-                                                                                              ("[SEP]", 3)])
     build_dir = tmp_path / "build"
     build_dir.mkdir()
-    tok.save(str(build_dir / "tokenizer.json"))
-    torch.manual_seed(0)
-    model = DistilBertForSequenceClassification(DistilBertConfig(
-        vocab_size=len(vocab), dim=32, n_layers=1, n_heads=4, hidden_dim=64, max_position_embeddings=64)).eval()
-    export.export_onnx(model, build_dir / "model.fp32.onnx")
+    tiny_model(build_dir, "free win prize call now hello see you", layers=1)
     shutil.copy(build_dir / "model.fp32.onnx", build_dir / "model.onnx")
     (build_dir / "served.json").write_text(json.dumps({"version": "tiny-1", "max_seq_len": 32,
                                                       "ood_sources": {"pkg.whl": "old"}}))

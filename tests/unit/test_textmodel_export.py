@@ -13,13 +13,13 @@ from modpipe.textmodel.data import Example  # noqa: E402
 from modpipe.textmodel.tokenize import BatchTokenizer  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny_model(d, words: str, layers: int = 2):
+    """A WordPiece tokenizer over `words` (saved as d/tokenizer.json) and a random tiny DistilBERT exported to
+    d/model.fp32.onnx: (model, onnx path, tokenizer path)."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
     from transformers import DistilBertConfig, DistilBertForSequenceClassification
 
-    d = tmp_path_factory.mktemp("tiny")
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + "free win prize call now hello see you at the lunch".split()
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words.split()
     tok = Tokenizer(models.WordPiece({w: i for i, w in enumerate(vocab)}, unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
@@ -27,11 +27,17 @@ def tiny(tmp_path_factory):
                                                                                               ("[SEP]", 3)])
     tok.save(str(d / "tokenizer.json"))
     torch.manual_seed(0)
-    cfg = DistilBertConfig(vocab_size=len(vocab), dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+    cfg = DistilBertConfig(vocab_size=len(vocab), dim=32, n_layers=layers, n_heads=4, hidden_dim=64,
                            max_position_embeddings=64, num_labels=2)
     model = DistilBertForSequenceClassification(cfg).eval()
-    path = export.export_onnx(model, d / "model.fp32.onnx")
-    return model, path, d / "tokenizer.json", d
+    return model, export.export_onnx(model, d / "model.fp32.onnx"), d / "tokenizer.json"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    model, path, tok_path = tiny_model(d, "free win prize call now hello see you at the lunch")
+    return model, path, tok_path, d
 
 
 TEXTS = ["free prize call now", "hello see you at the lunch", "win", "unknownword hello free " * 5]
