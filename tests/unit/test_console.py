@@ -281,7 +281,7 @@ def test_a_write_without_the_csrf_token_or_from_another_origin_is_refused(consol
     assert c.label(cookie, None)[0] == 403
     assert c.label(cookie, "forged-" + csrf[7:])[0] == 403
     other, other_csrf = c.sign_in()
-    assert c.label(cookie, other_csrf)[0] == 403  # another session's token
+    assert c.label(cookie, other_csrf)[0] == 403  # a different sign-in session's token
     for origin in ("http://evil.test", f"http://evil.test:{c.port}", "null", None):
         status, _, _ = c.call("/api/label", {"post_id": "p1", "label": "spam"}, {"X-CSRF-Token": csrf}, cookie,
                               origin=origin)
