@@ -82,6 +82,12 @@ SETTINGS_SPEC: dict[str, Spec] = {
     "shutdown_grace_s": Spec("MODPIPE_SHUTDOWN_GRACE_S", "5",
                              "On SIGTERM, how long batches at Triton may finish before they are cancelled (their "
                              "posts stay uncommitted and are decided after the restart).", float),
+    "ban_log_timeout_s": Spec("MODPIPE_BAN_LOG_TIMEOUT_S", "120",
+                              "At start, how long a worker may take to read the ban log to its end before it "
+                              "gives up and exits (it decides no post before).", float),
+    "warm_up_timeout_s": Spec("MODPIPE_WARM_UP_TIMEOUT_S", "30",
+                              "At start, how long the first text-model request (the warm-up) may take; after "
+                              "it the worker starts anyway and turns ready once Triton answers.", float),
     "text_cache_size": Spec("MODPIPE_TEXT_CACHE_SIZE", "100000",
                             "Texts whose spam probability is kept (LRU) so that a repeated text skips Triton; 0: off.",
                             int),
@@ -224,6 +230,8 @@ class Settings:
     max_wait_ms: float
     max_inflight: int
     shutdown_grace_s: float
+    ban_log_timeout_s: float
+    warm_up_timeout_s: float
     text_cache_size: int
     max_seq_len: int
     max_text_chars: int

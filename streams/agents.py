@@ -53,6 +53,7 @@ from streams.take import take_ready
 
 _log = log.get(__name__)
 
+REVOKE_DRAIN_S = 10.0  # at most this long (below the rebalance timeout) for our records to be delivered
 ROUND_MAX = 128  # records handled per round at most (a stage record is a bundle of many items)
 DECODERS = {"report": schema.decode_report, "engagement": schema.decode_engagement, "label": schema.decode_label,
             "ban": schema.decode_ban}
@@ -107,6 +108,7 @@ class Wiring:
                                        max_wait_s=settings.max_wait_ms / 1000, max_inflight=settings.max_inflight,
                                        on_error=self.crash, feedback=self.feedback, shadow=shadow)
         self.owned: set[TP] = set()  # stage-topic partitions assigned to this worker (empty while rebalancing)
+        self.assignments = 0  # assignments received (readiness: the worker has been given its partitions)
         self._partition_events: dict[tuple[str, int], PartitionEvent] = {}
         self.flush_interval_s = settings.state_flush_ms / 1000
         self._awaiting_flush: list[Pending] = []  # rounds whose state changes are not written yet
@@ -214,6 +216,7 @@ class Wiring:
     def assigned(self, assigned) -> None:
         stage_topics = set(self.topics.stages.values())
         self.owned = {tp for tp in assigned if tp.topic in stage_topics}
+        self.assignments += 1
         self.invalidate()
 
     def revoked(self) -> None:
@@ -231,6 +234,7 @@ def attach_agents(pipe: Pipeline, settings: Settings, scorer: TextScorer, decide
     """`shadow`: a modpipe.decision.live.ShadowScorer scoring every first decision beside the decider."""
     app = pipe.app
     w = Wiring(pipe, settings, scorer, decider, bans, outbox, shadow)
+    outbox.on_fatal = w.crash
 
     @app.agent(pipe.posts, name="ingest")
     async def ingest(stream):
@@ -308,6 +312,9 @@ def attach_agents(pipe: Pipeline, settings: Settings, scorer: TextScorer, decide
     @app.on_partitions_revoked.connect
     async def on_revoked(app, revoked, **kwargs) -> None:
         w.revoked()
+        # faust awaits this before the group moves the partitions: the last checkpoint's changelog records
+        # reach the broker before a new owner restores from the changelog and writes its own.
+        await outbox.drain(REVOKE_DRAIN_S)
 
     @app.on_partitions_assigned.connect
     async def on_assigned(app, assigned, **kwargs) -> None:

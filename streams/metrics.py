@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram
 
 # Up to a minute: a backlog (a burst, a restart) shows as seconds of queueing, not as one +Inf bucket.
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 15, 20, 30, 60)
@@ -42,6 +42,11 @@ DEGRADED_DECISIONS = Counter("modpipe_degraded_decisions_total",
 BATCHES_IN_FLIGHT = Gauge("modpipe_batches_in_flight", "Batches sent to Triton and not yet decided.")
 ASSIGNED_PARTITIONS = Gauge("modpipe_assigned_partitions", "Partitions of our input topics assigned to this worker.",
                             ["topic"])
+BAN_LOG_READER_UP = Gauge("modpipe_ban_log_reader_up",
+                          "1 while the worker's ban log reader runs; 0 once it failed (the worker stops).")
+BAN_LOG_CAUGHT_UP = Gauge("modpipe_ban_log_caught_up",
+                          "1 once the ban log was read to its end at start (no post is decided before).")
+WORKER_READY = Gauge("modpipe_worker_ready", "1 while /readyz passes: ban log read, paths warm, partitions assigned.")
 CONSUMER_LAG = Gauge("modpipe_consumer_lag_messages", "Records behind the end of each assigned partition.",
                      ["topic", "partition"])
 
@@ -59,5 +64,3 @@ def init_labels(verdicts, dead_letter_reasons, outage_policy: str | None) -> Non
             DEGRADED_DECISIONS.labels(outage_policy)
 
 
-def serve(host: str, port: int) -> None:
-    start_http_server(port, addr=host)

@@ -91,7 +91,14 @@ class Outbox:
             # One record per destination partition per round is already a batch; keep librdkafka's
             # own queue deep enough for a burst of decisions.
             "queue.buffering.max.messages": 1_000_000, "compression.type": "none",
+            # Retried batches keep their order within a partition: without it an older changelog state or
+            # decision revision could land after a newer one and win.
+            "enable.idempotence": True,
+            "error_cb": self._on_client_error,
         })
+        # called on the event loop when the producer fails for good (a fatal librdkafka error: e.g. a broker
+        # that lost acknowledged records breaks the idempotent sequence); the worker must restart
+        self.on_fatal: Callable[[Exception], None] | None = None
         # called on the event loop after each batch of delivery reports (persist changelog offsets)
         self.after_delivery: list[Callable[[], None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -126,6 +133,13 @@ class Outbox:
                 self.producer.poll(0.05)
                 self._hand_over()
 
+    def _on_client_error(self, error) -> None:  # librdkafka thread
+        if not error.fatal():
+            return  # transient (a broker down, a timeout): librdkafka retries, and says so in its own log
+        _log.error("producer failed for good; the worker stops", extra={"error": str(error)})
+        if self.on_fatal is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(self.on_fatal, DeliveryFailed(str(error)))
+
     def _callback(self, pending: Pending | None, on_delivered: Callable[[int], None] | None):
         reports = self._reports
 
@@ -158,6 +172,14 @@ class Outbox:
             pending.release(DeliveryFailed(str(err)) if err is not None else None)
         for hook in self.after_delivery:
             hook()
+
+    async def drain(self, timeout: float) -> int:
+        """Wait (off the event loop) until every queued record is delivered or `timeout` passed; returns the
+        records left."""
+        left = await asyncio.get_running_loop().run_in_executor(None, self.producer.flush, timeout)
+        if left:
+            _log.warning("records still undelivered after a drain", extra={"records": left})
+        return left
 
     def close(self, timeout: float = 10.0) -> int:
         """Deliver what is queued (up to `timeout`); returns the records left undelivered (-1: unknown)."""

@@ -96,6 +96,7 @@ class TextScorer:
         self.model_name = model_name
         self.timeout_s = timeout_s
         self._client = None
+        self.answered = disabled  # a Triton request has succeeded (the path is warm); always true when off
 
     def _get_client(self):
         # grpc.aio channels bind to the running loop: create the client inside the worker's loop.
@@ -172,6 +173,7 @@ class TextScorer:
                 _log.info("triton answers again", extra={"failing_for_s": round(time.monotonic() - self._failing_since, 1)})
                 self._failing_since = None
             metrics.TEXT_MODEL_AVAILABLE.set(1)
+            self.answered = True
             return probs
 
     async def close(self) -> None:

@@ -20,11 +20,21 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from modpipe import log
 from modpipe.services.broker import EmbeddedBroker
-from modpipe.services.process import ManagedProcess, free_port, port_free, port_open
+from modpipe.services.process import ManagedProcess, free_port, port_free
 from modpipe.settings import Settings
+from streams.health import READY_PATH
 from streams.topics import TopicNames, ensure_topics
 
 _log = log.get(__name__)
+
+
+def worker_ready(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a worker's readiness probe passes."""
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}{READY_PATH}", timeout=2) as resp:
+            return resp.status == 200
+    except OSError:  # refused, 503 (HTTPError), timeout
+        return False
 
 
 @dataclass
@@ -126,9 +136,10 @@ class LocalStack:
         return worker
 
     def wait_workers_ready(self, timeout: float = 90.0) -> None:
-        """Ready = every metrics endpoint answers and the group has every input partition assigned."""
+        """Ready = every worker's /readyz passes (ban log read, paths warm, partitions assigned) and the group
+        has every input partition assigned."""
         for w in self.workers:
-            w.process.wait_ready(lambda w=w: port_open("127.0.0.1", w.metrics_port), timeout)
+            w.process.wait_ready(lambda w=w: worker_ready(w.metrics_port), timeout)
         wanted = len(self.topics.inputs()) * self.settings.partitions
         live = [w for w in self.workers if w.process.alive()]
         if live:

@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 import os
 import socket
+import threading
 
 import faust
+import orjson
 from faust.exceptions import ConsistencyError
 
+from features.vector import assemble
 from modpipe import log, schema
 from modpipe.decision.verdict import Decider, ThresholdDecider
 from modpipe.settings import Settings
 from modpipe.textmodel.artifacts import resolve_model
-from streams import kafka_compat, metrics
+from streams import health, kafka_compat, metrics
 from streams.agents import attach_agents
 from streams.app import create_app
-from streams.bans import BanRegistry
+from streams.bans import BanLogUnavailable, BanRegistry
+from streams.decisions import features_for
 from streams.local_tables import (
     ChangelogEnds,
     discard_after_unclean_stop,
@@ -86,7 +91,43 @@ def build_worker(settings: Settings, name: str | None = None):
     bans = BanRegistry(settings, bootstrap, pipe.topics.bans)
     outbox = Outbox(settings, bootstrap, linger_ms=settings.producer_linger_ms)
     wiring = attach_agents(pipe, settings, scorer, decider, bans, outbox, shadow=shadow)
-    return pipe, scorer, bans, outbox, wiring, bootstrap
+    return pipe, scorer, decider, bans, outbox, wiring, bootstrap
+
+
+# What the warm-up decides: a valid post (schema.decode_post) that no traffic sends.
+WARM_UP_POST = {"schema_version": 1, "post_id": "modpipe-warm-up", "user_id": "modpipe-warm-up", "created_at": "2026-01-01T00:00:00Z",
+                "text": "warming up the text model", "url": None, "ip": "192.0.2.1", "journey": [],
+                "user": {"created_at": "2026-01-01T00:00:00Z", "email_domain": "example.com", "friends": 0,
+                         "followers": 0, "verified": False}}
+
+
+def warm_up(scorer: TextScorer, decider: Decider, timeout_s: float) -> bool:
+    """The first Triton request and the first decision, before the worker consumes: the posts of its first
+    second would otherwise wait for a cold path (the gRPC channel, the model instance's first run, the
+    decision model's first call). Runs on a loop of its own (the client binds to its loop and is closed
+    after). Returns whether Triton answered; a worker that could not reach it starts anyway."""
+    post = schema.decode_post(orjson.dumps(WARM_UP_POST))
+    answered: list[float] = []
+
+    async def first_request() -> None:
+        try:
+            answered.extend(await asyncio.wait_for(scorer.spam_probabilities([post["text"]]), timeout_s))
+        finally:
+            await scorer.close()
+
+    def run() -> None:
+        try:
+            asyncio.run(first_request())
+        except Exception as exc:  # noqa: BLE001 - Triton down at start: outage handling takes over
+            _log.warning("text model warm-up failed; starting anyway", extra={"error": str(exc)[:300]})
+
+    if not scorer.disabled:
+        thread = threading.Thread(target=run, name="warm-up")
+        thread.start()
+        thread.join()
+    p = answered[0] if answered else None
+    decider.decide_many([features_for(assemble(post, {}), p)])
+    return bool(answered) or scorer.disabled
 
 
 # A worker allocates a few hundred small objects per post and keeps tens of thousands of decoded
@@ -99,10 +140,14 @@ GC_THRESHOLDS = (50_000, 20, 100)
 def run_worker(settings: Settings, name: str | None = None) -> int:
     kafka_compat.install()
     name = name or settings.worker_name or f"{socket.gethostname()}-{os.getpid()}"
-    pipe, scorer, bans, outbox, wiring, bootstrap = build_worker(settings, name)
+    pipe, scorer, decider, bans, outbox, wiring, bootstrap = build_worker(settings, name)
     metrics.init_labels(schema.VERDICTS, schema.InvalidMessage.REASONS,
                         None if scorer.disabled else settings.text_model_outage_policy)
-    metrics.serve(settings.metrics_host, settings.metrics_port)
+    probes = health.Health()
+    probes.live_checks["ban_log_reader"] = bans.alive
+    probes.ready_checks.update({"ban_log_read": lambda: bans.is_caught_up, "text_model_warm": lambda: scorer.answered,
+                                "partitions_assigned": lambda: wiring.assignments > 0})
+    health.serve(settings.metrics_host, settings.metrics_port, probes)
     _log.info("worker starting", extra={"worker": name, "bootstrap": bootstrap, "app_id": settings.app_id,
                                         "metrics": f"http://{settings.metrics_host}:{settings.metrics_port}/metrics",
                                         "triton": scorer.triton_url, "text_model": scorer.model_version})
@@ -135,7 +180,19 @@ def run_worker(settings: Settings, name: str | None = None) -> int:
             discard_ahead(tabledir, settings.app_id, ends)
         finally:
             ends.close()
+    loop = pipe.app.loop
+    # From the reader's thread: faust's crash stops the worker (exit non-zero) and its supervisor restarts it.
+    bans.on_failure = lambda exc: loop.call_soon_threadsafe(wiring.crash, exc)
     bans.start()
+    try:
+        bans.wait_caught_up(settings.ban_log_timeout_s)
+    except BanLogUnavailable as exc:
+        _log.error("no post is decided without the ban log; exiting", extra={"error": str(exc)})
+        bans.stop()
+        outbox.close(1.0)
+        return 1
+    warm = warm_up(scorer, decider, settings.warm_up_timeout_s)
+    _log.info("worker warm", extra={"text_model_answered": warm, "bans_read": bans.is_caught_up})
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)

@@ -281,8 +281,11 @@ def test_worker_identity_state_and_probes(target):
     # Metrics: container port, probes, scrape annotation and headless Service all on MODPIPE_METRICS_PORT.
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports["metrics"] == settings.metrics_port
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert c[probe]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+    # Probes are the worker's own (streams/health.py): alive, and ready only once the ban log is read.
+    from streams.health import LIVE_PATH, READY_PATH
+    paths = {"startupProbe": LIVE_PATH, "readinessProbe": READY_PATH, "livenessProbe": LIVE_PATH}
+    for probe, path in paths.items():
+        assert c[probe]["httpGet"] == {"path": path, "port": "metrics"}
     annotations = sts["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/port"] == str(settings.metrics_port)
     assert {p["port"] for p in headless["spec"]["ports"]} == {settings.metrics_port}
