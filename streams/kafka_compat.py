@@ -332,7 +332,27 @@ def without_commit(committed: dict, consumed: Callable[[str], bool]) -> list:
     return [tp for tp, offset in committed.items() if not offset and consumed(tp.topic)]
 
 
+# The versions whose private symbols the fixes above (and take.py, table_states.py, outbox.py, agents.py) were
+# read and tested against. Another version may rename or change them silently: the worker refuses to start.
+CHECKED_AGAINST = {"faust-streaming": "0.15.3", "aiokafka": "0.14.0"}
+
+
+class UncheckedVersion(RuntimeError):
+    """faust-streaming or aiokafka is not the version the patches were checked against."""
+
+
+def check_versions(installed: Callable[[str], str] | None = None) -> None:
+    if installed is None:
+        from importlib.metadata import version as installed
+    wrong = {name: installed(name) for name, wanted in CHECKED_AGAINST.items() if installed(name) != wanted}
+    if wrong:
+        raise UncheckedVersion(
+            f"installed {wrong}, but streams/kafka_compat.py was checked against {CHECKED_AGAINST}: install those "
+            "(pip install -c constraints.txt) or re-check every private symbol the module header lists")
+
+
 def install() -> None:
+    check_versions()
     faust_consumer.Consumer._new_offset = _new_offset
     faust_consumer.Consumer._commit_offsets = _commit_offsets
     fetcher.Fetcher.__init__ = _fetcher_init
