@@ -118,7 +118,6 @@ class LocalStack:
         env.update({
             "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap, "TRITON_URL": self.triton_url or "",
             "MODPIPE_METRICS_PORT": str(worker_port(self.settings.metrics_port, index)),
-            "MODPIPE_WEB_PORT": str(worker_port(self.settings.web_port, index)),
         })
         env.update(self.extra_env)
         return {**os.environ, **env}
@@ -286,7 +285,7 @@ class LocalStack:
 def worker_port(base: int, index: int) -> int:
     """Worker `index` listens on base + index, or on a free port when another process holds that one.
 
-    A worker whose port is taken dies at start (faust's web server, the metrics server); ports next to
+    A worker whose port is taken dies at start (its metrics server); ports next to
     a free base port are often taken by the ephemeral ports of client connections. The status line and
     `LocalStack.workers` carry the port actually used."""
     port = base + index

@@ -1,0 +1,165 @@
+"""The worker's one consumer in the group (confluent-kafka), polled on a thread of its own.
+
+It hands records to the event loop in batches (what one `consume()` brought), and runs the group's
+rebalance callbacks on the loop, waiting for them: a revocation returns only once the wiring has committed
+(or given up) what it did with the partitions, and only then does librdkafka let the group move them.
+
+Reading is `read_committed`: transactional producers' aborted records are never seen, and a transaction
+marker is simply not a record (the committed offset after a transaction is the marker's, and the consumer
+moves past it). Partitions are assigned by range, so partition p of every input topic (which all have the
+same partition count) goes to the same worker: the tables of a stage partition live with the partitions
+that feed them.
+
+An idle consumer pauses its partitions for a moment after a fetch that brought nothing: a broker that
+answers an empty fetch at once (the embedded noida-db does, where Kafka waits fetch.wait.max.ms) would
+otherwise make librdkafka fetch in a tight loop. While the wiring has more queued than it can take, the
+partitions are paused too (back-pressure), and polling goes on, so rebalances are still served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+from collections.abc import Callable, Coroutine
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from modpipe import log
+from streams.kafka.records import TP, Record
+
+_log = log.get(__name__)
+
+FETCH_WAIT_S = 0.01  # a consume waits this long for records before the partitions pause for a backoff
+EMPTY_BACKOFF_S = 0.002
+EMPTY_BACKOFF_MAX_S = 0.025
+REBALANCE_CALLBACK_TIMEOUT_S = 120.0
+
+
+def empty_backoff(empty_in_a_row: int) -> float:
+    """Seconds to pause after the n-th consume in a row that brought nothing."""
+    if empty_in_a_row <= 0:
+        return 0.0
+    return min(EMPTY_BACKOFF_S * 2 ** min(empty_in_a_row - 1, 30), EMPTY_BACKOFF_MAX_S)
+
+
+class GroupConsumer:
+    """`on_assigned(tps)`, `on_revoked(tps)` and `on_lost(tps)` are coroutines run on the loop; the first two
+    may take their time (a table restore, a commit): the group waits for them."""
+
+    def __init__(self, conf: dict, topics: list[str], *,
+                 on_assigned: Callable[[list[TP]], Coroutine], on_revoked: Callable[[list[TP]], Coroutine],
+                 on_lost: Callable[[list[TP]], Coroutine], batch_size: int = 500):
+        self.conf = {**conf, "enable.auto.commit": False, "enable.auto.offset.store": False,
+                     "isolation.level": "read_committed", "partition.assignment.strategy": "range",
+                     "auto.offset.reset": "earliest"}
+        self.topics = topics
+        self.on_assigned, self.on_revoked, self.on_lost = on_assigned, on_revoked, on_lost
+        self.batch_size = batch_size
+        self.consumer: Consumer | None = None
+        self.busy: Callable[[], bool] = lambda: False  # the wiring has more queued than it takes (back-pressure)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._deliver: Callable[[list[Record]], None] | None = None
+        self._commands: collections.deque[Callable[[Consumer], None]] = collections.deque()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.failure: Exception | None = None
+        self.on_failure: Callable[[Exception], None] | None = None  # called on the loop when polling fails
+
+    def start(self, loop: asyncio.AbstractEventLoop, deliver: Callable[[list[Record]], None]) -> GroupConsumer:
+        self._loop, self._deliver = loop, deliver
+        self.consumer = Consumer(self.conf)
+        self.consumer.subscribe(self.topics, on_assign=self._assign_cb, on_revoke=self._revoke_cb,
+                                on_lost=self._lost_cb)
+        self._thread = threading.Thread(target=self._run, name="group-consumer", daemon=True)
+        self._thread.start()
+        return self
+
+    def alive(self) -> bool:
+        return self.failure is None and self._thread is not None and (self._thread.is_alive() or self._stop.is_set())
+
+    def group_metadata(self):
+        return self.consumer.consumer_group_metadata()
+
+    def seek(self, tp: TP, offset: int) -> None:
+        """Read `tp` again from `offset` (on the poll thread, before its next fetch)."""
+        self._commands.append(lambda c: c.seek(TopicPartition(tp.topic, tp.partition, offset)))
+
+    def positions(self) -> dict[TP, int]:
+        """Read position of each assigned partition (offsets the consumer fetched up to)."""
+        return {TP(tp.topic, tp.partition): tp.offset for tp in self.consumer.position(self.consumer.assignment())}
+
+    def watermarks(self, tp: TP) -> tuple[int, int]:
+        return self.consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), cached=True)
+
+    def _call_on_loop(self, coro_fn, partitions) -> None:
+        tps = [TP(p.topic, p.partition) for p in partitions]
+        future = asyncio.run_coroutine_threadsafe(coro_fn(tps), self._loop)
+        future.result(REBALANCE_CALLBACK_TIMEOUT_S)
+
+    def _assign_cb(self, consumer, partitions) -> None:
+        self._call_on_loop(self.on_assigned, partitions)
+
+    def _revoke_cb(self, consumer, partitions) -> None:
+        self._call_on_loop(self.on_revoked, partitions)
+
+    def _lost_cb(self, consumer, partitions) -> None:
+        self._call_on_loop(self.on_lost, partitions)
+
+    def _run(self) -> None:
+        consumer = self.consumer
+        empty = 0
+        paused = False
+        try:
+            while not self._stop.is_set():
+                while self._commands:
+                    self._commands.popleft()(consumer)
+                busy = self.busy()
+                if busy != paused:  # back-pressure on or off
+                    assignment = consumer.assignment()
+                    (consumer.pause if busy else consumer.resume)(assignment)
+                    paused = busy
+                # a short wait lets the fetcher bring what the partitions have (they were just resumed)
+                messages = consumer.consume(self.batch_size, 0.05 if paused else FETCH_WAIT_S)
+                records = []
+                for m in messages:
+                    err = m.error()
+                    if err is not None:
+                        if err.fatal():
+                            raise KafkaException(err)
+                        if err.code() != KafkaError._PARTITION_EOF:
+                            _log.warning("consumer error", extra={"error": str(err)})
+                        continue
+                    ts_type, ts = m.timestamp()
+                    records.append(Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(),
+                                          ts if ts_type and ts > 0 else None))
+                if records:
+                    empty = 0
+                    self._loop.call_soon_threadsafe(self._deliver, records)
+                    continue
+                if paused:
+                    continue
+                empty += 1
+                wait = empty_backoff(empty)
+                assignment = consumer.assignment()
+                consumer.pause(assignment)
+                self._stop.wait(wait)
+                consumer.resume(assignment)
+        except Exception as exc:  # noqa: BLE001 - the worker stops: its restart rejoins the group
+            self.failure = exc
+            if not self._stop.is_set():
+                _log.exception("group consumer failed")
+                if self.on_failure is not None:
+                    self._loop.call_soon_threadsafe(self.on_failure, exc)
+
+    def close(self) -> None:
+        """Stop polling and leave the group. The revocation callback runs in the caller's thread and waits for
+        the loop: never call this on the loop's own thread."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        if self.consumer is not None:
+            try:
+                self.consumer.close()
+            except Exception as exc:  # noqa: BLE001 - closing anyway
+                _log.warning("consumer close failed", extra={"error": str(exc)})
