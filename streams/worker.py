@@ -184,14 +184,12 @@ async def _serve(settings: Settings, name: str, bootstrap: str, pipe, scorer: Te
     runner.consumer.on_failure = crash
     probes.live_checks["consumer"] = runner.consumer.alive
     runner.start()
-    lag = loop.create_task(_report_lag(runner))
     await stop.wait()
     _log.info("worker stopping", extra={"failed": bool(crashed)})
     if crashed:
         runner.committing_on_revoke = False
     else:
         await runner.stop(settings.shutdown_grace_s)
-    lag.cancel()
     await wiring.batcher.close()  # what is still at Triton is dropped: it was not committed
     await runner.close()  # leaves the group
     bans.stop()
@@ -200,15 +198,3 @@ async def _serve(settings: Settings, name: str, bootstrap: str, pipe, scorer: Te
     _log.info("worker stopped", extra={"failed": bool(crashed), "checkpoints": runner.checkpoint.commits})
     return 1 if crashed else 0
 
-
-async def _report_lag(runner: Runner, every_s: float = 5.0) -> None:
-    consumer = runner.consumer
-    while True:
-        await asyncio.sleep(every_s)
-        try:
-            for tp, position in consumer.positions().items():
-                _, high = consumer.watermarks(tp)
-                if position >= 0 and high >= 0:
-                    metrics.CONSUMER_LAG.labels(tp.topic, str(tp.partition)).set(max(0, high - position))
-        except Exception as exc:  # noqa: BLE001 - a metric, not worth stopping for
-            _log.debug("lag not reported", extra={"error": str(exc)})

@@ -21,11 +21,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import threading
+import time
 from collections.abc import Callable, Coroutine
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from modpipe import log
+from streams import metrics
 from streams.kafka.records import TP, Record
 
 _log = log.get(__name__)
@@ -34,6 +36,7 @@ FETCH_WAIT_S = 0.01  # a consume waits this long for records before the partitio
 EMPTY_BACKOFF_S = 0.002
 EMPTY_BACKOFF_MAX_S = 0.025
 REBALANCE_CALLBACK_TIMEOUT_S = 120.0
+LAG_EVERY_S = 5.0  # how often modpipe_consumer_lag_messages is brought up to date
 
 
 def empty_backoff(empty_in_a_row: int) -> float:
@@ -64,6 +67,7 @@ class GroupConsumer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.failure: Exception | None = None
+        self._group_metadata = None
         self.on_failure: Callable[[Exception], None] | None = None  # called on the loop when polling fails
 
     def start(self, loop: asyncio.AbstractEventLoop, deliver: Callable[[list[Record]], None]) -> GroupConsumer:
@@ -79,18 +83,21 @@ class GroupConsumer:
         return self.failure is None and self._thread is not None and (self._thread.is_alive() or self._stop.is_set())
 
     def group_metadata(self):
-        return self.consumer.consumer_group_metadata()
+        """The group generation and member id that a transaction's offsets carry (KIP-447); read on the poll
+        thread at each assignment."""
+        return self._group_metadata
 
     def seek(self, tp: TP, offset: int) -> None:
         """Read `tp` again from `offset` (on the poll thread, before its next fetch)."""
         self._commands.append(lambda c: c.seek(TopicPartition(tp.topic, tp.partition, offset)))
 
-    def positions(self) -> dict[TP, int]:
-        """Read position of each assigned partition (offsets the consumer fetched up to)."""
-        return {TP(tp.topic, tp.partition): tp.offset for tp in self.consumer.position(self.consumer.assignment())}
-
-    def watermarks(self, tp: TP) -> tuple[int, int]:
-        return self.consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), cached=True)
+    def _report_lag(self, consumer: Consumer) -> None:
+        """Records behind each assigned partition's end (on the poll thread: a call into the consumer from
+        the event loop's thread can block the loop while librdkafka serves the poll thread)."""
+        for tp in consumer.position(consumer.assignment()):
+            _, high = consumer.get_watermark_offsets(tp, cached=True)
+            if tp.offset >= 0 and high >= 0:
+                metrics.CONSUMER_LAG.labels(tp.topic, str(tp.partition)).set(max(0, high - tp.offset))
 
     def _call_on_loop(self, coro_fn, partitions) -> None:
         tps = [TP(p.topic, p.partition) for p in partitions]
@@ -98,6 +105,7 @@ class GroupConsumer:
         future.result(REBALANCE_CALLBACK_TIMEOUT_S)
 
     def _assign_cb(self, consumer, partitions) -> None:
+        self._group_metadata = consumer.consumer_group_metadata()
         self._call_on_loop(self.on_assigned, partitions)
 
     def _revoke_cb(self, consumer, partitions) -> None:
@@ -110,10 +118,14 @@ class GroupConsumer:
         consumer = self.consumer
         empty = 0
         paused = False
+        lag_due = time.monotonic() + LAG_EVERY_S
         try:
             while not self._stop.is_set():
                 while self._commands:
                     self._commands.popleft()(consumer)
+                if time.monotonic() >= lag_due:
+                    lag_due = time.monotonic() + LAG_EVERY_S
+                    self._report_lag(consumer)
                 busy = self.busy()
                 if busy != paused:  # back-pressure on or off
                     assignment = consumer.assignment()
