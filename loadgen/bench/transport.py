@@ -1,22 +1,22 @@
 """`modpipe bench transport`: the delivery options for exactly-once output, side by side in one run.
 
-Every pass consumes `records / 10` inputs (4 partitions) in a consumer group and produces, for each, 10
-records of 300 bytes over 4 partitions of 3 topics (a worker's bundles, changelog records and decision),
-then commits the input offsets as its option does; producers linger 5 ms, acks all:
-1. `confluent_idempotent`: one idempotent confluent-kafka producer; a confluent consumer commits a
-   checkpoint's offsets once all its records are delivered (at-least-once, the outbox's shape).
+Each pass takes `records / 10` inputs (4 partitions) in a consumer group, produces 10 records of 300 bytes
+for each over 4 partitions of 3 topics (a worker's bundles, changelog records, decision), linger 5 ms, acks
+all, and commits the input offsets as its option does:
+1. `confluent_idempotent`: one idempotent producer; a confluent consumer commits a checkpoint's offsets once
+   all its records are delivered (at-least-once, the outbox's shape).
 2. `confluent_txn`: one transactional producer; each checkpoint `send_offsets_to_transaction` (with
    `consumer_group_metadata()`) and `commit_transaction`.
-3. `aiokafka_txn`: a transactional aiokafka producer per input partition (faust's "exactly_once"); each
-   checkpoint every producer sends its offsets and commits, in turn.
-4. `aiokafka_plain`: one aiokafka producer (faust's at-least-once changelog path): flush, then commit.
-A pass fetches its inputs, pauses its consumer (noida-db answers an empty fetch at once instead of holding
-it for `fetch.wait.max.ms`, so a consumer at the log's end spins: ~0.4 cores for librdkafka's), then is
-measured, all inputs at once (saturation) and at `paced_rate` inputs/s (a worker's rate): records/s from
-the first input to the last commit; CPU of this process per output record (all threads; main thread
-apart) and of the broker when the run started it; the commit's duration (options 2-4: the commit call;
-option 1: checkpoint -> all its records delivered); then what a read_committed and a read_uncommitted
-consumer read and the group's committed offsets. cProfile of paced passes of options 2 and 3 (main-thread
+3. `aiokafka_txn`: a transactional producer per input partition (faust's "exactly_once"), each checkpoint
+   sending its offsets and committing in turn.
+4. `aiokafka_plain`: one producer (faust's at-least-once changelog path); flush, then commit.
+Inputs are fetched and the consumer paused before the clock starts (noida-db answers an empty fetch at once,
+so a consumer at the log's end spins: ~0.4 cores for librdkafka's). Measured all inputs at once (saturation)
+and at `paced_rate` inputs/s: records/s to the last commit, CPU of this process (all threads; main thread
+apart) and of the broker per record, the commit's duration (option 1: checkpoint -> all delivered); then
+what read_committed and read_uncommitted consumers read and the committed offsets. A pass's topics are
+deleted after it and the next waits for an idle broker (noida-db rewrites its whole state file about every
+second: ~0.9 cores while it holds 500,000 records). cProfile of paced passes of options 2 and 3 (main-thread
 CPU) says where the Python time went.
 """
 
@@ -35,12 +35,13 @@ from typing import NamedTuple
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from loadgen.bench.metering import group_cpu_seconds
 from loadgen.bench.transport_report import BASELINE, add_ratios, checks_ok, percentile, top_own_time
 
 RECORDS_PER_INPUT, PARTITIONS, OUT_TOPICS, VALUE_BYTES, LINGER_MS = 10, 4, 3, 300, 5
 TICK_S = 0.005  # paced passes: inputs are handed out in rounds this far apart (about one fetch's)
 DEFAULT_RECORDS = 500_000
-DEFAULT_PACED_RATE, DEFAULT_PACED_S = 1000.0, 5.0
+DEFAULT_PACED_RATE, DEFAULT_PACED_S = 1000.0, 4.0
 DEFAULT_INTERVALS_MS = (50, 100, 250, 1000)
 DEFAULT_AIOKAFKA_INTERVALS_MS = (100, 1000)
 _rng = random.Random(0)
@@ -63,7 +64,6 @@ class _Meter:
     """Wall, process CPU (all threads), main-thread CPU and the broker's CPU from the first input on."""
 
     def __init__(self, broker_pid: int | None):
-        from loadgen.bench.metering import group_cpu_seconds
         self._broker = (lambda: group_cpu_seconds({"b": broker_pid})["b"]) if broker_pid else None
         self.b0 = self._broker() if self._broker else None
         self.t0, self.c0, self.m0 = time.perf_counter(), time.process_time(), time.thread_time()
@@ -246,10 +246,25 @@ async def aiokafka_pass(bootstrap: str, names: Names, n_in: int, interval_ms: in
     return result
 
 
-def create_topics(bootstrap: str, names: Names) -> None:
+def create_topics(bootstrap: str, names: Names, delete: bool = False) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    for fut in admin.create_topics([NewTopic(t, PARTITIONS, 1) for t in (names.input, *names.outputs)]).values():
+    topics = (names.input, *names.outputs)
+    futures = admin.delete_topics(list(topics)) if delete else admin.create_topics([NewTopic(t, PARTITIONS, 1)
+                                                                                    for t in topics])
+    for fut in futures.values():
         fut.result(30)
+
+
+def wait_quiet(broker_pid: int | None, cores: float = 0.05, window_s: float = 0.3, limit_s: float = 20.0) -> None:
+    """Until the broker is idle: noida-db rewrites its whole state file about every second, so a pass's data
+    keeps it busy (~0.9 cores after 500,000 records) until its topics are deleted."""
+    deadline, prev = time.monotonic() + limit_s, None
+    while broker_pid and time.monotonic() < deadline:
+        cur = group_cpu_seconds({"b": broker_pid})["b"]
+        if prev is not None and (cur - prev) / window_s < cores:
+            return
+        prev = cur
+        time.sleep(window_s)
 
 
 def produce_inputs(bootstrap: str, names: Names, n_in: int) -> None:
@@ -262,18 +277,20 @@ def produce_inputs(bootstrap: str, names: Names, n_in: int) -> None:
         raise RuntimeError("input records not delivered")
 
 
-def count_records(bootstrap: str, topics: tuple[str, ...], isolation: str, expected: int, idle_s: float = 3.0) -> int:
-    """Records a fresh consumer with this isolation level reads from the topics' beginnings."""
+def count_records(bootstrap: str, topics: tuple[str, ...], isolation: str, expected: int, limit_s: float = 60.0) -> int:
+    """Records a fresh consumer with this isolation level reads from the topics' beginnings to their ends."""
     # noida-db sends all of a fetch's records in one response, over fetch.max.bytes: allow up to 1 GB
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"count-{uuid.uuid4().hex}",
                          "isolation.level": isolation, "enable.auto.commit": False,
                          "receive.message.max.bytes": 1_000_000_000})
-    consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING) for t in topics for p in range(PARTITIONS)])
-    n, last = 0, time.monotonic()
-    while time.monotonic() - last < (0.3 if n >= expected else idle_s):
-        msgs = [m for m in consumer.consume(10_000, 0.1) if not m.error()]
-        if msgs:
-            n, last = n + len(msgs), time.monotonic()
+    tps = [TopicPartition(t, p) for t in topics for p in range(PARTITIONS)]
+    ends = [consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in tps]
+    consumer.assign([TopicPartition(tp.topic, tp.partition, OFFSET_BEGINNING) for tp in tps])
+    n, deadline = 0, time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        n += sum(1 for m in consumer.consume(10_000, 0.1) if not m.error())
+        if n >= expected and all(tp.offset >= end for tp, end in zip(consumer.position(tps), ends, strict=True)):
+            break
     consumer.close()
     return n
 
@@ -287,6 +304,7 @@ def committed_inputs(bootstrap: str, names: Names) -> int:
 
 def run_pass(bootstrap: str, tag: str, option: str, interval_ms: int, n_in: int, broker_pid=None,
              rate: float | None = None, profiler: cProfile.Profile | None = None) -> dict:
+    wait_quiet(broker_pid)
     names = names_for(tag, f"{option}-{interval_ms}-{'paced' if rate else 'sat'}{'-prof' if profiler else ''}")
     create_topics(bootstrap, names)
     produce_inputs(bootstrap, names, n_in)
@@ -299,12 +317,14 @@ def run_pass(bootstrap: str, tag: str, option: str, interval_ms: int, n_in: int,
         result = asyncio.run(aiokafka_pass(bootstrap, names, n_in, interval_ms, txn, broker_pid, rate))
     if profiler:
         profiler.disable()
-        return result
-    n = result["records"]
-    return {"option": option, "interval_ms": interval_ms, "inputs": n_in, "inputs_per_s": rate, **result,
-            "read_committed": count_records(bootstrap, names.outputs, "read_committed", n),
-            "read_uncommitted": count_records(bootstrap, names.outputs, "read_uncommitted", n),
-            "offsets_committed": committed_inputs(bootstrap, names)}
+    else:
+        n = result["records"]
+        result = {"option": option, "interval_ms": interval_ms, "inputs": n_in, "inputs_per_s": rate, **result,
+                  "read_committed": count_records(bootstrap, names.outputs, "read_committed", n),
+                  "read_uncommitted": count_records(bootstrap, names.outputs, "read_uncommitted", n),
+                  "offsets_committed": committed_inputs(bootstrap, names)}
+    create_topics(bootstrap, names, delete=True)
+    return result
 
 
 def run(bootstrap: str, records: int = DEFAULT_RECORDS, intervals_ms=DEFAULT_INTERVALS_MS,
@@ -329,7 +349,8 @@ def run(bootstrap: str, records: int = DEFAULT_RECORDS, intervals_ms=DEFAULT_INT
         for option in ("confluent_txn", "aiokafka_txn") if profile else ():
             bar.set_postfix_str(f"{option} profiled")
             prof = cProfile.Profile(time.thread_time)
-            res = run_pass(bootstrap, tag, option, baseline_interval_ms, n_paced, None, paced_rate, prof)
+            res = run_pass(bootstrap, tag, option, baseline_interval_ms, max(n_paced // 2, 1), broker_pid, paced_rate,
+                           prof)
             stats = pstats.Stats(prof).stats
             out["profiles"][f"{option}@{baseline_interval_ms}ms"] = {
                 by: top_own_time(stats, res["records"], by) for by in ("function", "file")}
