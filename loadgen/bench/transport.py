@@ -35,7 +35,7 @@ from typing import NamedTuple
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from loadgen.bench.metering import group_cpu_seconds
+from loadgen.bench.metering import CpuMeter, group_cpu_seconds
 from loadgen.bench.transport_report import BASELINE, add_ratios, checks_ok, percentile, top_own_time
 
 RECORDS_PER_INPUT, PARTITIONS, OUT_TOPICS, VALUE_BYTES, LINGER_MS = 10, 4, 3, 300, 5
@@ -340,6 +340,7 @@ def run(bootstrap: str, records: int = DEFAULT_RECORDS, intervals_ms=DEFAULT_INT
     plan = ([(BASELINE, baseline_interval_ms)] + [("confluent_txn", i) for i in intervals_ms]
             + [("aiokafka_txn", i) for i in aiokafka_intervals_ms] + [("aiokafka_plain", baseline_interval_ms)])
     tag, out = uuid.uuid4().hex[:6], {"saturation": [], "paced": [], "profiles": {}}
+    machine = CpuMeter({"broker": broker_pid} if broker_pid else {})  # what else ran meanwhile
     with tqdm(total=2 * len(plan) + 2 * profile, desc="transport passes", unit="pass", disable=not progress) as bar:
         for kind, n, rate in (("saturation", n_in, None), ("paced", n_paced, paced_rate)):
             for option, interval in plan:
@@ -360,5 +361,5 @@ def run(bootstrap: str, records: int = DEFAULT_RECORDS, intervals_ms=DEFAULT_INT
                          "topics": OUT_TOPICS, "linger_ms": LINGER_MS, "baseline": BASELINE},
             "paced_records": n_paced * RECORDS_PER_INPUT, "cpus": os.cpu_count(),
             "saturation": add_ratios(out["saturation"]), "paced": add_ratios(out["paced"]),
-            "profiles": out["profiles"],
+            "profiles": out["profiles"], "machine": machine.stop(),
             "all_checks_ok": all(map(checks_ok, out["saturation"] + out["paced"]))}

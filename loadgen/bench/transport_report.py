@@ -54,6 +54,10 @@ def format_text(report: dict) -> str:
             f"({p['main_thread_us_per_record']:.2f}) | {_f(p['cpu_ratio'], '.2f')} | {_f(p['commit_ms_p50'], '.1f')} / "
             f"{_f(p['commit_ms_p99'], '.1f')} ({p['commits']}) | "
             f"{s['read_committed']:,} / {s['read_uncommitted']:,}, {s['offsets_committed']:,} |")
+    m = report.get("machine") or {}
+    if "other_cores" in m:
+        lines.append(f"\nother processes took {m['other_cores']:.2f} cores on average while it ran "
+                     f"({m['wall_s']:.0f} s, {report.get('cpus')} cores)")
     lines.append(f"\nevery pass: both isolation levels read what was produced and every input's offset was committed: "
                  f"{'yes' if report['all_checks_ok'] else 'NO'}")
     for name, prof in report.get("profiles", {}).items():

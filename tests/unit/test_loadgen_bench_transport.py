@@ -70,7 +70,8 @@ def test_table_has_a_row_per_option_and_the_profiles():
     report = {"records": 1000, "inputs": 100, "paced_inputs_per_s": 1000.0, "paced_records": 1000,
               "workload": {"records_per_input": 10, "value_bytes": 300, "partitions": 4, "topics": 3, "linger_ms": 5,
                            "baseline": BASELINE},
-              "saturation": sat, "paced": paced, "all_checks_ok": True,
+              "saturation": sat, "paced": paced, "all_checks_ok": True, "cpus": 2,
+              "machine": {"wall_s": 95.4, "other_cores": 0.03},
               "profiles": {"confluent_txn@100ms": {"function": [{"function": "produce", "share": 0.5,
                                                                  "us_per_record": 1.0}]}}}
     text = format_text(report)
@@ -78,6 +79,7 @@ def test_table_has_a_row_per_option_and_the_profiles():
     assert len(rows) == 2 and "| 300,000 |" in rows[1] and "| 3.00 |" in rows[1] and "1.20" in rows[1]
     assert "- / - (0)" in rows[1]  # no commit measured: a dash, not a crash
     assert "committed: yes" in text and "50.0%" in text and "produce" in text
+    assert "other processes took 0.03 cores on average while it ran (95 s, 2 cores)" in text
     header, rule = text.splitlines()[2:4]
     assert header.count("|") == rule.count("|")
 
