@@ -327,6 +327,43 @@ def run_pass(bootstrap: str, tag: str, option: str, interval_ms: int, n_in: int,
     return result
 
 
+def idle_consumers(bootstrap: str, tag: str, broker_pid: int | None, seconds: float = 2.0) -> dict:
+    """Cores a consumer at the end of its log takes, and the broker meanwhile (why passes pause theirs)."""
+    names, out = names_for(tag, "idle"), {}
+    create_topics(bootstrap, names)
+    produce_inputs(bootstrap, names, 100)
+    broker = (lambda: group_cpu_seconds({"b": broker_pid})["b"]) if broker_pid else (lambda: 0.0)
+    cores = lambda t0, b0: {"client_cores": round((time.process_time() - t0) / seconds, 2),  # noqa: E731
+                            "broker_cores": round((broker() - b0) / seconds, 2) if broker_pid else None}
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{names.group}-c", "auto.offset.reset": "earliest"})
+    consumer.subscribe([names.input])
+    seen = 0
+    while seen < 100:
+        seen += len(consumer.consume(1000, 0.5))
+    start = (time.process_time(), broker())
+    time.sleep(seconds)
+    out["confluent"] = cores(*start)
+    consumer.close()
+
+    async def aiokafka_idle() -> None:
+        from aiokafka import AIOKafkaConsumer
+        consumer = AIOKafkaConsumer(names.input, bootstrap_servers=bootstrap, group_id=f"{names.group}-a",
+                                    auto_offset_reset="earliest")
+        await consumer.start()
+        seen = 0
+        while seen < 100:
+            seen += sum(map(len, (await consumer.getmany(timeout_ms=500)).values()))
+        start, end = (time.process_time(), broker()), time.monotonic() + seconds
+        while time.monotonic() < end:
+            await consumer.getmany(timeout_ms=200)
+        out["aiokafka"] = cores(*start)
+        await consumer.stop()
+
+    asyncio.run(aiokafka_idle())
+    create_topics(bootstrap, names, delete=True)
+    return out
+
+
 def run(bootstrap: str, records: int = DEFAULT_RECORDS, intervals_ms=DEFAULT_INTERVALS_MS,
         aiokafka_intervals_ms=DEFAULT_AIOKAFKA_INTERVALS_MS, paced_rate: float = DEFAULT_PACED_RATE,
         paced_s: float = DEFAULT_PACED_S, baseline_interval_ms: int = 100, profile: bool = True,
@@ -341,12 +378,14 @@ def run(bootstrap: str, records: int = DEFAULT_RECORDS, intervals_ms=DEFAULT_INT
             + [("aiokafka_txn", i) for i in aiokafka_intervals_ms] + [("aiokafka_plain", baseline_interval_ms)])
     tag, out = uuid.uuid4().hex[:6], {"saturation": [], "paced": [], "profiles": {}}
     machine = CpuMeter({"broker": broker_pid} if broker_pid else {})  # what else ran meanwhile
-    with tqdm(total=2 * len(plan) + 2 * profile, desc="transport passes", unit="pass", disable=not progress) as bar:
+    with tqdm(total=2 * len(plan) + 1 + 2 * profile, desc="transport passes", unit="pass", disable=not progress) as bar:
         for kind, n, rate in (("saturation", n_in, None), ("paced", n_paced, paced_rate)):
             for option, interval in plan:
                 bar.set_postfix_str(f"{kind} {option} {interval} ms")
                 out[kind].append(run_pass(bootstrap, tag, option, interval, n, broker_pid, rate))
                 bar.update(1)
+        out["idle_consumers"] = idle_consumers(bootstrap, tag, broker_pid)
+        bar.update(1)
         for option in ("confluent_txn", "aiokafka_txn") if profile else ():
             bar.set_postfix_str(f"{option} profiled")
             prof = cProfile.Profile(time.thread_time)
@@ -361,5 +400,5 @@ def run(bootstrap: str, records: int = DEFAULT_RECORDS, intervals_ms=DEFAULT_INT
                          "topics": OUT_TOPICS, "linger_ms": LINGER_MS, "baseline": BASELINE},
             "paced_records": n_paced * RECORDS_PER_INPUT, "cpus": os.cpu_count(),
             "saturation": add_ratios(out["saturation"]), "paced": add_ratios(out["paced"]),
-            "profiles": out["profiles"], "machine": machine.stop(),
+            "profiles": out["profiles"], "idle_consumers": out["idle_consumers"], "machine": machine.stop(),
             "all_checks_ok": all(map(checks_ok, out["saturation"] + out["paced"]))}

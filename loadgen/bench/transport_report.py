@@ -58,6 +58,9 @@ def format_text(report: dict) -> str:
     if "other_cores" in m:
         lines.append(f"\nother processes took {m['other_cores']:.2f} cores on average while it ran "
                      f"({m['wall_s']:.0f} s, {report.get('cpus')} cores)")
+    for client, idle in report.get("idle_consumers", {}).items():
+        lines.append(f"a consumer at the end of its log, {client} (the passes pause theirs): "
+                     f"{idle['client_cores']:.2f} cores, the broker meanwhile {_f(idle['broker_cores'], '.2f')}")
     lines.append(f"\nevery pass: both isolation levels read what was produced and every input's offset was committed: "
                  f"{'yes' if report['all_checks_ok'] else 'NO'}")
     for name, prof in report.get("profiles", {}).items():

@@ -29,4 +29,5 @@ def test_every_option_delivers_exactly_what_it_produced(bootstrap):
     assert report["all_checks_ok"]
     assert set(report["profiles"]) == {"confluent_txn@100ms", "aiokafka_txn@100ms"}
     assert all(report["profiles"][name]["function"] for name in report["profiles"])
+    assert set(report["idle_consumers"]) == {"confluent", "aiokafka"}
     assert "confluent_txn" in format_text(report)

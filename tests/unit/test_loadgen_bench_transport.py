@@ -72,6 +72,7 @@ def test_table_has_a_row_per_option_and_the_profiles():
                            "baseline": BASELINE},
               "saturation": sat, "paced": paced, "all_checks_ok": True, "cpus": 2,
               "machine": {"wall_s": 95.4, "other_cores": 0.03},
+              "idle_consumers": {"aiokafka": {"client_cores": 0.86, "broker_cores": None}},
               "profiles": {"confluent_txn@100ms": {"function": [{"function": "produce", "share": 0.5,
                                                                  "us_per_record": 1.0}]}}}
     text = format_text(report)
@@ -79,6 +80,7 @@ def test_table_has_a_row_per_option_and_the_profiles():
     assert len(rows) == 2 and "| 300,000 |" in rows[1] and "| 3.00 |" in rows[1] and "1.20" in rows[1]
     assert "- / - (0)" in rows[1]  # no commit measured: a dash, not a crash
     assert "committed: yes" in text and "50.0%" in text and "produce" in text
+    assert "end of its log, aiokafka (the passes pause theirs): 0.86 cores, the broker meanwhile -" in text
     assert "other processes took 0.03 cores on average while it ran (95 s, 2 cores)" in text
     header, rule = text.splitlines()[2:4]
     assert header.count("|") == rule.count("|")
