@@ -1,4 +1,5 @@
-"""The faust agents: thin wiring between topics and the plain logic in `stages.py` and `decisions.py`.
+"""The handlers of the input topics: thin wiring between topics and the plain logic in `stages.py` and
+`decisions.py`. The runner (streams/runner.py) calls them with the records of one round.
 
 ingest            posts -> decode + validate -> the post's stages | posts.dlq
 features-<stage>  bundles of items from other workers (and from this one when hops go through
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import orjson
@@ -230,8 +232,9 @@ class Wiring:
 
 def make_handlers(w: Wiring, settings: Settings, scorer: TextScorer, decider: Decider) -> dict:
     """Input topic -> its handler. A handler takes one round's records (one topic, in offset order per
-    partition). Every handler is synchronous except the awaiting-text one, a coroutine function that returns
-    False when the text model is still unavailable (the records are then read again later)."""
+    partition). Every handler is synchronous except the awaiting-text one, a coroutine function of
+    (records, done) that calls `done()` as it publishes their decisions and returns False when the text model is
+    still unavailable (the records are then read again later)."""
     topics = w.topics
 
     def first_hop_of(event):
@@ -283,7 +286,7 @@ def make_handlers(w: Wiring, settings: Settings, scorer: TextScorer, decider: De
 
         return side_input
 
-    async def awaiting_text(events) -> bool:
+    async def awaiting_text(events, done: Callable[[], None]) -> bool:
         # These posts have a (degraded) decision already: while Triton stays unavailable they wait in their
         # topic, uncommitted, and are read again later.
         if scorer.in_outage:
@@ -293,6 +296,7 @@ def make_handlers(w: Wiring, settings: Settings, scorer: TextScorer, decider: De
         try:
             if records:
                 w.feedback(await w.publisher.decide_awaiting_text(scorer, decider, records, r.pending), r.pending)
+            done()  # no await since the decisions were produced: the next checkpoint holds both
         except (TextModelUnavailable, asyncio.CancelledError) as exc:
             r.pending.seal()  # nothing was produced for them: the round is complete, its records read again
             if isinstance(exc, asyncio.CancelledError):

@@ -29,7 +29,10 @@ def consumer_config(settings: Settings, bootstrap: str, worker_name: str) -> dic
     conf = {**settings.kafka_client_config(), "bootstrap.servers": bootstrap, "group.id": settings.app_id,
             # Rebalances are quick with a short session timeout; noida-db and Kafka accept >= 6 s.
             "session.timeout.ms": 10_000, "heartbeat.interval.ms": 2_000,
-            "fetch.wait.max.ms": 100, "queued.max.messages.kbytes": 16_384}
+            "fetch.wait.max.ms": 100, "queued.max.messages.kbytes": 16_384,
+            # the assignment callback restores tables inside the poll call (up to 660 s, see
+            # streams/kafka/consumer.py); the group must not drop the worker meanwhile
+            "max.poll.interval.ms": 900_000}
     if settings.static_membership == "on":
         # A restarted worker with the same name takes its partitions back at once instead of waiting for its
         # old session to expire (docs/operations.md: static membership).

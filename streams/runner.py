@@ -55,6 +55,7 @@ class Runner:
         self._offsets: dict[TP, int] = {}  # next offset per input partition, rounds done since the last commit
         self._rewound: dict[TP, int] = {}  # partition sought back to this offset: later records are stale
         self._tasks: list[asyncio.Task] = []
+        self._generation = 0  # one more at each revocation
         self.committing_on_revoke = True  # False once the worker stops without committing (a crash)
 
     # -- the consumer's side
@@ -144,23 +145,33 @@ class Runner:
                 await self._awaiting_wake.wait()
                 continue
             await self._rounds_open.wait()
+            generation = self._generation
             records = self._fresh(self._awaiting.popleft())
             for i in range(0, len(records), ROUND_MAX):
-                chunk = records[i:i + ROUND_MAX]
                 await self._rounds_open.wait()
-                if await handler(chunk):
-                    self._done(chunk)
-                    self.checkpoint.processed()
+                if self._generation != generation:
+                    break  # revoked meanwhile: the rest is read again by the partitions' next owner
+                chunk = records[i:i + ROUND_MAX]
+                # the handler reports its chunk done as it publishes the decisions, before it yields to the
+                # loop again: a checkpoint can never commit those decisions without the chunk's offsets
+                if await handler(chunk, lambda chunk=chunk: self._round_done(chunk)):
                     continue
-                self._read_again(records[i:])
+                if self._generation == generation:
+                    self._read_again(records[i:])
                 await asyncio.sleep(AWAITING_TEXT_RETRY_S)
                 break
 
+    def _round_done(self, records: list[Record]) -> None:
+        self._done(records)
+        self.checkpoint.processed()
+
     def _read_again(self, records: list[Record]) -> None:
-        """Seek each partition back to the first of `records`; what was fetched after it is dropped."""
+        """Seek each partition back to the first of `records` or of the batches queued behind them; what was
+        fetched after that is dropped."""
         first: dict[TP, int] = {}
-        for r in records:
-            first.setdefault(r.tp, r.offset)
+        for batch in (records, *self._awaiting):
+            for r in batch:
+                first.setdefault(r.tp, r.offset)
         for tp, offset in first.items():
             self._rewound[tp] = offset
             self.consumer.seek(tp, offset)
@@ -169,6 +180,7 @@ class Runner:
     # -- rebalances (run on the loop; the consumer's thread waits for them)
     async def on_revoked(self, tps: list[TP]) -> None:
         _log.info("partitions revoked", extra={"partitions": len(tps)})
+        self._generation += 1  # the awaiting-text task drops what it holds of the old assignment
         self._batches.clear()  # fetched, not started: their next owner reads them again
         self._awaiting.clear()
         if self.committing_on_revoke:

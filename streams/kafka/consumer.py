@@ -35,7 +35,10 @@ _log = log.get(__name__)
 FETCH_WAIT_S = 0.01  # a consume waits this long for records before the partitions pause for a backoff
 EMPTY_BACKOFF_S = 0.002
 EMPTY_BACKOFF_MAX_S = 0.025
-REBALANCE_CALLBACK_TIMEOUT_S = 120.0
+# A rebalance callback may restore tables from their changelogs (streams/tables.py gives that 600 s) or commit
+# a checkpoint; past this the consumer fails and the worker restarts. max.poll.interval.ms (streams/app.py)
+# is longer, so the group does not drop a worker that is still restoring.
+REBALANCE_CALLBACK_TIMEOUT_S = 660.0
 LAG_EVERY_S = 5.0  # how often modpipe_consumer_lag_messages is brought up to date
 
 
@@ -68,6 +71,7 @@ class GroupConsumer:
         self._thread: threading.Thread | None = None
         self.failure: Exception | None = None
         self._group_metadata = None
+        self._next: dict[TP, int] = {}  # per partition, the offset after the last record handed over (poll thread)
         self.on_failure: Callable[[Exception], None] | None = None  # called on the loop when polling fails
 
     def start(self, loop: asyncio.AbstractEventLoop, deliver: Callable[[list[Record]], None]) -> GroupConsumer:
@@ -89,7 +93,21 @@ class GroupConsumer:
 
     def seek(self, tp: TP, offset: int) -> None:
         """Read `tp` again from `offset` (on the poll thread, before its next fetch)."""
-        self._commands.append(lambda c: c.seek(TopicPartition(tp.topic, tp.partition, offset)))
+        def run(c: Consumer) -> None:
+            c.seek(TopicPartition(tp.topic, tp.partition, offset))
+            self._next[tp] = offset
+        self._commands.append(run)
+
+    def _resume(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
+        """Resume fetching at once. librdkafka's fetcher notices a resume only at its next wake-up (up to
+        ~1 s later: measured 976 ms from resume to the first record on the embedded broker); a seek wakes
+        it. Each partition is sought to the offset it would fetch next anyway (tracked here, not
+        `position()`: that can lag behind a seek of ours and would undo it)."""
+        consumer.resume(tps)
+        for tp in tps:
+            offset = self._next.get(TP(tp.topic, tp.partition))
+            if offset is not None:
+                consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
 
     def _report_lag(self, consumer: Consumer) -> None:
         """Records behind each assigned partition's end (on the poll thread: a call into the consumer from
@@ -105,6 +123,7 @@ class GroupConsumer:
         future.result(REBALANCE_CALLBACK_TIMEOUT_S)
 
     def _assign_cb(self, consumer, partitions) -> None:
+        self._next.clear()  # a new assignment starts from the committed offsets
         self._group_metadata = consumer.consumer_group_metadata()
         self._call_on_loop(self.on_assigned, partitions)
 
@@ -129,7 +148,10 @@ class GroupConsumer:
                 busy = self.busy()
                 if busy != paused:  # back-pressure on or off
                     assignment = consumer.assignment()
-                    (consumer.pause if busy else consumer.resume)(assignment)
+                    if busy:
+                        consumer.pause(assignment)
+                    else:
+                        self._resume(consumer, assignment)
                     paused = busy
                 # a short wait lets the fetcher bring what the partitions have (they were just resumed)
                 messages = consumer.consume(self.batch_size, 0.05 if paused else FETCH_WAIT_S)
@@ -143,6 +165,7 @@ class GroupConsumer:
                             _log.warning("consumer error", extra={"error": str(err)})
                         continue
                     ts_type, ts = m.timestamp()
+                    self._next[TP(m.topic(), m.partition())] = m.offset() + 1
                     records.append(Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(),
                                           ts if ts_type and ts > 0 else None))
                 if records:
@@ -156,7 +179,7 @@ class GroupConsumer:
                 assignment = consumer.assignment()
                 consumer.pause(assignment)
                 self._stop.wait(wait)
-                consumer.resume(assignment)
+                self._resume(consumer, assignment)
         except Exception as exc:  # noqa: BLE001 - the worker stops: its restart rejoins the group
             self.failure = exc
             if not self._stop.is_set():
