@@ -129,7 +129,8 @@ class LagSampler(threading.Thread):
         from confluent_kafka.admin import AdminClient
 
         conf = {**self.settings.kafka_client_config(), "bootstrap.servers": self.bootstrap}
-        consumer = Consumer({**conf, "group.id": self.settings.app_id, "enable.auto.commit": False})
+        consumer = Consumer({**self.settings.kafka_consumer_config(), "bootstrap.servers": self.bootstrap,
+                             "group.id": self.settings.app_id, "enable.auto.commit": False})
         admin = AdminClient(conf)
         topic = self.settings.topic("posts")
         group_ok = True

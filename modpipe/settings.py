@@ -355,6 +355,14 @@ class Settings:
             conf["ssl.ca.location"] = self.ssl_cafile
         return conf
 
+    def kafka_consumer_config(self) -> dict:
+        """`kafka_client_config()` for a consumer that reads the pipeline's outputs, `read_committed`. The
+        workers write their outputs (stage bundles, decisions, dead letters, changelogs) in Kafka transactions:
+        a `read_uncommitted` reader (librdkafka's default) would also see the records of transactions that were
+        aborted, by a worker that crashed or was fenced, and then the same records again when the input is
+        processed a second time: duplicates, and outputs that never happened."""
+        return {**self.kafka_client_config(), "isolation.level": "read_committed"}
+
     def to_env(self) -> dict[str, str]:
         """Environment that reproduces these settings in a child process."""
         return {spec.env: str(getattr(self, name)) for name, spec in SETTINGS_SPEC.items()}

@@ -13,7 +13,7 @@ def read_to_end(settings: Settings, bootstrap: str, topics: list[str], timeout_s
     """Every record now in `topics`, from the beginning to the high watermarks read at the start."""
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({**settings.kafka_client_config(), "bootstrap.servers": bootstrap,
+    consumer = Consumer({**settings.kafka_consumer_config(), "bootstrap.servers": bootstrap,
                          "group.id": f"modpipe-readback-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
                          "auto.offset.reset": "earliest", "enable.partition.eof": False,
                          # noida-db answers a fetch with more than fetch.max.bytes when a partition is large
@@ -44,7 +44,10 @@ def read_to_end(settings: Settings, bootstrap: str, topics: list[str], timeout_s
                 if end is None:
                     continue
                 yield msg
-                if msg.offset() + 1 >= end:
-                    del remaining[key]
+            # by position, not by the last record's offset: in a topic written in transactions the last
+            # offset is a commit marker, which is never delivered
+            for tp in consumer.position([TopicPartition(t, p) for t, p in remaining]):
+                if tp.offset >= remaining[(tp.topic, tp.partition)]:
+                    del remaining[(tp.topic, tp.partition)]
     finally:
         consumer.close()
