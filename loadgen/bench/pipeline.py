@@ -312,8 +312,8 @@ def pipeline_passes(settings: Settings, stack, warmup: list[Event], saturation: 
     stack.wait_workers_ready()
     stats = _produce(settings, producer, [ev._replace(offset_s=0.0) for ev in warmup[: max(1, len(warmup) // 4)]])
     decisions.wait(set(stats.sent_at), timeout_s, healthy)
-    # Restarted workers first decide again what the last pass left uncommitted (at-least-once); those texts
-    # are not this pass's: wait until Triton has computed nothing for a while before the pass begins.
+    # The pass starts from a quiet stack: wait until Triton has computed nothing for a while (restarted
+    # workers' first requests, the warm-up posts) before the pass begins.
     triton_quiet(stack.triton_url, settings.triton_model, quiet_s=max(2.0, 2 * idle_s), timeout_s=timeout_s)
     cached = saturation_pass(settings, stack, producer, cached_events, label="pipeline saturation, text cache on",
                              **common)
