@@ -27,6 +27,7 @@ from collections.abc import Callable, Coroutine
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from modpipe import log
+from modpipe.services.fetching import resume_now
 from streams import metrics
 from streams.kafka.records import TP, Record
 
@@ -99,15 +100,7 @@ class GroupConsumer:
         self._commands.append(run)
 
     def _resume(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
-        """Resume fetching at once. librdkafka's fetcher notices a resume only at its next wake-up (up to
-        ~1 s later: measured 976 ms from resume to the first record on the embedded broker); a seek wakes
-        it. Each partition is sought to the offset it would fetch next anyway (tracked here, not
-        `position()`: that can lag behind a seek of ours and would undo it)."""
-        consumer.resume(tps)
-        for tp in tps:
-            offset = self._next.get(TP(tp.topic, tp.partition))
-            if offset is not None:
-                consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+        resume_now(consumer, tps, self._next)  # at once, not at librdkafka's next wake-up (modpipe/services/fetching.py)
 
     def _report_lag(self, consumer: Consumer) -> None:
         """Records behind each assigned partition's end (on the poll thread: a call into the consumer from
