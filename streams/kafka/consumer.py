@@ -72,6 +72,7 @@ class GroupConsumer:
         self._thread: threading.Thread | None = None
         self.failure: Exception | None = None
         self._group_metadata = None
+        self._committed: dict[TP, int] = {}  # at the last assignment (-1001: none)
         self._next: dict[TP, int] = {}  # per partition, the offset after the last record handed over (poll thread)
         self.on_failure: Callable[[Exception], None] | None = None  # called on the loop when polling fails
 
@@ -104,11 +105,17 @@ class GroupConsumer:
 
     def _report_lag(self, consumer: Consumer) -> None:
         """Records behind each assigned partition's end (on the poll thread: a call into the consumer from
-        the event loop's thread can block the loop while librdkafka serves the poll thread)."""
+        the event loop's thread can block the loop while librdkafka serves the poll thread). From the
+        consumer's position (past a transaction's commit marker, unlike the last record's offset + 1), or
+        where nothing was read since the assignment, from the committed offset (the log start where none)."""
         for tp in consumer.position(consumer.assignment()):
-            _, high = consumer.get_watermark_offsets(tp, cached=True)
-            if tp.offset >= 0 and high >= 0:
-                metrics.CONSUMER_LAG.labels(tp.topic, str(tp.partition)).set(max(0, high - tp.offset))
+            low, high = consumer.get_watermark_offsets(tp, cached=True)
+            if high < 0:
+                continue
+            at = tp.offset if tp.offset >= 0 else self._committed.get(TP(tp.topic, tp.partition), -1)
+            if at < 0:
+                at = max(low, 0)
+            metrics.CONSUMER_LAG.labels(tp.topic, str(tp.partition)).set(max(0, high - at))
 
     def _call_on_loop(self, coro_fn, partitions) -> None:
         tps = [TP(p.topic, p.partition) for p in partitions]
@@ -116,7 +123,11 @@ class GroupConsumer:
         future.result(REBALANCE_CALLBACK_TIMEOUT_S)
 
     def _assign_cb(self, consumer, partitions) -> None:
-        self._next.clear()  # a new assignment starts from the committed offsets
+        # a new assignment starts from the committed offsets: where a resume seeks before the first record
+        committed = {TP(tp.topic, tp.partition): tp.offset for tp in consumer.committed(partitions, timeout=30)}
+        self._committed = committed
+        self._next.clear()
+        self._next.update({tp: offset for tp, offset in committed.items() if offset >= 0})
         self._group_metadata = consumer.consumer_group_metadata()
         self._call_on_loop(self.on_assigned, partitions)
 
@@ -130,13 +141,13 @@ class GroupConsumer:
         consumer = self.consumer
         empty = 0
         paused = False
-        lag_due = time.monotonic() + LAG_EVERY_S
+        lag_due = time.monotonic()
         try:
             while not self._stop.is_set():
                 while self._commands:
                     self._commands.popleft()(consumer)
                 if time.monotonic() >= lag_due:
-                    lag_due = time.monotonic() + LAG_EVERY_S
+                    lag_due = time.monotonic()
                     self._report_lag(consumer)
                 busy = self.busy()
                 if busy != paused:  # back-pressure on or off

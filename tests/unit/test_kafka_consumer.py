@@ -8,6 +8,7 @@ import asyncio
 import collections
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 from confluent_kafka import KafkaError
@@ -113,7 +114,10 @@ class FakeConsumer:
         self.calls.append(("seek", tp.topic, tp.partition, tp.offset, threading.current_thread().name))
 
     def position(self, tps):
-        return tps
+        return [SimpleNamespace(topic=tp.topic, partition=tp.partition, offset=-1001) for tp in tps]
+
+    def committed(self, tps, timeout=None):
+        return [SimpleNamespace(topic=tp.topic, partition=tp.partition, offset=-1001) for tp in tps]
 
     def get_watermark_offsets(self, tp, cached=False):
         return 0, 0
