@@ -138,7 +138,7 @@ SETTINGS_SPEC: dict[str, Spec] = {
                                "letters): each round is already one record per partition.", float),
     "worker_name": Spec("MODPIPE_WORKER_NAME", "",
                         "Stable, unique name of a worker (e.g. the StatefulSet pod name): its consumer-group "
-                        "static member id and transactional id. Empty: host-pid."),
+                        "static member id and the stem of its transactional ids (one per start). Empty: host-pid."),
     "workers": Spec("MODPIPE_WORKERS", "1", "Workers started by `modpipe up`.", int),
     "metrics_host": Spec("MODPIPE_METRICS_HOST", "127.0.0.1", "Address of each worker's Prometheus endpoint."),
     "metrics_port": Spec("MODPIPE_METRICS_PORT", "9464",

@@ -39,7 +39,3 @@ def consumer_config(settings: Settings, bootstrap: str, worker_name: str) -> dic
         conf["group.instance.id"] = f"{settings.app_id}-{worker_name}"
     return conf
 
-
-def transactional_id(settings: Settings, worker_name: str) -> str:
-    """Stable per worker: a restarted worker fences its previous incarnation (streams/outbox.py)."""
-    return f"{settings.app_id}-{worker_name}"

@@ -6,10 +6,10 @@ checkpoint, streams/checkpoint.py) adds the input offsets and commits them all a
 transaction. A reader with `isolation.level=read_committed` sees a checkpoint's outputs only once its input
 offsets are committed, and never those of a transaction that was aborted (a worker that died, or was fenced).
 
-Fencing: the transactional.id is the worker's name (stable across restarts, e.g. the StatefulSet pod name),
-so a restarted worker's `init_transactions` aborts what its previous incarnation left open and fences it; on
-Apache Kafka the offsets carry the consumer group's generation (KIP-447), so a worker that lost its partitions
-in a rebalance cannot commit for them either (streams/checkpoint.py says what the embedded broker checks).
+Fencing: each start of a worker has a transactional.id of its own, `<app id>-<worker name>-<n>`, and fences the
+one before (streams/incarnations.py says how, and why not one id per worker); on Apache Kafka the offsets
+carry the consumer group's generation (KIP-447), so a worker that lost its partitions in a rebalance cannot
+commit for them either (streams/checkpoint.py says what the embedded broker checks).
 
 `Pending` counts what a round (or a Triton batch) still waits for: its records' delivery reports and the
 holds it takes; the checkpoint waits until every round is complete. Delivery reports arrive on a librdkafka

@@ -17,9 +17,9 @@ from modpipe import log, schema
 from modpipe.decision.verdict import Decider, ThresholdDecider
 from modpipe.settings import Settings
 from modpipe.textmodel.artifacts import resolve_model
-from streams import health, metrics
+from streams import health, incarnations, metrics
 from streams.agents import Wiring, make_handlers
-from streams.app import consumer_config, create_pipeline, transactional_id
+from streams.app import consumer_config, create_pipeline
 from streams.bans import BanLogUnavailable, BanRegistry
 from streams.decisions import features_for
 from streams.outbox import Outbox
@@ -82,7 +82,7 @@ def build_worker(settings: Settings, name: str):
     shadow = make_shadow(settings, build.version)
     bans = BanRegistry(settings, bootstrap, pipe.topics.bans)
     outbox = Outbox(settings, bootstrap, linger_ms=settings.producer_linger_ms,
-                    transactional_id=transactional_id(settings, name))
+                    transactional_id=incarnations.start(settings, bootstrap, pipe.topics.incarnations, name))
     wiring = Wiring(pipe, settings, scorer, decider, bans, outbox, shadow)
     return pipe, scorer, decider, bans, outbox, wiring, bootstrap
 

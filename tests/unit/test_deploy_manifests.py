@@ -266,11 +266,13 @@ def test_worker_identity_state_and_probes(target):
     spec = pod_spec(sts)
     c = worker_container(docs)
     settings = worker_settings(docs)
-    # Stable name -> MODPIPE_WORKER_NAME -> static group member id and transactional id (fencing).
+    # Stable name -> MODPIPE_WORKER_NAME -> static group member id and the transactional ids of its
+    # incarnations (each start fences the one before: streams/incarnations.py).
     name_var = next(v for v in c["env"] if v["name"] == "MODPIPE_WORKER_NAME")
     assert name_var["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
-    from streams.app import consumer_config, transactional_id
-    assert transactional_id(settings, "modpipe-worker-0") == f"{settings.app_id}-modpipe-worker-0"
+    from streams.app import consumer_config
+    from streams.incarnations import transactional_id
+    assert transactional_id(settings, "modpipe-worker-0", 3) == f"{settings.app_id}-modpipe-worker-0-3"
     assert consumer_config(settings, "kafka:9092", "modpipe-worker-0")["group.instance.id"] == \
         f"{settings.app_id}-modpipe-worker-0"
     headless = one(docs, "Service", sts["spec"]["serviceName"])
