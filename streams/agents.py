@@ -288,9 +288,8 @@ def make_handlers(w: Wiring, settings: Settings, scorer: TextScorer, decider: De
 
     async def awaiting_text(events, done: Callable[[], None]) -> bool:
         # These posts have a (degraded) decision already: while Triton stays unavailable they wait in their
-        # topic, uncommitted, and are read again later.
-        if scorer.in_outage:
-            return False
+        # topic, uncommitted, and are read again later. Each try is one request: the probe that ends the
+        # outage when no new post asks Triton anything.
         r = w.new_round(events)
         records = [record for _, record in w.decoded(r, lambda event: orjson.loads(event.value))]
         try:
