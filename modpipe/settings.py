@@ -358,7 +358,7 @@ class Settings:
     def kafka_consumer_config(self) -> dict:
         """`kafka_client_config()` for a consumer that reads the pipeline's outputs, `read_committed`. The
         workers write their outputs (stage bundles, decisions, dead letters, changelogs) in Kafka transactions:
-        a `read_uncommitted` reader (librdkafka's default) would also see the records of transactions that were
+        a `read_uncommitted` reader would also see the records of transactions that were
         aborted, by a worker that crashed or was fenced, and then the same records again when the input is
         processed a second time: duplicates, and outputs that never happened."""
         return {**self.kafka_client_config(), "isolation.level": "read_committed"}

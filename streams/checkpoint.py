@@ -27,6 +27,7 @@ flight (a quiet pipeline commits each post's decision at once instead of waiting
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -116,6 +117,13 @@ class Checkpointer:
             self.wiring.crash(exc)
             return False
 
+    def check_not_frozen(self) -> None:
+        """Step 4; the outbox runs it again right before it sends the offsets and before it commits, so a
+        freeze that begins after the first check is caught as late as it can be."""
+        if self.watch.frozen():
+            raise Frozen(f"the process stood still for {self.watch.longest_gap_s:.1f} s: its partitions may be "
+                         "another worker's by now")
+
     async def _commit(self) -> None:
         async with self._lock:
             if self.dirty_since is None:
@@ -126,12 +134,11 @@ class Checkpointer:
                 await self.wiring.idle()                                     # 2
                 self.wiring.flush_states()
                 await self.wiring.idle()                                     # 3
-                if self.watch.frozen():                                      # 4
-                    raise Frozen(f"the process stood still for {self.watch.longest_gap_s:.1f} s: its partitions "
-                                 "may be another worker's by now")
+                self.check_not_frozen()                                      # 4
                 offsets = self.runner.take_offsets()
                 metadata = self.consumer.group_metadata()
-                await asyncio.get_running_loop().run_in_executor(None, self.outbox.commit, offsets, metadata)  # 5
+                await asyncio.get_running_loop().run_in_executor(                                      # 5
+                    None, functools.partial(self.outbox.commit, offsets, metadata, guard=self.check_not_frozen))
                 self.dirty_since = None
                 self.commits += 1
                 metrics.CHECKPOINT_DURATION.observe(time.perf_counter() - started)

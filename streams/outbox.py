@@ -166,13 +166,18 @@ class Outbox:
         for hook in self.after_delivery:
             hook()
 
-    def commit(self, offsets: dict, group_metadata, timeout: float = 60.0) -> None:
+    def commit(self, offsets: dict, group_metadata, timeout: float = 60.0,
+               guard: Callable[[], None] | None = None) -> None:
         """Blocking (call it off the loop): the open transaction's records and the input `offsets`
-        ({(topic, partition): next offset}) committed at once; the next transaction opens."""
+        ({(topic, partition): next offset}) committed at once; the next transaction opens. `guard` runs
+        before each of the two requests and stops the commit by raising."""
+        guard = guard or (lambda: None)
         if offsets:
+            guard()
             self.producer.send_offsets_to_transaction(
                 [TopicPartition(topic, partition, offset) for (topic, partition), offset in offsets.items()],
                 group_metadata, timeout)
+        guard()
         self.producer.commit_transaction(timeout)
         self.producer.begin_transaction()
 

@@ -187,6 +187,7 @@ async def _serve(settings: Settings, name: str, bootstrap: str, pipe, scorer: Te
     await stop.wait()
     _log.info("worker stopping", extra={"failed": bool(crashed)})
     if crashed:
+        runner.consumer.stop_polling()  # no rejoin while it shuts down: its restart rejoins
         runner.committing_on_revoke = False
     else:
         await runner.stop(settings.shutdown_grace_s)

@@ -14,10 +14,14 @@ def resume_now(consumer, tps: list, next_offsets: dict) -> None:
     """Resume `tps` (confluent TopicPartitions) and wake the fetcher. `next_offsets` maps (topic, partition)
     to the offset after the last record the caller was handed (tracked by the caller: `position()` can
     lag behind a seek of the caller's own and would undo it). Partitions not in it resume without a seek."""
-    from confluent_kafka import TopicPartition
+    from confluent_kafka import KafkaException, TopicPartition
 
     consumer.resume(tps)
     for tp in tps:
         offset = next_offsets.get((tp.topic, tp.partition))
-        if offset is not None:
+        if offset is None:
+            continue
+        try:
             consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+        except KafkaException:  # a partition whose fetcher is not started yet: it starts on its own
+            pass

@@ -73,6 +73,7 @@ class GroupConsumer:
         self.failure: Exception | None = None
         self._group_metadata = None
         self._committed: dict[TP, int] = {}  # at the last assignment (-1001: none)
+        self.stopping = False  # set when the worker stops: polling ends, no assignment is taken on
         self._next: dict[TP, int] = {}  # per partition, the offset after the last record handed over (poll thread)
         self.on_failure: Callable[[Exception], None] | None = None  # called on the loop when polling fails
 
@@ -123,11 +124,12 @@ class GroupConsumer:
         future.result(REBALANCE_CALLBACK_TIMEOUT_S)
 
     def _assign_cb(self, consumer, partitions) -> None:
-        # a new assignment starts from the committed offsets: where a resume seeks before the first record
-        committed = {TP(tp.topic, tp.partition): tp.offset for tp in consumer.committed(partitions, timeout=30)}
-        self._committed = committed
+        # the committed offsets give the lag of partitions not read yet; a resume does not seek those (a
+        # committed offset below the log start would be reset forward and sought back at every resume)
+        self._committed = {TP(tp.topic, tp.partition): tp.offset for tp in consumer.committed(partitions, timeout=30)}
         self._next.clear()
-        self._next.update({tp: offset for tp, offset in committed.items() if offset >= 0})
+        if self.stopping:
+            return  # the worker is stopping: it takes no partitions on (librdkafka may still rejoin)
         self._group_metadata = consumer.consumer_group_metadata()
         self._call_on_loop(self.on_assigned, partitions)
 
@@ -190,6 +192,11 @@ class GroupConsumer:
                 _log.exception("group consumer failed")
                 if self.on_failure is not None:
                     self._loop.call_soon_threadsafe(self.on_failure, exc)
+
+    def stop_polling(self) -> None:
+        """A failed worker stops reading at once: no rejoin, no assignment taken while it shuts down."""
+        self.stopping = True
+        self._stop.set()
 
     def close(self) -> None:
         """Stop polling and leave the group. The revocation callback runs in the caller's thread and waits for

@@ -105,7 +105,9 @@ class FakeOutbox:
         self.steps, self.fail = steps, fail
         self.commits: list[tuple] = []
 
-    def commit(self, offsets, group_metadata):
+    def commit(self, offsets, group_metadata, guard=None):
+        if guard is not None:
+            guard()  # as the outbox does, right before its requests
         self.steps.append("outbox.commit")
         if self.fail is not None:
             raise self.fail
@@ -122,20 +124,25 @@ class FakeConsumer:
 
 
 class FakeWatch:
-    def __init__(self, steps: Steps, frozen: bool = False):
-        self.steps, self._frozen = steps, frozen
-        self.longest_gap_s = 12.0 if frozen else 0.1
+    """Frozen from its `frozen_from`-th check on (1: the first; None: never)."""
+
+    def __init__(self, steps: Steps, frozen: bool = False, frozen_from: int | None = None):
+        self.steps = steps
+        self.frozen_from = 1 if frozen else frozen_from
+        self.checks = 0
+        self.longest_gap_s = 12.0 if self.frozen_from else 0.1
 
     def frozen(self):
         self.steps.append("freeze_check")
-        return self._frozen
+        self.checks += 1
+        return self.frozen_from is not None and self.checks >= self.frozen_from
 
 
-def checkpointer(*, frozen=False, fail=None, offsets=None, interval_s=60.0):
+def checkpointer(*, frozen=False, fail=None, offsets=None, interval_s=60.0, frozen_from=None):
     steps = Steps()
     runner = FakeRunner(steps, {("posts", 0): 11, ("features.user", 2): 4} if offsets is None else offsets)
     cp = Checkpointer(runner, FakeWiring(steps), FakeOutbox(steps, fail), FakeConsumer(steps), interval_s,
-                      FakeWatch(steps, frozen))
+                      FakeWatch(steps, frozen, frozen_from))
     return cp, steps
 
 
@@ -148,7 +155,7 @@ def test_the_steps_happen_in_the_documented_order():
 
     cp, steps = asyncio.run(scenario())
     assert steps == ["pause_rounds", "idle", "flush_states", "idle", "freeze_check", "take_offsets",
-                     "group_metadata", "outbox.commit", "resume_rounds"]
+                     "group_metadata", "freeze_check", "outbox.commit", "resume_rounds"]
     assert cp.outbox.commits == [({("posts", 0): 11, ("features.user", 2): 4}, "generation-7")]
     assert cp.commits == 1 and cp.dirty_since is None and not cp.wiring.crashes
 
@@ -178,6 +185,17 @@ def test_a_frozen_process_crashes_without_committing():
                                 "crash"]  # no offsets taken, no outbox.commit: the open transaction is aborted
     assert len(cp.wiring.crashes) == 1 and isinstance(cp.wiring.crashes[0], Frozen)
     assert cp.commits == 0 and cp.dirty_since is not None  # still uncommitted
+
+
+def test_a_freeze_after_the_first_check_is_caught_before_the_offsets_are_sent():
+    async def scenario():
+        cp, steps = checkpointer(frozen_from=2)  # the process stands still between step 4 and step 5
+        cp.processed()
+        return cp, steps, await cp.commit()
+
+    cp, steps, ok = asyncio.run(scenario())
+    assert not ok and steps[-5:] == ["take_offsets", "group_metadata", "freeze_check", "resume_rounds", "crash"]
+    assert cp.outbox.commits == [] and isinstance(cp.wiring.crashes[0], Frozen)
 
 
 def test_a_failing_outbox_commit_crashes_the_wiring_and_rounds_resume():
