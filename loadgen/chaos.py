@@ -485,13 +485,22 @@ class Injector:
         # a worker that is restarting (it stops itself when the group forgets it, e.g. after the embedded
         # broker's restart) is killed once it is back: each fault hits a live process
         deadline = time.monotonic() + self.RESTART_WAIT_S
+        waited: list[str] = []
         while proc is not None and not proc.alive() and time.monotonic() < deadline:
+            waited += self.stack.supervise()  # the supervisor restarts it meanwhile
             time.sleep(0.2)
+            if fault.kind == "worker":  # a restart replaces the process object
+                proc = self.stack.workers[fault.worker].process
+            elif fault.kind == "triton" and self.stack.triton:
+                proc = self.stack.triton.process
         alive = proc is not None and proc.alive()
         if alive:
             proc.kill()
         _log.warning("chaos: SIGKILL", extra={"target": target, "at_s": round(now, 1), "was_alive": alive})
-        return {"at_s": round(now, 1), "kind": fault.kind, "target": target, "killed": alive, "signal": "KILL"}
+        out = {"at_s": round(now, 1), "kind": fault.kind, "target": target, "killed": alive, "signal": "KILL"}
+        if waited:
+            out["waited_for_restart"] = waited
+        return out
 
     def _restart_broker(self, now: float) -> dict:
         self.paused.set()
