@@ -168,9 +168,11 @@ Simulated traffic (posts, reports, engagements, labels, bans) through an embedde
 (broker, Triton, --workers workers; own ports, topics and state directory) while workers and Triton are
 SIGKILLed and the broker is restarted at seeded times over the traffic; the supervisor of `modpipe up`
 restarts each.
-Then, read back from the broker: posts sent / decided / lost, duplicate decisions (same post_id and
-revision), degraded decisions and their re-decisions, and whether every feature table (its changelog)
-equals features.offline over the same events. Exit 1 if a post was lost, a degraded decision was not
+Then, read back from the broker as a read_committed reader (the platform): posts sent / decided / lost,
+duplicate decisions (same post_id and revision) and those with another verdict, degraded decisions and their
+re-decisions, and whether every feature table (its changelog) equals features.offline over the same events;
+and read_uncommitted, the decisions of aborted transactions an at-least-once reader would have seen on top.
+Exit 1 if a post was lost, a decision was seen twice or changed verdict, a degraded decision was not
 decided again, or a table differs. See loadgen/chaos.py.
 """
 
