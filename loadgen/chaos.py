@@ -196,43 +196,11 @@ def read_all(settings: Settings, bootstrap: str, topics: list[str], isolation: s
     left out). A partition is done when the consumer's position reaches its end, not when a record at the end
     arrives: a topic written in transactions ends with a commit or abort marker, which no reader is given, and
     a `read_committed` reader is given no aborted record either."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+    from modpipe.services.readback import read_to_end
 
     if isolation not in ("read_committed", "read_uncommitted"):
         raise ValueError(f"isolation must be read_committed or read_uncommitted, not {isolation!r}")
-    consumer = Consumer({**settings.kafka_client_config(), "bootstrap.servers": bootstrap,
-                         "group.id": f"modpipe-chaos-read-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
-                         "isolation.level": isolation, "enable.partition.eof": False,
-                         "auto.offset.reset": "earliest",
-                         # noida-db answers a fetch with more than fetch.max.bytes when a partition is large
-                         "receive.message.max.bytes": 1_000_000_000, "fetch.max.bytes": 50_000_000,
-                         "max.partition.fetch.bytes": 10_000_000})
-    try:
-        ends: dict[tuple[str, int], int] = {}
-        for topic in topics:
-            meta = consumer.list_topics(topic, timeout=30).topics.get(topic)
-            if meta is None or meta.error is not None:
-                continue
-            for p in meta.partitions:
-                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
-                if high > low:
-                    ends[(topic, p)] = high
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for topic, p in ends])
-        deadline = time.monotonic() + timeout_s
-        while ends:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"could not read {len(ends)} partitions to their end: {sorted(ends)[:5]}")
-            for msg in consumer.consume(1000, 0.2):
-                if msg.error():
-                    continue
-                end = ends.get((msg.topic(), msg.partition()))
-                if end is not None and msg.offset() < end:
-                    yield msg
-            for tp in consumer.position([TopicPartition(topic, p) for topic, p in ends]):
-                if tp.offset >= ends[(tp.topic, tp.partition)]:
-                    del ends[(tp.topic, tp.partition)]
-    finally:
-        consumer.close()
+    return read_to_end(settings, bootstrap, topics, timeout_s, isolation=isolation)
 
 
 def changelog_topic(settings: Settings, table: str) -> str:

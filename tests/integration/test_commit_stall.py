@@ -24,6 +24,7 @@ from loadgen.chaos import count_decisions, read_all
 from loadgen.posts import make_post
 from modpipe import schema
 from modpipe.services.group_lag import uncommitted_input
+from tests.fixtures.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -77,21 +78,11 @@ def offsets(settings, bootstrap: str, topic: str) -> dict[int, tuple[int, int, i
         consumer.close()
 
 
-def wait_for(check, timeout: float, what: str, interval: float = 1.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"{what}: not within {timeout:.0f} s")
-
-
 def wait_decided(stack, settings, wanted: set[str], timeout: float = 60.0) -> None:
     def done() -> bool:
         assert all(w.process.alive() for w in stack.workers), stack.workers[0].process.tail(40)
         return wanted <= {d["post_id"] for d in decisions(settings, stack.bootstrap, stack.topics.decisions)}
-    wait_for(done, timeout, f"every one of {len(wanted)} posts decided")
+    wait_for(done, timeout, f"every one of {len(wanted)} posts decided", interval=1.0)
 
 
 def settle_and_check(stack, settings, sent: set[str], marker_last: bool) -> dict:
@@ -102,7 +93,7 @@ def settle_and_check(stack, settings, sent: set[str], marker_last: bool) -> dict
     wait_decided(stack, settings, sent)
     posts = stack.topics.posts
     wait_for(lambda: uncommitted_input(settings, stack.bootstrap, [posts]) == 0, 30,
-             "the posts partitions committed to their end")
+             "the posts partitions committed to their end", interval=1.0)
     time.sleep(QUIET_AFTER_S)
     marks = offsets(settings, stack.bootstrap, posts)
     uncommitted = uncommitted_input(settings, stack.bootstrap, [posts])

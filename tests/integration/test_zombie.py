@@ -38,6 +38,7 @@ from modpipe import schema
 from modpipe.services.group_lag import uncommitted_input
 from streams.app import consumer_config, create_pipeline
 from streams.stack import LocalStack
+from tests.fixtures.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -150,16 +151,6 @@ def decided(settings, bootstrap: str, topic: str) -> set[str]:
 def assigned(stack: LocalStack, index: int) -> int:
     return int(sum(v for k, v in stack.scrape_worker(stack.workers[index]).items()
                    if k.startswith("modpipe_assigned_partitions")))
-
-
-def wait_for(check, timeout: float, what: str, interval: float = 0.25):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"{what}: not within {timeout:.0f} s")
 
 
 def stage_duplicates(settings, bootstrap: str, topics: list[str]) -> Counter:
