@@ -61,7 +61,11 @@ class DecisionCollector(threading.Thread):
         self.invalid = 0
         self._halt = threading.Event()
         self._lock = threading.Lock()
-        self._next: dict[tuple[str, int], int] = {}  # per partition, the offset after the last record polled
+        # per partition, the offset after the last record polled; until then the end it was assigned at
+        self._next: dict[tuple[str, int], int] = {}
+        if consumer is not None:
+            for tp in consumer.assignment():
+                self._next[(tp.topic, tp.partition)] = consumer.get_watermark_offsets(tp, timeout=10)[1]
 
     def handle(self, raw: bytes, now: float) -> None:
         try:

@@ -6,8 +6,12 @@ from modpipe.services.fetching import resume_now
 
 
 class FakeConsumer:
-    def __init__(self):
+    def __init__(self, lows=None):
         self.calls: list = []
+        self.lows = lows or {}
+
+    def get_watermark_offsets(self, tp, cached=False):
+        return self.lows.get((tp.topic, tp.partition), 0), 100
 
     def resume(self, tps):
         self.calls.append(("resume", [(tp.topic, tp.partition) for tp in tps]))
@@ -22,3 +26,10 @@ def test_resume_then_seek_each_partition_to_its_next_offset_only_where_known():
     resume_now(c, tps, {("posts", 0): 17, ("decisions", 3): 4, ("posts", 9): 1})
     assert c.calls[0] == ("resume", [("posts", 0), ("posts", 1), ("decisions", 3)])  # resumed before any seek
     assert c.calls[1:] == [("seek", ("posts", 0, 17)), ("seek", ("decisions", 3, 4))]  # posts[1]: nothing read yet
+
+
+def test_a_partition_deleted_past_its_next_offset_is_sought_to_the_log_start():
+    c = FakeConsumer(lows={("posts", 0): 30})
+    nexts = {("posts", 0): 17}
+    resume_now(c, [TopicPartition("posts", 0)], nexts)
+    assert c.calls[1] == ("seek", ("posts", 0, 30)) and nexts[("posts", 0)] == 30
