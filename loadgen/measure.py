@@ -51,6 +51,7 @@ class DecisionCollector(threading.Thread):
     again (modpipe/services/fetching.py), so a decision that arrives meanwhile waits at most that long."""
 
     IDLE_PAUSE_S = 0.005
+    START_GRACE_S = 2.0
 
     def __init__(self, consumer, prefix: str, clock=time.time):
         super().__init__(name="loadgen-decisions", daemon=True)
@@ -88,13 +89,17 @@ class DecisionCollector(threading.Thread):
                     seen.last_verdict, seen.last_revision = d["verdict"], revision
 
     def run(self) -> None:
+        started = time.monotonic()
         while not self._halt.is_set():
             msg = self.consumer.poll(0.01)
+            # no pause before the fetchers have started: a partition paused before that is not woken by a
+            # seek (streams/kafka/consumer.py, ASSIGNMENT_GRACE_S)
             if msg is None:
-                assigned = self.consumer.assignment()
-                self.consumer.pause(assigned)
-                self._halt.wait(self.IDLE_PAUSE_S)
-                resume_now(self.consumer, assigned, self._next)
+                if time.monotonic() - started > self.START_GRACE_S:
+                    assigned = self.consumer.assignment()
+                    self.consumer.pause(assigned)
+                    self._halt.wait(self.IDLE_PAUSE_S)
+                    resume_now(self.consumer, assigned, self._next)
                 continue
             if msg.error():
                 continue

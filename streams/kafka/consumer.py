@@ -40,6 +40,10 @@ EMPTY_BACKOFF_MAX_S = 0.025
 # a checkpoint; past this the consumer fails and the worker restarts. max.poll.interval.ms (streams/app.py)
 # is longer, so the group does not drop a worker that is still restoring.
 REBALANCE_CALLBACK_TIMEOUT_S = 660.0
+# After an assignment the consumer does not pause for this long: librdkafka first looks up each partition's
+# committed offset and starts its fetcher, and a partition paused before it started is not woken by a seek
+# (measured: the first records of a fresh worker waited 6 s).
+ASSIGNMENT_GRACE_S = 2.0
 LAG_EVERY_S = 5.0  # how often modpipe_consumer_lag_messages is brought up to date
 
 
@@ -74,7 +78,8 @@ class GroupConsumer:
         self._group_metadata = None
         self._committed: dict[TP, int] = {}  # at the last assignment (-1001: none)
         self.stopping = False  # set when the worker stops: polling ends, no assignment is taken on
-        self._next: dict[TP, int] = {}  # per partition, the offset after the last record handed over (poll thread)
+        self._next: dict[TP, int] = {}
+        self._assigned_at = 0.0  # per partition, the offset after the last record handed over (poll thread)
         self.on_failure: Callable[[Exception], None] | None = None  # called on the loop when polling fails
 
     def start(self, loop: asyncio.AbstractEventLoop, deliver: Callable[[list[Record]], None]) -> GroupConsumer:
@@ -124,15 +129,13 @@ class GroupConsumer:
         future.result(REBALANCE_CALLBACK_TIMEOUT_S)
 
     def _assign_cb(self, consumer, partitions) -> None:
-        # Where each partition is read from: its committed offset, or its log start where there is none or
-        # where retention deleted past it (as auto.offset.reset=earliest does). A resume seeks there until
-        # a record comes: without a seek the fetcher notices a resume only ~1 s later, and a consumer that
-        # pauses again before then never fetches (measured: nothing read for 7 s after the start).
+        # Where each partition is read from until a record comes: its committed offset (a resume seeks there,
+        # raised to the log start once a fetch has told it: modpipe/services/fetching.py). Partitions without
+        # one start from the log start on their own during the grace period (ASSIGNMENT_GRACE_S).
+        self._assigned_at = time.monotonic()
         self._committed = {TP(tp.topic, tp.partition): tp.offset for tp in consumer.committed(partitions, timeout=30)}
         self._next.clear()
-        for tp, committed in self._committed.items():
-            low, _ = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=30)
-            self._next[tp] = max(committed, low, 0)
+        self._next.update({tp: offset for tp, offset in self._committed.items() if offset >= 0})
         if self.stopping:
             return  # the worker is stopping: it takes no partitions on (librdkafka may still rejoin)
         self._group_metadata = consumer.consumer_group_metadata()
@@ -183,7 +186,7 @@ class GroupConsumer:
                     empty = 0
                     self._loop.call_soon_threadsafe(self._deliver, records)
                     continue
-                if paused:
+                if paused or time.monotonic() - self._assigned_at < ASSIGNMENT_GRACE_S:
                     continue
                 empty += 1
                 wait = empty_backoff(empty)
