@@ -22,9 +22,6 @@ def resume_now(consumer, tps: list, next_offsets: dict) -> None:
         offset = next_offsets.get(key)
         if offset is None:
             continue
-        low, _ = consumer.get_watermark_offsets(tp, cached=True)
-        if low > offset:  # retention deleted past it meanwhile: a seek there would only be reset again
-            offset = next_offsets[key] = low
         try:
             consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
         except KafkaException:  # a partition whose fetcher is not started yet: it starts on its own

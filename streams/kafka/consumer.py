@@ -129,13 +129,12 @@ class GroupConsumer:
         future.result(REBALANCE_CALLBACK_TIMEOUT_S)
 
     def _assign_cb(self, consumer, partitions) -> None:
-        # Where each partition is read from until a record comes: its committed offset (a resume seeks there,
-        # raised to the log start once a fetch has told it: modpipe/services/fetching.py). Partitions without
-        # one start from the log start on their own during the grace period (ASSIGNMENT_GRACE_S).
+        # A resume seeks only partitions that delivered a record (or were sought) since this assignment: a
+        # committed offset below the log start would be reset forward by librdkafka and sought back at every
+        # resume. Until then the fetchers start on their own, in the grace period (ASSIGNMENT_GRACE_S).
         self._assigned_at = time.monotonic()
         self._committed = {TP(tp.topic, tp.partition): tp.offset for tp in consumer.committed(partitions, timeout=30)}
         self._next.clear()
-        self._next.update({tp: offset for tp, offset in self._committed.items() if offset >= 0})
         if self.stopping:
             return  # the worker is stopping: it takes no partitions on (librdkafka may still rejoin)
         self._group_metadata = consumer.consumer_group_metadata()

@@ -27,9 +27,3 @@ def test_resume_then_seek_each_partition_to_its_next_offset_only_where_known():
     assert c.calls[0] == ("resume", [("posts", 0), ("posts", 1), ("decisions", 3)])  # resumed before any seek
     assert c.calls[1:] == [("seek", ("posts", 0, 17)), ("seek", ("decisions", 3, 4))]  # posts[1]: nothing read yet
 
-
-def test_a_partition_deleted_past_its_next_offset_is_sought_to_the_log_start():
-    c = FakeConsumer(lows={("posts", 0): 30})
-    nexts = {("posts", 0): 17}
-    resume_now(c, [TopicPartition("posts", 0)], nexts)
-    assert c.calls[1] == ("seek", ("posts", 0, 30)) and nexts[("posts", 0)] == 30
