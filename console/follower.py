@@ -28,7 +28,7 @@ class Follower(threading.Thread):
         self.settings, self.index = settings, index
         self.topics = {settings.topic("posts"): self._post, settings.topic("decisions"): self._decision,
                        settings.topic("labels"): self._label}
-        self.consumer = Consumer({**settings.kafka_client_config(), "bootstrap.servers": bootstrap,
+        self.consumer = Consumer({**settings.kafka_consumer_config(), "bootstrap.servers": bootstrap,
                                   "group.id": f"modpipe-console-{uuid.uuid4().hex[:8]}",
                                   "enable.auto.commit": False, "receive.message.max.bytes": 200_000_000})
         self.skipped = 0

@@ -1,7 +1,7 @@
 """What the review console knows, built from the `posts`, `decisions` and `labels` topics (pure: no Kafka).
 
 Per post: its text and link (from `posts`), every decision revision (from `decisions`, the last record of a
-revision standing, as the pipeline's at-least-once delivery may publish a revision twice), and the
+revision standing, so a record read twice changes nothing), and the
 moderator's label. The review queue is the posts whose latest decision is `review` and that nobody has
 labelled, oldest waiting first; recent blocks likewise. A user's posts are listed newest first.
 

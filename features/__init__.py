@@ -1,4 +1,4 @@
-"""Pure feature logic for the moderation pipeline: no Kafka, no faust, no I/O.
+"""Pure feature logic for the moderation pipeline: no Kafka, no stream runtime, no I/O.
 
 Modules:
   url      parse/canonicalise link URLs, registrable domain (offline public-suffix list), URL signals

@@ -1,4 +1,5 @@
-"""Reference computation of every post's features over an ordered event list, without faust tables.
+"""Reference computation of every post's features over an ordered event list, without Kafka or the stream
+runtime's tables.
 
 The per-event logic is the streaming logic: `features.events` prepares and routes, `features.state`
 applies, `features.vector.assemble` builds the map. Only storage differs (dicts here). `apply_event`
@@ -46,7 +47,7 @@ def apply_event(kind: str, ctx: dict, store: Store) -> dict[str, Any]:
 
 class DictStore:
     """Tables as dicts of state objects; `roundtrip=True` stores JSON text instead, exercising
-    to_dict/from_dict on every event exactly as a faust table with a changelog would."""
+    to_dict/from_dict on every event as a table restored from its changelog does (streams/tables.py)."""
 
     def __init__(self, limits: Limits = DEFAULT_LIMITS, roundtrip: bool = False):
         self.limits, self.roundtrip = limits, roundtrip

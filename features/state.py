@@ -1,15 +1,19 @@
 """Per-key table states: exact counts, idempotent under re-delivery, bounded memory, JSON round-trip.
 
-faust gives at-least-once processing: after a crash, events since the last committed offset are
-processed again against tables restored from their changelog, which already hold those events. So every
-count here is keyed by the *event id* and applying an event twice equals applying it once.
+The stream runtime processes each input record once: a worker that crashes restores its tables from
+changelogs that hold only states committed together with the input offsets that produced them, and
+processes again only the input after those offsets (streams/checkpoint.py). Events still come twice from
+upstream: a platform that sends a post, report, engagement or label again (a retry of a producer without
+idempotence, a replayed export) writes a second record with the same id. So every count here is keyed by
+the *event id* and applying an event twice equals applying it once.
 
 Exactness vs memory (documented per structure; defaults in `Limits`):
 
 * `DedupCounter` keeps the ids of the `dedup_ids` most recent events (ordered by (event time, id)) and a
   high-water mark = the largest evicted (time, id). An event at or below the mark is taken as already
   counted. Re-deliveries are therefore never double counted (exact); a genuinely new event is missed
-  only if it arrives behind `dedup_ids` newer events of the same key - far beyond faust's replay window.
+  only if it arrives behind `dedup_ids` newer events of the same key - far later than upstream lateness or
+  a re-send reorders events in practice.
 * `DistinctSet` stores members exactly up to `distinct` members, then saturates (count stays = cap).
 * `SlidingWindow` keeps post times within 24 h + `window_grace_ms` of the newest one and at most
   `window_entries`: windowed counts are exact for posts at most that grace late, and None (not a wrong
@@ -37,7 +41,7 @@ DAY_MS = 24 * HOUR_MS
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    dedup_ids: int = 256  # a crash replays seconds of input: far fewer events than this per key
+    dedup_ids: int = 256  # an event sent again upstream comes back soon: far fewer newer events than this per key
     distinct: int = 10_000
     window_entries: int = 5_000
     window_grace_ms: int = HOUR_MS
@@ -644,7 +648,7 @@ def new_state(table: str, limits: Limits = DEFAULT_LIMITS):
 
 
 def load_state(table: str, d: dict | None, limits: Limits = DEFAULT_LIMITS):
-    """Rebuild a table value read from faust (None = key not present yet)."""
+    """Rebuild a table value from its stored dict (a changelog record's JSON; None = key not present yet)."""
     return STATE_CLASSES[table].from_dict(d, limits)
 
 

@@ -49,8 +49,8 @@ def plain_loop(settings: Settings, bootstrap: str, posts: list[dict]) -> float:
     """posts/s of consume -> decode -> produce, one confluent consumer and producer, no state."""
     src, dst = settings.topic("bench.plain.in"), settings.topic("bench.plain.out")
     _produce(bootstrap, src, posts)
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:6]}",
-                         "logger": log.kafka_client_logger(),
+    consumer = Consumer({**settings.kafka_consumer_config(), "bootstrap.servers": bootstrap,
+                         "group.id": f"bench-{uuid.uuid4().hex[:6]}",
                          "auto.offset.reset": "earliest", "enable.auto.commit": True})
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "logger": log.kafka_client_logger()})
     consumer.subscribe([src])

@@ -16,8 +16,12 @@ what the broker still holds.
 
 Once the traffic is over and the stack has settled, the run reads back, from the broker itself:
 
-- the whole `decisions` topic: posts sent / decided / lost, duplicate decisions (same post_id and revision,
-  what at-least-once delivery after a SIGKILL may publish), degraded decisions and their re-decisions;
+- the whole `decisions` topic as a `read_committed` consumer reads it (what the platform acts on: the
+  workers write in Kafka transactions, streams/checkpoint.py): posts sent / decided / lost, duplicate
+  decisions (same post_id and revision seen twice; exactly-once processing makes them 0), degraded decisions
+  and their re-decisions; and read again `read_uncommitted`, the records an at-least-once reader would have
+  seen beyond the committed ones (`aborted_decisions`: the outputs of transactions that a killed or fenced
+  worker never committed, whose input was processed again) and the duplicates it would have counted;
 - every feature table's changelog (the tables' durable state, what a restarted worker recovers from), last
   value per key, compared with `features.offline` over the same events and the decisions the pipeline
   published (`compare_tables`).
@@ -49,7 +53,6 @@ import orjson
 
 from features.events import TABLES
 from modpipe import log
-from modpipe.services.readback import read_to_end
 from modpipe.settings import Settings
 
 _log = log.get(__name__)
@@ -186,15 +189,33 @@ def offline_tables(events: Iterable[tuple[str, dict]], decisions: Iterable[dict]
 # --------------------------------------------------------------------------- reading back from the broker
 
 
+def read_all(settings: Settings, bootstrap: str, topics: list[str], isolation: str = "read_committed",
+             timeout_s: float = 120.0) -> Iterator:
+    """Every record now in `topics` that a consumer with `isolation` is given, from the log start to the end
+    offsets read at the start (for `read_committed` the last stable offset: an open transaction's records are
+    left out). A partition is done when the consumer's position reaches its end, not when a record at the end
+    arrives: a topic written in transactions ends with a commit or abort marker, which no reader is given, and
+    a `read_committed` reader is given no aborted record either."""
+    from modpipe.services.readback import read_to_end
+
+    if isolation not in ("read_committed", "read_uncommitted"):
+        raise ValueError(f"isolation must be read_committed or read_uncommitted, not {isolation!r}")
+    return read_to_end(settings, bootstrap, topics, timeout_s, isolation=isolation)
+
+
 def changelog_topic(settings: Settings, table: str) -> str:
-    return f"{settings.app_id}-features-{table}-changelog"  # faust: <app id>-<table name>-changelog
+    """The changelog a table's states are written to (`<app id>-features-<table>-changelog`), by
+    streams/tables.py's own naming."""
+    from streams import tables
+
+    return tables.changelog_topic(settings.app_id, table)
 
 
 def streaming_tables(settings: Settings, bootstrap: str) -> dict[str, dict[str, dict]]:
-    """Each feature table's last value per key, as its changelog holds it."""
+    """Each feature table's last value per key, as its changelog holds it (committed states only)."""
     topic_table = {changelog_topic(settings, t): t for t in TABLES}
     out: dict[str, dict[str, dict]] = {t: {} for t in TABLES}
-    for msg in read_to_end(settings, bootstrap, list(topic_table)):
+    for msg in read_all(settings, bootstrap, list(topic_table)):
         key = orjson.loads(msg.key())
         if msg.value() is None:
             out[topic_table[msg.topic()]].pop(key, None)
@@ -208,7 +229,7 @@ def input_events(settings: Settings, bootstrap: str, topics: dict[str, str]) -> 
     broker holds, which is what the pipeline could process (a broker may lose records it acknowledged)."""
     kind_of = {topic: kind for kind, topic in topics.items()}
     rows = [(m.timestamp()[1], m.topic(), m.partition(), m.offset(), orjson.loads(m.value()))
-            for m in read_to_end(settings, bootstrap, list(kind_of))]
+            for m in read_all(settings, bootstrap, list(kind_of))]
     rows.sort(key=lambda r: r[:4])
     return [(kind_of[topic], payload) for _, topic, _, _, payload in rows]
 
@@ -346,18 +367,24 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
                 bar.close()
             settled_s = time.monotonic() - t0
             collector.stop()
-            report["lag_after"] = stack.group_lag()
+            report["lag_after"] = stack.group_lag()  # input records not committed by the group (None: unknown)
             report["workers_alive"] = sum(w.process.alive() for w in stack.workers)
             report["restarts"] = {name: policy.total for name, policy in stack.restarts.items()}
             for w in stack.workers:  # what they hold is in the changelogs; stopped, nothing changes under the read
                 w.process.stop(timeout=20)
-            records = [orjson.loads(m.value()) for m in read_to_end(settings, stack.bootstrap, [stack.topics.decisions])]
-            ours = [d for d in records if str(d.get("post_id", "")).startswith(f"{run_id}-")]
+            ours = run_decisions(settings, stack.bootstrap, stack.topics.decisions, run_id, "read_committed")
+            at_least_once = run_decisions(settings, stack.bootstrap, stack.topics.decisions, run_id,
+                                          "read_uncommitted")
             inputs = {"post": stack.topics.posts, "report": stack.topics.reports,
                       "engagement": stack.topics.engagements, "label": stack.topics.labels, "ban": stack.topics.bans}
             held = input_events(settings, stack.bootstrap, inputs)
             in_topic = {p["post_id"] for kind, p in held if kind == "post"}
             report["decisions"] = count_decisions(ours, in_topic)
+            # What an at-least-once (read_uncommitted) reader of the same topic would have seen on top: the
+            # decisions of transactions that were aborted (a killed or fenced worker's), made again since.
+            report["decisions"]["aborted_decisions"] = len(at_least_once) - len(ours)
+            report["decisions"]["at_least_once_duplicates"] = count_decisions(at_least_once, in_topic)[
+                "duplicate_decisions"]
             # Acknowledged to the producer, then lost by the broker (noida-db after a SIGKILL): no consumer
             # can decide those; counted apart from what the pipeline lost.
             report["decisions"]["lost_by_broker"] = len(set(stats.sent_at) - in_topic)
@@ -384,8 +411,15 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
             _log.warning("chaos: state and logs kept", extra={"path": str(state_root)})
     d = report["decisions"]
     report["ok"] = (not report["produce_error"] and d["lost"] == 0 and d["degraded_not_redecided"] == 0
+                    and d["duplicate_decisions"] == 0 and d["duplicates_with_another_verdict"] == 0
                     and report.get("features", {"equal": True})["equal"])
     return report
+
+
+def run_decisions(settings: Settings, bootstrap: str, topic: str, run_id: str, isolation: str) -> list[dict]:
+    """The decisions of this run's posts that a reader with `isolation` reads from the decisions topic."""
+    records = (orjson.loads(m.value()) for m in read_all(settings, bootstrap, [topic], isolation))
+    return [d for d in records if str(d.get("post_id", "")).startswith(f"{run_id}-")]
 
 
 class Injector:
@@ -396,9 +430,13 @@ class Injector:
     (measured: 9 posts of 2,000 and decisions and changelog records in one chaos run), so for a moment the
     traffic is held and the workers are frozen (SIGSTOP), until the broker has saved everything, then it is
     stopped and the workers resume at once: they see the broker go away and come back, as in a rolling
-    restart. With "kill" the broker gets SIGKILL with everything running (its losses are counted apart)."""
+    restart. With "kill" the broker gets SIGKILL with everything running (its losses are counted apart).
+    The freeze (SAVE_WAIT_S and the broker's stop) stays well under what a worker's freeze guard allows
+    (streams/checkpoint.py: a worker that stood still for longer than its session timeout minus a heartbeat,
+    8 s, stops without committing, since its partitions may be another worker's by then)."""
 
     SAVE_WAIT_S = 2.5  # noida-db saves its data about once a second
+    RESTART_WAIT_S = 30.0  # how long a kill waits for its target to be running again
 
     def __init__(self, stack, producer, paused: threading.Event, broker_signal: str = "term"):
         self.stack, self.producer, self.paused, self.broker_signal = stack, producer, paused, broker_signal
@@ -412,11 +450,25 @@ class Injector:
             proc, target = (self.stack.triton.process if self.stack.triton else None), "triton"
         else:
             proc, target = self.stack.broker.process, "broker"
+        # a worker that is restarting (it stops itself when the group forgets it, e.g. after the embedded
+        # broker's restart) is killed once it is back: each fault hits a live process
+        deadline = time.monotonic() + self.RESTART_WAIT_S
+        waited: list[str] = []
+        while proc is not None and not proc.alive() and time.monotonic() < deadline:
+            waited += self.stack.supervise()  # the supervisor restarts it meanwhile
+            time.sleep(0.2)
+            if fault.kind == "worker":  # a restart replaces the process object
+                proc = self.stack.workers[fault.worker].process
+            elif fault.kind == "triton" and self.stack.triton:
+                proc = self.stack.triton.process
         alive = proc is not None and proc.alive()
         if alive:
             proc.kill()
         _log.warning("chaos: SIGKILL", extra={"target": target, "at_s": round(now, 1), "was_alive": alive})
-        return {"at_s": round(now, 1), "kind": fault.kind, "target": target, "killed": alive, "signal": "KILL"}
+        out = {"at_s": round(now, 1), "kind": fault.kind, "target": target, "killed": alive, "signal": "KILL"}
+        if waited:
+            out["waited_for_restart"] = waited
+        return out
 
     def _restart_broker(self, now: float) -> dict:
         self.paused.set()
@@ -450,9 +502,12 @@ def format_text(report: dict) -> str:
     lines = [f"chaos: {c['posts']} posts at {c['rate']} posts/s, {c['workers']} workers, seed {c['seed']}",
              "faults: " + ", ".join(f"{f['target']}@{f['at_s']}s" for f in report["faults"] if "target" in f),
              f"sent {d['sent']} (lost by the broker {d['lost_by_broker']}), decided {d['decided']}, lost {d['lost']}, "
-             "duplicate decisions "
-             f"{d['duplicate_decisions']} ({d['posts_with_duplicates']} posts), degraded {d['degraded_posts']} "
-             f"(re-decided {d['degraded_redecided']})"]
+             "duplicate decisions read_committed "
+             f"{d['duplicate_decisions']} ({d['posts_with_duplicates']} posts, "
+             f"{d['duplicates_with_another_verdict']} with another verdict), degraded {d['degraded_posts']} "
+             f"(re-decided {d['degraded_redecided']})",
+             f"an at-least-once (read_uncommitted) reader would also have seen {d.get('aborted_decisions', 0)} "
+             f"aborted decision records ({d.get('at_least_once_duplicates', 0)} duplicate decisions in all)"]
     f = report.get("features")
     if f is not None:
         lines.append("features equal features.offline: " + ("yes" if f["equal"] else "NO") + "  " +

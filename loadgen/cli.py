@@ -158,7 +158,8 @@ stack runs on its own ports, topics and state directory (KAFKA_BOOTSTRAP_SERVERS
 set, are used instead of starting them).
 
 Targets: `model` (Triton vs ONNX Runtime by batch size and padding), `features` (the feature path
-with the text model off vs a plain Kafka loop).
+with the text model off vs a plain Kafka loop), `transport` (exactly-once delivery options: records/s,
+CPU per record, commit latency).
 """
 
 
@@ -167,9 +168,11 @@ Simulated traffic (posts, reports, engagements, labels, bans) through an embedde
 (broker, Triton, --workers workers; own ports, topics and state directory) while workers and Triton are
 SIGKILLed and the broker is restarted at seeded times over the traffic; the supervisor of `modpipe up`
 restarts each.
-Then, read back from the broker: posts sent / decided / lost, duplicate decisions (same post_id and
-revision), degraded decisions and their re-decisions, and whether every feature table (its changelog)
-equals features.offline over the same events. Exit 1 if a post was lost, a degraded decision was not
+Then, read back from the broker as a read_committed reader (the platform): posts sent / decided / lost,
+duplicate decisions (same post_id and revision) and those with another verdict, degraded decisions and their
+re-decisions, and whether every feature table (its changelog) equals features.offline over the same events;
+and read_uncommitted, the decisions of aborted transactions an at-least-once reader would have seen on top.
+Exit 1 if a post was lost, a decision was seen twice or changed verdict, a degraded decision was not
 decided again, or a table differs. See loadgen/chaos.py.
 """
 
@@ -196,7 +199,7 @@ def _bench_e2e(args: argparse.Namespace) -> int:
 
 
 def register_bench(sub: argparse._SubParsersAction) -> None:
-    """`modpipe bench` with no target runs the end-to-end comparison; `bench model|features` stay as they are."""
+    """`modpipe bench` with no target runs the end-to-end comparison; its targets stay as they are."""
     from loadgen.bench.ceilings import DEFAULT_CEILING_BATCHES
     from loadgen.bench.runs import DEFAULT_LOAD, DEFAULT_LOW_POSTS, DEFAULT_LOW_RATE, DEFAULT_POSTS
     from modpipe.serving.cli import _bench_subparsers
@@ -281,6 +284,31 @@ def _bench_features(args) -> int:
     return 0
 
 
+def _bench_transport(args) -> int:
+    from loadgen.bench import transport
+    from loadgen.bench.transport_report import format_text
+    from modpipe.services.broker import EmbeddedBroker
+    from modpipe.services.process import free_port
+
+    settings = Settings.from_env()
+    ints = lambda text: tuple(int(x) for x in text.split(",") if x.strip())  # noqa: E731
+    broker = None
+    if not settings.bootstrap_servers:
+        # a directory per run, as `bench features`: a run killed without cleanup must not block the next one
+        broker = EmbeddedBroker(settings.state_dir / f"bench-broker-{uuid.uuid4().hex[:8]}", free_port()).start()
+    try:
+        report = transport.run(broker.bootstrap if broker else settings.bootstrap_servers, records=args.records,
+                               intervals_ms=ints(args.intervals), aiokafka_intervals_ms=ints(args.aiokafka_intervals),
+                               paced_rate=args.paced_rate, paced_s=args.paced_seconds, profile=not args.no_profile,
+                               broker_pid=broker.process.pid if broker else None, progress=not args.json)
+    finally:
+        if broker:
+            broker.stop()
+            broker.wipe()
+    print(json.dumps(report) if args.json else format_text(report))
+    return 0 if report["all_checks_ok"] else 1
+
+
 def register_clients(sub: argparse._SubParsersAction) -> None:
     """smoke, demo and `bench features`: clients of the running pipeline."""
     from modpipe.serving.cli import _bench_subparsers
@@ -291,6 +319,26 @@ def register_clients(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=1, help="stream workers of the feature path (default 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
     p.set_defaults(func=_bench_features)
+
+    from loadgen.bench import transport
+
+    p = _bench_subparsers(sub).add_parser(
+        "transport", help="exactly-once delivery options (confluent/aiokafka, idempotent/transactional) side by "
+                          "side: records/s, CPU per record, commit latency",
+        description=transport.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--records", type=int, default=transport.DEFAULT_RECORDS,
+                   help="output records of each saturation pass (default %(default)s)")
+    p.add_argument("--intervals", default=",".join(map(str, transport.DEFAULT_INTERVALS_MS)),
+                   help="checkpoint intervals in ms of the confluent transactional passes (default %(default)s)")
+    p.add_argument("--aiokafka-intervals", default=",".join(map(str, transport.DEFAULT_AIOKAFKA_INTERVALS_MS)),
+                   help="checkpoint intervals in ms of the aiokafka transactional passes (default %(default)s)")
+    p.add_argument("--paced-rate", type=float, default=transport.DEFAULT_PACED_RATE,
+                   help="inputs/s of the paced passes (default %(default)g)")
+    p.add_argument("--paced-seconds", type=float, default=transport.DEFAULT_PACED_S,
+                   help="length of each paced pass (default %(default)g)")
+    p.add_argument("--no-profile", action="store_true", help="skip the profiled passes")
+    p.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
+    p.set_defaults(func=_bench_transport)
 
     p = sub.add_parser("smoke", help="send N held-out posts + malformed records and check every one is handled")
     p.add_argument("--posts", type=int, default=200, help="held-out posts to send (default 200)")

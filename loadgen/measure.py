@@ -4,8 +4,8 @@
   `decisions` BEFORE anything is produced (`loadgen.smoke.end_consumer`), so it sees only this run.
 - `LagSampler`: every `interval_s`, the committed offsets of group `settings.app_id` vs the high
   watermarks of `posts` (records produced but not yet processed).
-- `summarize`: throughput, end-to-end latency (produce() call -> decision published, the decision
-  record's timestamp; see `DecisionCollector`), lag, accuracy vs
+- `summarize`: throughput, end-to-end latency (produce() call -> decision seen by a read_committed
+  consumer, its transaction committed; see `DecisionCollector`), lag, accuracy vs
   the ground truth (spam = verdict in {review, block}, and separately block only), the verdict x truth
   confusion matrix and per-scenario/actor breakdowns. `format_table` renders it; `plot` draws it.
 """
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modpipe import log, schema
+from modpipe.services.fetching import resume_now
 from modpipe.settings import Settings
 from simulation.metrics import binary_metrics, confusion, latency_summary, percentile, round_or_none
 
@@ -43,13 +44,14 @@ class Decided:
 class DecisionCollector(threading.Thread):
     """Collects decisions whose post_id starts with `prefix` (this run's ids).
 
-    A decision's time is its record timestamp: when the worker's producer published it. The collector
-    runs on the machine it measures, and the embedded broker answers an empty fetch at once instead of
-    waiting `fetch.wait.max.ms`, so a consumer that polls without pause spun: it took ~0.45 of a core
-    here (and the broker as much again) while the pipeline had 2. After a poll that brought nothing it
-    now pauses its partitions for IDLE_PAUSE_S; the record timestamps keep the latencies exact."""
+    A decision's time is when this read_committed consumer got it: a decision counts once its transaction
+    has committed (its record timestamp is set earlier, inside the transaction). The collector runs on the
+    machine it measures, where a consumer that polls the embedded broker without pause spins; after a poll
+    that brought nothing it pauses its partitions for IDLE_PAUSE_S and resumes them at once when it polls
+    again (modpipe/services/fetching.py), so a decision that arrives meanwhile waits at most that long."""
 
-    IDLE_PAUSE_S = 0.05
+    IDLE_PAUSE_S = 0.005
+    START_GRACE_S = 2.0
 
     def __init__(self, consumer, prefix: str, clock=time.time):
         super().__init__(name="loadgen-decisions", daemon=True)
@@ -60,6 +62,11 @@ class DecisionCollector(threading.Thread):
         self.invalid = 0
         self._halt = threading.Event()
         self._lock = threading.Lock()
+        # per partition, the offset after the last record polled; until then the end it was assigned at
+        self._next: dict[tuple[str, int], int] = {}
+        if consumer is not None:
+            for tp in consumer.assignment():
+                self._next[(tp.topic, tp.partition)] = consumer.get_watermark_offsets(tp, timeout=10)[1]
 
     def handle(self, raw: bytes, now: float) -> None:
         try:
@@ -82,17 +89,22 @@ class DecisionCollector(threading.Thread):
                     seen.last_verdict, seen.last_revision = d["verdict"], revision
 
     def run(self) -> None:
+        started = time.monotonic()
         while not self._halt.is_set():
-            msg = self.consumer.poll(0.1)
+            msg = self.consumer.poll(0.01)
+            # no pause before the fetchers have started: a partition paused before that is not woken by a
+            # seek (streams/kafka/consumer.py, ASSIGNMENT_GRACE_S)
             if msg is None:
-                assigned = self.consumer.assignment()
-                self.consumer.pause(assigned)
-                self._halt.wait(self.IDLE_PAUSE_S)
-                self.consumer.resume(assigned)
+                if time.monotonic() - started > self.START_GRACE_S:
+                    assigned = self.consumer.assignment()
+                    self.consumer.pause(assigned)
+                    self._halt.wait(self.IDLE_PAUSE_S)
+                    resume_now(self.consumer, assigned, self._next)
                 continue
             if msg.error():
                 continue
-            self.handle(msg.value(), record_time(msg, self.clock))
+            self._next[(msg.topic(), msg.partition())] = msg.offset() + 1
+            self.handle(msg.value(), self.clock())
 
     def snapshot(self) -> dict[str, Decided]:
         with self._lock:
@@ -103,12 +115,6 @@ class DecisionCollector(threading.Thread):
         if self.is_alive():
             self.join(5)
         self.consumer.close()
-
-
-def record_time(msg, clock=time.time) -> float:
-    """A record's timestamp in seconds (its producer's send time), or `clock()` when it carries none."""
-    kind, ts_ms = msg.timestamp()
-    return ts_ms / 1000.0 if kind and ts_ms and ts_ms > 0 else clock()
 
 
 class LagSampler(threading.Thread):
@@ -129,7 +135,8 @@ class LagSampler(threading.Thread):
         from confluent_kafka.admin import AdminClient
 
         conf = {**self.settings.kafka_client_config(), "bootstrap.servers": self.bootstrap}
-        consumer = Consumer({**conf, "group.id": self.settings.app_id, "enable.auto.commit": False})
+        consumer = Consumer({**self.settings.kafka_consumer_config(), "bootstrap.servers": self.bootstrap,
+                             "group.id": self.settings.app_id, "enable.auto.commit": False})
         admin = AdminClient(conf)
         topic = self.settings.topic("posts")
         group_ok = True

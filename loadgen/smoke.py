@@ -27,7 +27,7 @@ _log = log.get(__name__)
 
 def end_consumer(settings: Settings, bootstrap: str, topics: list[str]) -> Consumer:
     """A group-less consumer positioned at the current end of `topics`: it sees only this run's records."""
-    conf = {**settings.kafka_client_config(), "bootstrap.servers": bootstrap,
+    conf = {**settings.kafka_consumer_config(), "bootstrap.servers": bootstrap,
             "group.id": f"modpipe-smoke-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False}
     consumer = Consumer(conf)
     tps = []

@@ -44,10 +44,9 @@ def configure(level: str = "INFO", fmt: str = "json", stream=sys.stderr) -> None
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # faust/aiokafka are chatty at INFO; keep their warnings unless we are debugging. librdkafka's INFO
-    # includes `FAIL ... Disconnected` when a broker closes a connection, as one does when it stops cleanly.
-    for noisy in ("aiokafka", "faust", "mode", "kafka", KAFKA_CLIENT_LOGGER):
-        logging.getLogger(noisy).setLevel(root.level if root.level <= logging.DEBUG else logging.WARNING)
+    # librdkafka's INFO includes `FAIL ... Disconnected` when a broker closes a connection, as one does when it
+    # stops cleanly: keep its warnings unless we are debugging.
+    logging.getLogger(KAFKA_CLIENT_LOGGER).setLevel(root.level if root.level <= logging.DEBUG else logging.WARNING)
 
 
 def get(name: str) -> logging.Logger:

@@ -29,7 +29,7 @@ def _xdg(var: str, fallback: str) -> str:
 SETTINGS_SPEC: dict[str, Spec] = {
     # -- paths
     "state_dir": Spec("MODPIPE_STATE_DIR", _xdg("XDG_STATE_HOME", "~/.local/state"),
-                      "Runtime state: embedded broker data, Triton model repository, faust tables, logs."),
+                      "Runtime state: embedded broker data, Triton model repository, logs."),
     "cache_dir": Spec("MODPIPE_CACHE_DIR", _xdg("XDG_CACHE_HOME", "~/.cache"),
                       "Build cache: downloaded corpora and model builds keyed by a hash of code, config and data."),
     "model_dir": Spec("MODPIPE_MODEL_DIR", "",
@@ -49,7 +49,7 @@ SETTINGS_SPEC: dict[str, Spec] = {
     "topic_prefix": Spec("MODPIPE_TOPIC_PREFIX", "", "Prefix for every topic name (e.g. `prod.`)."),
     "partitions": Spec("MODPIPE_PARTITIONS", "4", "Partitions of each topic created by `modpipe topics`.", int),
     "replication": Spec("MODPIPE_REPLICATION", "1", "Replication factor of created topics.", int),
-    "app_id": Spec("MODPIPE_APP_ID", "modpipe", "faust application id = consumer group id."),
+    "app_id": Spec("MODPIPE_APP_ID", "modpipe", "Application id: the consumer group id and the prefix of the tables' changelog topics."),
     # -- Triton
     "triton_url": Spec("TRITON_URL", "",
                        "Triton gRPC endpoint host:port. Empty: start the embedded Triton (nvidia-pytriton's binary)."),
@@ -125,28 +125,24 @@ SETTINGS_SPEC: dict[str, Spec] = {
     "local_hops": Spec("MODPIPE_LOCAL_HOPS", "on",
                        "`on`: an item whose next stage partition this worker owns is applied at once, without "
                        "the Kafka hop; `off`: every stage hop goes through its stage topic."),
-    "state_flush_ms": Spec("MODPIPE_STATE_FLUSH_MS", "200",
-                           "Checkpoint interval: table states changed since the last checkpoint are written "
-                           "(one changelog record per key) and the input behind them committed.", float),
+    "commit_interval_ms": Spec("MODPIPE_COMMIT_INTERVAL_MS", "100",
+                               "Checkpoint interval: at most this long after a record was processed, the outputs of "
+                               "everything processed since the last checkpoint (one changelog record per changed "
+                               "key among them) and the input offsets are committed as one Kafka transaction; a "
+                               "worker with nothing in flight commits at once (streams/checkpoint.py).", float),
+    "static_membership": Spec("MODPIPE_STATIC_MEMBERSHIP", "on",
+                              "`on`: a worker's group.instance.id is <app id>-<worker name>, so a restarted worker "
+                              "takes its partitions back without a rebalance; `off`: dynamic membership."),
     "producer_linger_ms": Spec("MODPIPE_PRODUCER_LINGER_MS", "1",
                                "librdkafka linger.ms of the worker's producer (decisions, stage bundles, dead "
                                "letters): each round is already one record per partition.", float),
     "worker_name": Spec("MODPIPE_WORKER_NAME", "",
                         "Stable, unique name of a worker (e.g. the StatefulSet pod name): its consumer-group "
-                        "static member id and table directory. Empty: host-pid."),
+                        "static member id and the stem of its transactional ids (one per start). Empty: host-pid."),
     "workers": Spec("MODPIPE_WORKERS", "1", "Workers started by `modpipe up`.", int),
     "metrics_host": Spec("MODPIPE_METRICS_HOST", "127.0.0.1", "Address of each worker's Prometheus endpoint."),
     "metrics_port": Spec("MODPIPE_METRICS_PORT", "9464",
                          "Prometheus port of a worker; `modpipe up` gives worker i port + i.", int),
-    "web_port": Spec("MODPIPE_WEB_PORT", "6066", "faust web port (bound to 127.0.0.1); `up` gives worker i port + i.",
-                     int),
-    "rocksdb_write_buffer_mb": Spec("MODPIPE_ROCKSDB_WRITE_BUFFER_MB", "4",
-                                    "RocksDB write buffer (memtable) per table partition, MiB; up to 2 per partition. "
-                                    "faust's default, 64 MiB x 3, let an idle-looking worker grow by hundreds of MiB.",
-                                    int),
-    "rocksdb_block_cache_mb": Spec("MODPIPE_ROCKSDB_BLOCK_CACHE_MB", "8",
-                                   "RocksDB block cache per table partition, MiB (faust's default: 2 GiB each). "
-                                   "Decoded states are cached in the worker anyway (streams/table_states.py).", int),
     "state_cache_keys": Spec("MODPIPE_STATE_CACHE_KEYS", "20000",
                              "Decoded states a worker keeps per feature table between rounds (user, url, domain, "
                              "ip): a hot key is decoded once, not once per round.", int),
@@ -154,7 +150,6 @@ SETTINGS_SPEC: dict[str, Spec] = {
                                   "The same for the post table, whose states hold a decision snapshot (~9 KB "
                                   "each) and are hot only for the minutes after the post: 20,000 of them grew a "
                                   "worker by ~120 MiB in the soak run.", int),
-    "table_store": Spec("MODPIPE_TABLE_STORE", "rocksdb", "faust table store: `rocksdb` or `memory`."),
     # -- review console (`modpipe console`)
     "console_host": Spec("MODPIPE_CONSOLE_HOST", "127.0.0.1",
                          "Address the review console binds. Anything but loopback needs TLS "
@@ -244,16 +239,13 @@ class Settings:
     text_floor: str
     redecide_reports: int
     local_hops: str
-    state_flush_ms: float
+    commit_interval_ms: float
+    static_membership: str
     producer_linger_ms: float
     worker_name: str
     workers: int
     metrics_host: str
     metrics_port: int
-    web_port: int
-    table_store: str
-    rocksdb_write_buffer_mb: int
-    rocksdb_block_cache_mb: int
     state_cache_keys: int
     post_state_cache_keys: int
     console_host: str
@@ -307,8 +299,10 @@ class Settings:
             raise SettingsError("MODPIPE_CONSOLE_PROXY_ROLE must be `viewer` or `moderator`")
         if self.state_cache_keys < 1 or self.post_state_cache_keys < 1:
             raise SettingsError("MODPIPE_STATE_CACHE_KEYS and MODPIPE_POST_STATE_CACHE_KEYS must be >= 1")
-        if self.table_store not in ("rocksdb", "memory"):
-            raise SettingsError("MODPIPE_TABLE_STORE must be `rocksdb` or `memory`")
+        if self.static_membership not in ("on", "off"):
+            raise SettingsError("MODPIPE_STATIC_MEMBERSHIP must be `on` or `off`")
+        if self.commit_interval_ms <= 0:
+            raise SettingsError("MODPIPE_COMMIT_INTERVAL_MS must be > 0")
         if self.text_model not in ("on", "off"):
             raise SettingsError("MODPIPE_TEXT_MODEL must be `on` or `off`")
         if self.local_hops not in ("on", "off"):
@@ -360,6 +354,14 @@ class Settings:
         if self.ssl_cafile:
             conf["ssl.ca.location"] = self.ssl_cafile
         return conf
+
+    def kafka_consumer_config(self) -> dict:
+        """`kafka_client_config()` for a consumer that reads the pipeline's outputs, `read_committed`. The
+        workers write their outputs (stage bundles, decisions, dead letters, changelogs) in Kafka transactions:
+        a `read_uncommitted` reader would also see the records of transactions that were
+        aborted, by a worker that crashed or was fenced, and then the same records again when the input is
+        processed a second time: duplicates, and outputs that never happened."""
+        return {**self.kafka_client_config(), "isolation.level": "read_committed"}
 
     def to_env(self) -> dict[str, str]:
         """Environment that reproduces these settings in a child process."""

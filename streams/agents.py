@@ -1,4 +1,5 @@
-"""The faust agents: thin wiring between topics and the plain logic in `stages.py` and `decisions.py`.
+"""The handlers of the input topics: thin wiring between topics and the plain logic in `stages.py` and
+`decisions.py`. The runner (streams/runner.py) calls them with the records of one round.
 
 ingest            posts -> decode + validate -> the post's stages | posts.dlq
 features-<stage>  bundles of items from other workers (and from this one when hops go through
@@ -17,43 +18,42 @@ every hop through Kafka. Either way a table is only ever written by the owner of
 that partition (`PartitionEvent`), and one worker's view of its partitions is cleared at every
 rebalance.
 
-Every agent takes what is ready (`take_ready`) as one `Round`: it applies the round's events, writes
-each changed table state once, and publishes one bundle record per destination partition through the
-outbox, all without awaiting anything. The round's input events are acked (so committed) only when
-everything they produced is delivered: bundles, changelog records, dead letters, and for posts their
-decisions (`outbox.Pending`). A worker killed at any point loses nothing; what it had not committed is
-processed again, and the states ignore events they have already counted.
+Each handler gets a `Round`: the records one fetch brought for its topic (at most ROUND_MAX). It applies
+them, writes nothing to the tables yet (changed states are written once per key at the checkpoint) and
+produces one bundle record per destination partition into the open transaction, all without awaiting
+anything. A round is complete when everything it produced is delivered and, for posts, their decisions are
+published (`outbox.Pending`); the checkpoint (streams/checkpoint.py) waits for every round to be complete
+before it commits their input offsets together with their outputs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import orjson
-from faust.types import TP
 
 from features import events as fe
 from features.state import DEFAULT_LIMITS
 from modpipe import log, schema
 from modpipe.decision.verdict import Decider
 from modpipe.settings import Settings
-from streams import kafka_compat, metrics
+from streams import metrics
 from streams.app import Pipeline
 from streams.bans import BanRegistry
 from streams.bundles import Bundler, decode_bundle, partition_for
 from streams.dead_letters import event_timestamp_ms, send_dead_letter
 from streams.decisions import DecisionBatcher, Publisher
+from streams.kafka.records import TP
 from streams.outbox import Outbox, Pending
-from streams.scoring import TextScorer
+from streams.scoring import TextModelUnavailable, TextScorer
 from streams.stages import ReadyPost, Redecision, Stage, event_items, post_item
 from streams.table_states import ChangelogWriter
-from streams.take import take_ready
 
 _log = log.get(__name__)
 
-REVOKE_DRAIN_S = 10.0  # at most this long (below the rebalance timeout) for our records to be delivered
 ROUND_MAX = 128  # records handled per round at most (a stage record is a bundle of many items)
 DECODERS = {"report": schema.decode_report, "engagement": schema.decode_engagement, "label": schema.decode_label,
             "ban": schema.decode_ban}
@@ -61,22 +61,23 @@ DECODERS = {"report": schema.decode_report, "engagement": schema.decode_engageme
 
 class PartitionEvent:
     """Stands in for a record of a stage topic's partition when an item is applied without the Kafka hop:
-    faust's table store and our changelog writer take the partition from the current event."""
+    the table states take the partition from the event in hand."""
 
-    class _Message:
-        __slots__ = ("topic", "partition", "offset", "key", "tp")
-
-        def __init__(self, topic: str, partition: int):
-            self.topic, self.partition, self.offset, self.key = topic, partition, -1, None
-            self.tp = TP(topic, partition)
+    __slots__ = ("topic", "partition", "offset", "key", "value", "timestamp_ms", "tp")
 
     def __init__(self, topic: str, partition: int):
-        self.message = self._Message(topic, partition)
+        self.topic, self.partition, self.offset, self.key, self.value, self.timestamp_ms = \
+            topic, partition, -1, None, None, None
+        self.tp = TP(topic, partition)
+
+    @property
+    def message(self) -> PartitionEvent:
+        return self
 
 
 @dataclass
 class Round:
-    """What one round of an agent produced, and the events it holds until that is delivered."""
+    """What one round produced, and what it waits for before it is complete."""
     pending: Pending
     bundler: Bundler
     events: list = field(default_factory=list)
@@ -94,7 +95,6 @@ class Wiring:
         self.partitions = pipe.partitions
         self.local_hops = settings.local_hops == "on"
         writers = {name: ChangelogWriter(table, outbox) for name, table in pipe.tables.items()}
-        outbox.after_delivery += [writer.persist_offsets for writer in writers.values()]
         cached_keys = {t: settings.post_state_cache_keys if t == fe.POST else settings.state_cache_keys
                        for t in fe.TABLES}
         self.stages = {name: Stage(name, pipe.tables, DEFAULT_LIMITS, is_banned=bans.is_banned,
@@ -110,16 +110,32 @@ class Wiring:
         self.owned: set[TP] = set()  # stage-topic partitions assigned to this worker (empty while rebalancing)
         self.assignments = 0  # assignments received (readiness: the worker has been given its partitions)
         self._partition_events: dict[tuple[str, int], PartitionEvent] = {}
-        self.flush_interval_s = settings.state_flush_ms / 1000
-        self._awaiting_flush: list[Pending] = []  # rounds whose state changes are not written yet
-        self._flush_timer: asyncio.TimerHandle | None = None
+        self.open_rounds = 0  # rounds (and checkpoint writes) not complete yet
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.on_crash = lambda exc: None  # set by the worker: stop it (exit non-zero) without committing
 
     def crash(self, exc: Exception) -> None:
-        """Stop the worker: what is not acked is processed again after the restart (at-least-once)."""
-        asyncio.ensure_future(self.pipe.app.crash(exc))
+        """Stop the worker: nothing of the open transaction is committed; its input is processed again by
+        whoever owns the partitions next (this worker after its restart)."""
+        self.on_crash(exc)
 
-    def new_round(self, stream=None, events=()) -> Round:
-        return Round(Pending(stream, events, on_error=self.crash), Bundler(self.partitions), list(events))
+    def _opened(self) -> Pending:
+        self.open_rounds += 1
+        self._idle.clear()
+        return Pending(on_error=self.crash, on_done=self._completed)
+
+    def _completed(self) -> None:
+        self.open_rounds -= 1
+        if self.open_rounds == 0:
+            self._idle.set()
+
+    async def idle(self) -> None:
+        """Until every round opened so far is complete (its outputs delivered, its posts decided)."""
+        await self._idle.wait()
+
+    def new_round(self, events=()) -> Round:
+        return Round(self._opened(), Bundler(self.partitions), list(events))
 
     def dead_letter(self, event, error: Exception, pending: Pending, raw: bytes | None = None) -> None:
         send_dead_letter(self.outbox, self.topics.dead_letters, event, error, pending, raw)
@@ -171,7 +187,6 @@ class Wiring:
             redecisions, r.redecisions = r.redecisions, []
             items = self.publisher.redecide(self.decider, redecisions, r.pending)
             self.dispatch(r, items, origin=r.events[0])
-        self._await_flush(r.pending)
         for post in r.ready:  # each holds the round's events until its decision is delivered
             post.source = r.pending
         r.pending.hold(len(r.ready))
@@ -179,30 +194,17 @@ class Wiring:
         self.publisher.send_bundles(r.bundler, r.pending)
         r.pending.seal()
 
-    def _await_flush(self, pending: Pending) -> None:
-        """The round's table changes are written at the next checkpoint; its events wait for that too."""
-        pending.hold()
-        self._awaiting_flush.append(pending)
-        if self._flush_timer is None:
-            self._flush_timer = asyncio.get_running_loop().call_later(self.flush_interval_s, self.flush_states)
-
-    def flush_states(self) -> None:
-        """Checkpoint: each state changed since the last one written once, its changelog record holding
-        the rounds that changed it (Kafka Streams' record cache and Quix Streams' checkpoints do the same:
-        a hot key costs one record per checkpoint, not one per round). Runs every MODPIPE_STATE_FLUSH_MS
-        and before partitions are given up."""
-        if self._flush_timer is not None:
-            self._flush_timer.cancel()
-            self._flush_timer = None
-        if not self._awaiting_flush:
-            return
-        rounds, self._awaiting_flush = self._awaiting_flush, []
-        checkpoint = Pending(on_error=self.crash, on_done=lambda: [p.release() for p in rounds])
+    def flush_states(self) -> Pending:
+        """Each state changed since the last checkpoint written once, its changelog record in the open
+        transaction (Kafka Streams' record cache and Quix Streams' checkpoints do the same: a hot key costs
+        one record per checkpoint, not one per round). The returned group completes when they are delivered."""
+        pending = self._opened()
         for stage in self.stages.values():
-            for table, n in stage.flush(checkpoint).items():
+            for table, n in stage.flush(pending).items():
                 if n:
                     metrics.STATE_WRITES.labels(table).inc(n)
-        checkpoint.seal()
+        pending.seal()
+        return pending
 
     def feedback(self, items, pending: Pending) -> None:
         """A batch's verdicts back to the tables: through the stage topics. (Not applied here even when this
@@ -220,7 +222,6 @@ class Wiring:
         self.invalidate()
 
     def revoked(self) -> None:
-        self.flush_states()  # while the partitions are still ours
         self.owned = set()
         self.invalidate()
 
@@ -229,116 +230,83 @@ class Wiring:
             stage.invalidate()  # another worker may update these keys before we see them again
 
 
-def attach_agents(pipe: Pipeline, settings: Settings, scorer: TextScorer, decider: Decider, bans: BanRegistry,
-                  outbox: Outbox, shadow=None) -> Wiring:
-    """`shadow`: a modpipe.decision.live.ShadowScorer scoring every first decision beside the decider."""
-    app = pipe.app
-    w = Wiring(pipe, settings, scorer, decider, bans, outbox, shadow)
-    outbox.on_fatal = w.crash
-
-    @app.agent(pipe.posts, name="ingest")
-    async def ingest(stream):
-        async for events in take_ready(stream, ROUND_MAX):
-            r = w.new_round(stream, events)
-            metrics.POSTS_CONSUMED.inc(len(events))
-            for event, first_hop in w.decoded(r, first_hop_of):
-                w.dispatch(r, [first_hop], origin=event)
-            w.finish(r)
+def make_handlers(w: Wiring, settings: Settings, scorer: TextScorer, decider: Decider) -> dict:
+    """Input topic -> its handler. A handler takes one round's records (one topic, in offset order per
+    partition). Every handler is synchronous except the awaiting-text one, a coroutine function of
+    (records, done) that calls `done()` as it publishes their decisions and returns False when the text model is
+    still unavailable (the records are then read again later)."""
+    topics = w.topics
 
     def first_hop_of(event):
         post = schema.decode_post(event.value, settings.max_text_chars)
         return post_item(post, event_timestamp_ms(event))
 
-    def make_stage_agent(name: str):
+    def ingest(events) -> None:
+        r = w.new_round(events)
+        metrics.POSTS_CONSUMED.inc(len(events))
+        for event, first_hop in w.decoded(r, first_hop_of):
+            w.dispatch(r, [first_hop], origin=event)
+        w.finish(r)
+
+    def make_stage_handler(name: str):
         stage = w.stages[name]
 
-        async def stage_agent(stream):
-            async for events in take_ready(stream, ROUND_MAX):
-                r = w.new_round(stream, events)
-                for event, items in w.decoded(r, lambda event: decode_bundle(event.value)):
-                    # The bundle's partition is this worker's (faust assigned it), so its items apply here.
-                    for item in items:
-                        try:
-                            out = stage.apply(item, event)
-                        except Exception as exc:  # noqa: BLE001 - one bad item must not stall the partition
-                            _log.exception("feature stage failed on an item", extra={"stage": name})
-                            w.dead_letter(event, exc, r.pending, raw=orjson.dumps(item))
-                            continue
-                        r.ready += out.ready
-                        r.redecisions += out.redecisions
-                        w.dispatch(r, out.items, origin=event)
-                w.finish(r)
+        def stage_handler(events) -> None:
+            r = w.new_round(events)
+            for event, items in w.decoded(r, lambda event: decode_bundle(event.value)):
+                # The bundle's partition is this worker's (the group assigned it), so its items apply here.
+                for item in items:
+                    try:
+                        out = stage.apply(item, event)
+                    except Exception as exc:  # noqa: BLE001 - one bad item must not stall the partition
+                        _log.exception("feature stage failed on an item", extra={"stage": name})
+                        w.dead_letter(event, exc, r.pending, raw=orjson.dumps(item))
+                        continue
+                    r.ready += out.ready
+                    r.redecisions += out.redecisions
+                    w.dispatch(r, out.items, origin=event)
+            w.finish(r)
 
-        stage_agent.__name__ = f"features_{name}"
-        return stage_agent
-
-    for name, topic in pipe.stages.items():
-        app.agent(topic, name=f"features-{name}")(make_stage_agent(name))
+        return stage_handler
 
     def make_side_input(kind: str):
         decode = DECODERS[kind]
 
-        async def side_input(stream):
-            async for events in take_ready(stream, ROUND_MAX):
-                r = w.new_round(stream, events)
-                for event, raw in w.decoded(r, lambda event: decode(event.value)):
-                    metrics.EVENTS_CONSUMED.labels(kind).inc()
-                    if kind == "ban":
-                        # Every worker's BanRegistry applies it to new posts; the domain table finds the
-                        # posts decided before it, so they are decided again.
-                        _log.info("ban received", extra={"kind": raw["kind"], "value": raw["value"],
-                                                         "action": raw["action"]})
-                    w.dispatch(r, event_items(kind, fe.PREPARE[kind](raw)), origin=event)
-                w.finish(r)
+        def side_input(events) -> None:
+            r = w.new_round(events)
+            for event, raw in w.decoded(r, lambda event: decode(event.value)):
+                metrics.EVENTS_CONSUMED.labels(kind).inc()
+                if kind == "ban":
+                    # Every worker's BanRegistry applies it to new posts; the domain table finds the
+                    # posts decided before it, so they are decided again.
+                    _log.info("ban received", extra={"kind": raw["kind"], "value": raw["value"],
+                                                     "action": raw["action"]})
+                w.dispatch(r, event_items(kind, fe.PREPARE[kind](raw)), origin=event)
+            w.finish(r)
 
-        side_input.__name__ = f"ingest_{kind}"
         return side_input
 
-    for kind, topic in {**pipe.side_inputs, "ban": pipe.bans}.items():
-        app.agent(topic, name=f"ingest-{kind}")(make_side_input(kind))
-
-    @app.agent(pipe.awaiting_text, name="awaiting-text")
-    async def awaiting_text(stream):
-        # Waits for Triton for as long as it takes: these posts have a (degraded) decision already.
-        async for events in take_ready(stream, settings.max_batch):
-            r = w.new_round(stream, events)
-            records = [record for _, record in w.decoded(r, lambda event: orjson.loads(event.value))]
+    async def awaiting_text(events, done: Callable[[], None]) -> bool:
+        # These posts have a (degraded) decision already: while Triton stays unavailable they wait in their
+        # topic, uncommitted, and are read again later. Each try is one request: the probe that ends the
+        # outage when no new post asks Triton anything.
+        r = w.new_round(events)
+        records = [record for _, record in w.decoded(r, lambda event: orjson.loads(event.value))]
+        try:
             if records:
                 w.feedback(await w.publisher.decide_awaiting_text(scorer, decider, records, r.pending), r.pending)
-            r.pending.seal()
+            done()  # no await since the decisions were produced: the next checkpoint holds both
+        except (TextModelUnavailable, asyncio.CancelledError) as exc:
+            r.pending.seal()  # nothing was produced for them: the round is complete, its records read again
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return False
+        r.pending.seal()
+        return True
 
-    inputs = set(pipe.topics.inputs())
-
-    @app.on_partitions_revoked.connect
-    async def on_revoked(app, revoked, **kwargs) -> None:
-        w.revoked()
-        # faust awaits this before the group moves the partitions: the last checkpoint's changelog records
-        # reach the broker before a new owner restores from the changelog and writes its own.
-        await outbox.drain(REVOKE_DRAIN_S)
-
-    @app.on_partitions_assigned.connect
-    async def on_assigned(app, assigned, **kwargs) -> None:
-        w.assigned(assigned)
-        for topic in inputs:
-            metrics.ASSIGNED_PARTITIONS.labels(topic).set(sum(tp.topic == topic for tp in assigned))
-
-    # Posts beyond the next Triton batch are waiting anyway: fetching faster would not decide them sooner.
-    kafka_compat.set_backlog_check(lambda: w.batcher.queued >= settings.max_batch)
-
-    @app.task
-    async def start_outbox() -> None:
-        outbox.start(asyncio.get_running_loop())
-
-    @app.timer(5.0)
-    async def report_lag():
-        consumer = app.consumer
-        for tp in consumer.assignment():
-            committed = consumer._committed_offset.get(tp)  # faust keeps no public accessor for this
-            try:
-                highwater = consumer.highwater(tp)
-            except Exception:  # noqa: BLE001 - partition not fetched yet
-                continue
-            if highwater is not None and committed is not None:
-                metrics.CONSUMER_LAG.labels(tp.topic, str(tp.partition)).set(max(0, highwater - committed))
-
-    return w
+    handlers = {topics.posts: ingest, topics.awaiting_text: awaiting_text}
+    handlers.update({topic: make_stage_handler(name) for name, topic in topics.stages.items()})
+    handlers.update({topic: make_side_input(kind) for kind, topic in
+                     {"report": topics.reports, "engagement": topics.engagements, "label": topics.labels,
+                      "ban": topics.bans}.items()})
+    return handlers

@@ -1,8 +1,10 @@
-"""Bans known to every worker: each worker reads the whole `bans` topic itself (no consumer group).
+"""Bans known to every worker: each worker reads the whole `bans` topic itself (no consumer group),
+`read_committed`.
 
-faust's GlobalTable does not reliably replicate to every worker (faust-streaming issue #283); a ban
-log that every worker reads from the beginning is exact and simple, and bans are few. The ingest-ban
-agent only validates and dead-letters bad records; this reader skips them.
+A post's stage checks the bans of its domain and ip whatever partition those keys live on, so every
+worker needs every ban: a log that each worker reads from the beginning is exact and simple, and bans are
+few. The `bans` topic's handler in the group (streams/agents.py) validates and dead-letters bad records and
+sends each ban to the tables it updates; this reader skips invalid records.
 
 A worker decides nothing before the reader has read the log up to the end offsets it found at start
 (`wait_caught_up`): a post decided right after a restart must not miss a ban. A reader that dies (the

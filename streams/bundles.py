@@ -1,12 +1,12 @@
 """Stage topics carry bundles: one record per destination partition per round, holding many items.
 
-A stage's table is co-partitioned with its stage topic: every item for a key must land on the
-partition of that key, and faust writes the table's changelog to the partition of the event in hand.
-So the bundler places each item itself, with the same murmur2 hash Kafka's Java client (and aiokafka,
-faust's client) uses for keyed records, and a bundle only ever holds items of one partition. One
-bundle record per partition per round replaces one record per item: faust's per-record machinery,
-a produce and a fetch entry are paid once per bundle, and the broker stores a few large records
-instead of many small ones.
+A stage's table is co-partitioned with its stage topic: every item for a key must land on the partition of
+that key, and a table's state is written under the partition of the record in hand (streams/table_states.py).
+So the bundler places each item itself, with the murmur2 hash that Kafka's Java client (and librdkafka's
+`murmur2_random` partitioner, which loadgen's producers use) applies to keyed records, and a bundle only ever
+holds items of one partition. One bundle record per partition per round replaces one record per item: a
+produce and a fetch entry are paid once per bundle, and the broker stores a few large records instead of many
+small ones.
 
 Record value: `{"items": [item, ...]}` (orjson). An item is `{"kind", "ctx", "to": [[table, key], ...]}`
 plus, for a post on its way through the stages, `"post"` (the validated post), `"received_at_ms"`,
@@ -16,16 +16,41 @@ plus, for a post on its way through the stages, `"post"` (the validated post), `
 from __future__ import annotations
 
 import functools
+import struct
 
 import orjson
-from aiokafka.partitioner import murmur2
 
 MAX_BUNDLE_BYTES = 512 * 1024  # well under Kafka's default 1 MB record limit
+
+_SEED = 0x9747B28C
+_M = 0x5BD1E995  # murmur2's mixing constant
+_MASK = 0xFFFFFFFF
+_WORD = struct.Struct("<I")  # the Java client reads each 4-byte block little-endian
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 hash (the Java client's `Utils.murmur2`, seed 0x9747b28c): a signed 32-bit int, as Java
+    returns it. Java's 32-bit int arithmetic is done here on Python ints masked to 32 bits."""
+    length = len(data)
+    h = _SEED ^ length
+    end = length & ~3
+    if end:
+        for (k,) in _WORD.iter_unpack(data[:end]):
+            k = (k * _M) & _MASK
+            k = ((k ^ (k >> 24)) * _M) & _MASK
+            h = ((h * _M) & _MASK) ^ k
+    if length & 3:  # the last 1 to 3 bytes, little-endian: Java's switch that falls through cases 3, 2, 1
+        h = ((h ^ int.from_bytes(data[end:], "little")) * _M) & _MASK
+    h ^= h >> 13
+    h = (h * _M) & _MASK
+    h ^= h >> 15
+    return h - 0x100000000 if h & 0x80000000 else h
 
 
 @functools.lru_cache(maxsize=200_000)
 def partition_for(key: str, partitions: int) -> int:
-    """The partition Kafka's default partitioner (murmur2, Java client, aiokafka) gives a record keyed `key`."""
+    """The partition Kafka's default partitioner (murmur2: Java client; librdkafka `murmur2_random`) gives a
+    record keyed `key`."""
     return (murmur2(key.encode("utf-8", "surrogatepass")) & 0x7FFFFFFF) % partitions
 
 

@@ -84,9 +84,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("topics", help="create the topics (idempotent; refuses a wrong partition count)")
     p.set_defaults(func=_topics)
 
-    p = sub.add_parser("worker", help="run one stream worker (faust app: ingest, feature stages, decisions)")
-    p.add_argument("--name", default=None, help="stable unique worker name (default: MODPIPE_WORKER_NAME, else host-pid); static group "
-                        "member id and table directory STATE_DIR/faust/NAME")
+    p = sub.add_parser("worker", help="run one stream worker (ingest, feature stages, decisions; exactly once, "
+                                      "one Kafka transaction per checkpoint)")
+    p.add_argument("--name", default=None, help="stable unique worker name (default: MODPIPE_WORKER_NAME, else host-pid); "
+                        "gives the static group member id <app id>-NAME and the transactional ids <app id>-NAME-<n>")
     p.set_defaults(func=_worker)
 
     p = sub.add_parser("up", help="run broker, Triton and N workers in the foreground with a live status line; "

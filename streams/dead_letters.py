@@ -15,8 +15,8 @@ def event_source(event) -> dict:
 
 
 def event_timestamp_ms(event) -> int:
-    ts = event.message.timestamp
-    return int(ts * 1000) if ts and ts > 0 else schema.now_ms()
+    ts = event.message.timestamp_ms
+    return ts if ts and ts > 0 else schema.now_ms()
 
 
 def send_dead_letter(outbox: Outbox, topic: str, event, error: Exception, pending: Pending,

@@ -13,8 +13,8 @@ decides it again with the text model (revision + 1) once Triton answers.
 
 `Publisher.publish` is the one place a decision is published: the record to `decisions` (key post_id);
 it returns the verdict's feedback items for the tables (stages.decision_items), which the wiring sends
-on. A post's source (`Pending`) is released only when its decision and feedback are delivered, so its
-offsets are committed only then (at-least-once).
+on. A post's source (`Pending`) is released only when its decision and feedback are delivered: its round is
+complete only then, and the checkpoint commits its offsets with them.
 """
 
 from __future__ import annotations
@@ -82,9 +82,10 @@ class Publisher:
 
     async def decide_awaiting_text(self, scorer: TextScorer, decider: Decider, records: Sequence[dict],
                                    pending: Pending) -> list:
-        """Posts decided during an outage, decided again with the text model (revision + 1); waits for Triton
-        for as long as it takes (their records stay uncommitted meanwhile). Returns the feedback items."""
-        probabilities = await scorer.spam_probabilities([r["post"]["text"] for r in records], wait=True)
+        """Posts decided during an outage, decided again with the text model (revision + 1). Raises
+        `TextModelUnavailable` while the outage lasts (their records stay uncommitted and are read again).
+        Returns the feedback items."""
+        probabilities = await scorer.spam_probabilities([r["post"]["text"] for r in records])
         features_list = [features_for(r["features"], None if p != p else p)
                          for r, p in zip(records, probabilities, strict=True)]
         now = schema.now_ms()

@@ -47,6 +47,10 @@ BAN_LOG_READER_UP = Gauge("modpipe_ban_log_reader_up",
 BAN_LOG_CAUGHT_UP = Gauge("modpipe_ban_log_caught_up",
                           "1 once the ban log was read to its end at start (no post is decided before).")
 WORKER_READY = Gauge("modpipe_worker_ready", "1 while /readyz passes: ban log read, paths warm, partitions assigned.")
+CHECKPOINT_DURATION = Histogram(
+    "modpipe_checkpoint_duration_seconds",
+    "One checkpoint: waiting for the rounds in flight, writing the changed states, committing the transaction.",
+    buckets=_LATENCY_BUCKETS)
 CONSUMER_LAG = Gauge("modpipe_consumer_lag_messages", "Records behind the end of each assigned partition.",
                      ["topic", "partition"])
 

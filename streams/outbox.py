@@ -1,15 +1,19 @@
-"""Everything a worker publishes goes through one librdkafka producer, and input is acked only once what
-it produced is delivered (at-least-once).
+"""Everything a worker publishes goes through one transactional librdkafka producer: stage bundles,
+decisions, dead letters and changelog records, and with them the input offsets they came from.
 
-faust's own producer (aiokafka) keeps the table changelogs, and faust flushes it before it commits
-offsets. Our outputs (stage bundles, decisions, dead letters) go through confluent-kafka instead: a
-`produce()` is a few microseconds of C, where an aiokafka send through faust cost tens of microseconds
-of Python per record. faust does not know this producer, so input events are held (their reference
-count raised) until a `Pending` group's records are all acknowledged by the broker; only then are they
-acked and may faust commit their offsets.
+Records are produced into the open transaction as the wiring makes them; `commit()` (called by the
+checkpoint, streams/checkpoint.py) adds the input offsets and commits them all at once, then opens the next
+transaction. A reader with `isolation.level=read_committed` sees a checkpoint's outputs only once its input
+offsets are committed, and never those of a transaction that was aborted (a worker that died, or was fenced).
 
-Delivery reports arrive on a librdkafka thread (`poll`); the thread hands them to the event loop in
-one call per poll, and all accounting happens on the loop thread.
+Fencing: each start of a worker has a transactional.id of its own, `<app id>-<worker name>-<n>`, and fences the
+one before (streams/incarnations.py says how, and why not one id per worker); on Apache Kafka the offsets
+carry the consumer group's generation (KIP-447), so a worker that lost its partitions in a rebalance cannot
+commit for them either (streams/checkpoint.py says what the embedded broker checks).
+
+`Pending` counts what a round (or a Triton batch) still waits for: its records' delivery reports and the
+holds it takes; the checkpoint waits until every round is complete. Delivery reports arrive on a librdkafka
+thread (`poll`); the thread hands them to the event loop in one call per poll.
 """
 
 from __future__ import annotations
@@ -17,9 +21,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaException, Producer, TopicPartition
 
 from modpipe import log
 from modpipe.settings import Settings
@@ -31,30 +35,15 @@ class DeliveryFailed(RuntimeError):
     """A record could not be delivered within librdkafka's retries (message.timeout.ms)."""
 
 
-def ack_event(stream, event) -> None:
-    """faust's `Stream.ack` without the coroutine (it awaits nothing): one reference released; the offset
-    becomes committable when the last one is."""
-    last = event.ack()
-    message = event.message
-    stream._on_stream_event_out(message.tp, message.offset, stream, event)
-    if last:
-        stream._on_message_out(message.tp, message.offset, message)
-
-
 class Pending:
-    """Holds faust events until everything produced on their behalf is delivered, then acks them.
+    """What a round or a batch still waits for. Every produce under this group and every explicit `hold()`
+    must be matched by a delivery or a `release()`; `seal()` releases the creator's own hold once it has
+    produced everything it will. `on_done` runs when nothing is left; `on_error` on a failed delivery."""
 
-    Every produce under this group and every explicit `hold()` must be matched by a delivery or a
-    `release()`; `seal()` releases the creator's own hold once it has produced everything it will."""
+    __slots__ = ("holds", "on_error", "on_done")
 
-    __slots__ = ("stream", "events", "holds", "on_error", "on_done")
-
-    def __init__(self, stream=None, events: Iterable = (), on_error: Callable[[Exception], None] | None = None,
+    def __init__(self, on_error: Callable[[Exception], None] | None = None,
                  on_done: Callable[[], None] | None = None):
-        self.stream = stream
-        self.events = list(events)
-        for event in self.events:
-            event.message.incref()  # released in _finish, after delivery
         self.holds = 1
         self.on_error = on_error
         self.on_done = on_done
@@ -66,26 +55,25 @@ class Pending:
         if error is not None:
             if self.on_error is not None:
                 self.on_error(error)
-            return  # never acked: the input is processed again after the restart that follows
+            return  # never done: the worker stops and its input is processed again after the restart
         self.holds -= 1
-        if self.holds == 0:
-            self._finish()
+        if self.holds == 0 and self.on_done is not None:
+            self.on_done()
 
     def seal(self) -> None:
         self.release()
 
-    def _finish(self) -> None:
-        for event in self.events:
-            ack_event(self.stream, event)
-        if self.on_done is not None:
-            self.on_done()
-
 
 class Outbox:
-    """One confluent-kafka producer for a worker's outputs, with delivery tracked per `Pending` group."""
+    """One confluent-kafka producer for a worker's outputs, with delivery tracked per `Pending` group;
+    transactional when given a `transactional_id`."""
 
-    def __init__(self, settings: Settings, bootstrap: str, *, linger_ms: float):
-        self.producer = Producer({
+    def __init__(self, settings: Settings, bootstrap: str, *, linger_ms: float, transactional_id: str | None = None,
+                 transaction_timeout_ms: int = 60_000):
+        self.transactional = transactional_id is not None
+        extra = {"transactional.id": transactional_id, "transaction.timeout.ms": transaction_timeout_ms} \
+            if self.transactional else {}
+        self.producer = Producer({**extra,
             **settings.kafka_client_config(), "bootstrap.servers": bootstrap,
             "linger.ms": linger_ms, "acks": "all",
             # One record per destination partition per round is already a batch; keep librdkafka's
@@ -106,8 +94,13 @@ class Outbox:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self, loop: asyncio.AbstractEventLoop) -> Outbox:
+    def start(self, loop: asyncio.AbstractEventLoop, timeout: float = 60.0) -> Outbox:
+        """Blocking when transactional: `init_transactions` fences an earlier producer with our id (aborting
+        what it left open) and the first transaction opens."""
         self._loop = loop
+        if self.transactional:
+            self.producer.init_transactions(timeout)
+            self.producer.begin_transaction()
         self._thread = threading.Thread(target=self._poll_forever, name="outbox-delivery", daemon=True)
         self._thread.start()
         return self
@@ -173,6 +166,25 @@ class Outbox:
         for hook in self.after_delivery:
             hook()
 
+    def commit(self, offsets: dict, group_metadata, timeout: float = 60.0,
+               guard: Callable[[], None] | None = None) -> None:
+        """Blocking (call it off the loop): the open transaction's records and the input `offsets`
+        ({(topic, partition): next offset}) committed at once; the next transaction opens. `guard` runs
+        before each of the two requests and stops the commit by raising."""
+        guard = guard or (lambda: None)
+        if offsets:
+            guard()
+            self.producer.send_offsets_to_transaction(
+                [TopicPartition(topic, partition, offset) for (topic, partition), offset in offsets.items()],
+                group_metadata, timeout)
+        guard()
+        self.producer.commit_transaction(timeout)
+        self.producer.begin_transaction()
+
+    def abort(self, timeout: float = 30.0) -> None:
+        """Blocking: drop the open transaction's records (a read_committed reader never sees them)."""
+        self.producer.abort_transaction(timeout)
+
     async def drain(self, timeout: float) -> int:
         """Wait (off the event loop) until every queued record is delivered or `timeout` passed; returns the
         records left."""
@@ -182,9 +194,12 @@ class Outbox:
         return left
 
     def close(self, timeout: float = 10.0) -> int:
-        """Deliver what is queued (up to `timeout`); returns the records left undelivered (-1: unknown)."""
+        """Deliver what is queued (up to `timeout`); returns the records left undelivered (-1: unknown). A
+        transactional outbox aborts its open transaction (after the last checkpoint it holds nothing)."""
         left = -1
         try:
+            if self.transactional:
+                self.producer.abort_transaction(timeout)
             left = self.producer.flush(timeout)
             if left:
                 _log.warning("outbox closed with undelivered records (their input is processed again)",

@@ -75,8 +75,8 @@ class TextScorer:
     A failed request is retried with backoff; the batch's offsets stay uncommitted meanwhile, so an outage of
     Triton delays decisions but never loses a post. Once requests have failed for `outage_s` in a row the
     scorer raises `TextModelUnavailable` instead (policy `decide` or `review`: the batcher then decides
-    without the text model) and keeps raising at once until a request succeeds; `wait=True` (re-decisions
-    of degraded posts) and policy `wait` retry for as long as it takes.
+    without the text model) and keeps raising at once until a request succeeds; `wait=True`
+    and policy `wait` retry for as long as it takes.
     """
 
     def __init__(self, build: ModelBuild, triton_url: str, model_name: str, timeout_s: float = 10.0,

@@ -118,7 +118,6 @@ class LocalStack:
         env.update({
             "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap, "TRITON_URL": self.triton_url or "",
             "MODPIPE_METRICS_PORT": str(worker_port(self.settings.metrics_port, index)),
-            "MODPIPE_WEB_PORT": str(worker_port(self.settings.web_port, index)),
         })
         env.update(self.extra_env)
         return {**os.environ, **env}
@@ -260,33 +259,20 @@ class LocalStack:
         return totals
 
     def group_lag(self, per_partition: dict | None = None) -> int | None:
-        """Records not yet committed by the consumer group on its input topics (the admin's view)."""
-        from confluent_kafka import Consumer, TopicPartition
+        """Records of the input topics the consumer group has not committed yet (modpipe/services/group_lag.py
+        says why that is read, not subtracted)."""
+        from modpipe.services.group_lag import uncommitted_input
 
-        conf = {**self.settings.kafka_client_config(), "bootstrap.servers": self.bootstrap,
-                "group.id": self.settings.app_id, "enable.auto.commit": False}
-        consumer = Consumer(conf)
         try:
-            tps = [TopicPartition(t, p) for t in self.topics.inputs() for p in range(self.settings.partitions)]
-            committed = consumer.committed(tps, timeout=5)
-            lag = 0
-            for tp in committed:
-                low, high = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=5)
-                behind = high - (tp.offset if tp.offset >= 0 else low)
-                lag += behind
-                if per_partition is not None and behind:
-                    per_partition[f"{tp.topic}[{tp.partition}]"] = behind
-            return lag
+            return uncommitted_input(self.settings, self.bootstrap, self.topics.inputs(), per_partition=per_partition)
         except Exception:  # noqa: BLE001 - a status line must not crash the stack
             return None
-        finally:
-            consumer.close()
 
 
 def worker_port(base: int, index: int) -> int:
     """Worker `index` listens on base + index, or on a free port when another process holds that one.
 
-    A worker whose port is taken dies at start (faust's web server, the metrics server); ports next to
+    A worker whose port is taken dies at start (its metrics server); ports next to
     a free base port are often taken by the ephemeral ports of client connections. The status line and
     `LocalStack.workers` carry the port actually used."""
     port = base + index

@@ -88,7 +88,7 @@ class Stage:
                  cached_keys: dict[str, int] | None = None):
         self.name = name
         writers, cached_keys = writers or {}, cached_keys or {}
-        self.states = {t: TableStates(t, tables[t], limits, write=writers.get(t),
+        self.states = {t: TableStates(t, tables[t], limits, write=writers.get(t), read=getattr(writers.get(t), "read", None),
                                       **({"cached_keys": cached_keys[t]} if t in cached_keys else {}))
                        for t in fe.STAGES[name]}
         self.is_banned = is_banned

@@ -10,94 +10,54 @@ The cache is only ever a copy of what this worker wrote to its own partitions: i
 partitions move (`invalidate`, on every rebalance), so a key that another worker updated in between is
 read from the table again.
 
-faust takes a table access's partition (the changelog partition of a write; with RocksDB, the
-partition database of a read) from the *current event*, a context variable it sets while a stream is
-iterated one event at a time. A batch handles many events, so `use_event` points it at the event in
-hand; a key's single write goes out under the last event that changed it. Every event of a key comes
+A key's state belongs to the table partition of the event in hand (`event.message.partition`: the stage
+topic's partition, or its stand-in when an item is applied without the Kafka hop); every event of a key comes
 from the same partition, because each stage topic is partitioned like its tables.
 """
 
 from __future__ import annotations
 
 import collections
-import functools
-import weakref
 from collections.abc import Callable
 from typing import Any
 
-from faust.serializers import codecs
-from faust.stores.base import SerializedStore
-
-# faust-streaming 0.15 (pinned): the context variable behind faust.streams.current_event(). faust has no
-# public setter; tables read it in Collection.partition_for_key / _send_changelog and the RocksDB store.
-from faust.streams import _current_event
-from faust.types import TP
-
 from features.state import Limits, load_state
 from modpipe import log
+from streams.tables import Table, encode_key, encode_value
 
 _log = log.get(__name__)
 
 DEFAULT_CACHED_KEYS = 20_000  # decoded states kept per table between batches
 
 
-def use_event(event) -> None:
-    """Make `event` faust's current event: table reads and writes below go to its partition."""
-    _current_event.set(weakref.ref(event))
-
-
 class ChangelogWriter:
-    """Writes a faust table's value into its store and its changelog record through our outbox.
+    """Reads and writes one table's states: a write goes into the table partition of the event it is made
+    under and, as its changelog record, into the open transaction (holding the checkpoint's `Pending`)."""
 
-    `table[key] = value` would send the changelog record through faust's aiokafka producer, one
-    buffered send per record (~90 us of Python each; at ~6 records per post faust's 100-record send
-    buffer filled and stalled consumption). This writes what faust writes: the value into the table's
-    store under the current event's partition, and the changelog record, serialised once with the
-    table's own codecs, to that partition of the table's changelog topic, so faust's recovery and
-    standbys read it as their own. The record holds the round's `Pending`, like every other output.
-    Once records are delivered, `persist_offsets` moves the store's persisted changelog offset (what
-    faust's `_on_changelog_sent` does per record), once per partition per delivery report.
-    """
-
-    def __init__(self, table, outbox):
+    def __init__(self, table: Table, outbox):
         self.table, self.outbox = table, outbox
-        self.topic = table.changelog_topic.get_topic_name()
-        self.key_codec, self.value_codec = table.key_serializer, table.value_serializer
-        self._delivered: dict[int, int] = {}  # partition -> highest delivered changelog offset, not yet persisted
+
+    def read(self, key: str, event) -> dict | None:
+        return self.table.get(key, event.message.partition)
 
     def __call__(self, key: str, value: dict, event, pending) -> None:
-        store = self.table.data
-        key_bytes, value_bytes = codecs.dumps(self.key_codec, key), codecs.dumps(self.value_codec, value)
-        if isinstance(store, SerializedStore):  # RocksDB: the bytes the changelog carries, as recovery writes them
-            store._set(key_bytes, value_bytes)
-        else:  # the memory store keeps objects
-            store[key] = value
         partition = event.message.partition
-        self.outbox.produce(self.topic, value_bytes, key=key_bytes, partition=partition, pending=pending,
-                            on_delivered=functools.partial(self._on_delivered, partition))
-
-    def _on_delivered(self, partition: int, offset: int) -> None:
-        if offset > self._delivered.get(partition, -1):
-            self._delivered[partition] = offset
-
-    def persist_offsets(self) -> None:
-        for partition, offset in self._delivered.items():
-            try:
-                self.table.data.set_persisted_offset(TP(self.topic, partition), offset)
-            except Exception as exc:  # noqa: BLE001 - e.g. the partition moved away meanwhile
-                _log.debug("persisted offset not recorded", extra={"table": self.topic, "error": str(exc)})
-        self._delivered.clear()
+        self.table.set(key, value, partition)
+        self.outbox.produce(self.table.changelog, encode_value(value), key=encode_key(key), partition=partition,
+                            pending=pending)
 
 
 class TableStates:
     """States of one table's keys: cached across batches, changed keys written at `flush` (end of a batch)."""
 
     def __init__(self, table_name: str, table: Any, limits: Limits, cached_keys: int = DEFAULT_CACHED_KEYS,
-                 write: Callable[[str, dict, Any, Any], None] | None = None):
+                 write: Callable[[str, dict, Any, Any], None] | None = None,
+                 read: Callable[[str, Any], dict | None] | None = None):
         self.table_name, self.table, self.limits = table_name, table, limits
         self.cached_keys = cached_keys
-        # write(key, value, event, pending); default: item assignment (a dict, or faust's own changelog send)
+        # write(key, value, event, pending) and read(key, event); default: a dict's item assignment and get
         self.write = write
+        self.read = read or (lambda key, event: table.get(key))
         self._cache: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._ops: dict[str, list[tuple]] = {}  # key -> state operations done in this batch, in order
         self._dirty: dict[str, Any] = {}  # key -> last event that changed its state in this batch
@@ -106,13 +66,12 @@ class TableStates:
 
     def state(self, key: str, event):
         """The key's state: from this batch, else from the cache, else decoded from the table."""
-        use_event(event)
         state = self._batch.get(key)
         if state is not None:
             return state
         state = self._cache.get(key)
         if state is None:
-            state = load_state(self.table_name, self.table.get(key), self.limits)
+            state = load_state(self.table_name, self.read(key, event), self.limits)
             self.loads += 1
             self._cache[key] = state
             if len(self._cache) > self.cached_keys:
@@ -131,8 +90,7 @@ class TableStates:
     def rebuild(self, key: str, event) -> None:
         """An event failed half-way through the key's state: start again from the stored state and redo
         this batch's earlier operations on it, so the failed event leaves no trace and the others stay."""
-        use_event(event)
-        state = load_state(self.table_name, self.table.get(key), self.limits)
+        state = load_state(self.table_name, self.read(key, event), self.limits)
         for op in self._ops.get(key, []):
             if op[0] == "apply":
                 state.apply(op[1], op[2])
@@ -144,7 +102,6 @@ class TableStates:
         """Write every changed state once (its changelog record holding `pending`); returns the number of
         writes. Ends the batch."""
         for key, event in self._dirty.items():
-            use_event(event)
             if self.write is None:
                 self.table[key] = self._batch[key].to_dict()
             else:

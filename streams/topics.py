@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from features.events import STAGES
+from features.events import STAGES, TABLES
 from modpipe import log
 from modpipe.settings import Settings
+from streams.tables import changelog_topic
 
 _log = log.get(__name__)
 
@@ -50,12 +51,16 @@ class TopicNames:
     dead_letters: str
     stages: dict[str, str]  # stage name -> its internal topic `features.<stage>`
     awaiting_text: str  # degraded decisions' posts, decided again once the text model answers
+    changelogs: dict[str, str]  # table name -> its changelog topic (streams/tables.py)
+    incarnations: str  # each worker's incarnation counter (streams/incarnations.py), compacted
 
     @classmethod
     def from_settings(cls, settings: Settings) -> TopicNames:
         t = settings.topic
         return cls(t(POSTS), t(REPORTS), t(ENGAGEMENTS), t(LABELS), t(BANS), t(DECISIONS), t(DEAD_LETTERS),
-                   {stage: t(f"features.{stage}") for stage in STAGES}, t(AWAITING_TEXT))
+                   {stage: t(f"features.{stage}") for stage in STAGES}, t(AWAITING_TEXT),
+                   {table: changelog_topic(settings.app_id, table) for table in TABLES},
+                   f"{settings.app_id}-worker-incarnations")
 
     def inputs(self) -> list[str]:
         """Topics the worker group consumes."""
@@ -63,7 +68,7 @@ class TopicNames:
                 self.awaiting_text]
 
     def all(self) -> list[str]:
-        return [*self.inputs(), self.decisions, self.dead_letters]
+        return [*self.inputs(), self.decisions, self.dead_letters, *self.changelogs.values(), self.incarnations]
 
 
 def ensure_topics(settings: Settings, bootstrap: str | None = None, timeout: float = 30.0) -> list[str]:
@@ -84,8 +89,12 @@ def ensure_topics(settings: Settings, bootstrap: str | None = None, timeout: flo
                                f"{settings.partitions}): {detail}. Delete them or set MODPIPE_PARTITIONS to match.")
     missing = [name for name in wanted if name not in existing]
     if missing:
-        futures = admin.create_topics([NewTopic(name, settings.partitions, settings.replication) for name in missing],
-                                      operation_timeout=timeout)
+        names = TopicNames.from_settings(settings)
+        changelogs = {*names.changelogs.values(), names.incarnations}
+        # a changelog (and the incarnation counters) needs only each key's last value: compacted
+        futures = admin.create_topics([NewTopic(name, settings.partitions, settings.replication,
+                                                config={"cleanup.policy": "compact"} if name in changelogs else {})
+                                       for name in missing], operation_timeout=timeout)
         for fut in futures.values():
             try:
                 fut.result(timeout)

@@ -1,36 +1,29 @@
-"""One stream worker process: builds the faust app, attaches the agents, serves metrics, runs until stopped."""
+"""One stream worker process: builds the pipeline, reads the ban log, warms up, then runs the consume ->
+process -> checkpoint loop (streams/runner.py) until stopped; serves metrics and probes."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
-import logging
 import os
+import signal
 import socket
 import threading
 
-import faust
 import orjson
-from faust.exceptions import ConsistencyError
 
 from features.vector import assemble
 from modpipe import log, schema
 from modpipe.decision.verdict import Decider, ThresholdDecider
 from modpipe.settings import Settings
 from modpipe.textmodel.artifacts import resolve_model
-from streams import health, kafka_compat, metrics
-from streams.agents import attach_agents
-from streams.app import create_app
+from streams import health, incarnations, metrics
+from streams.agents import Wiring, make_handlers
+from streams.app import consumer_config, create_pipeline
 from streams.bans import BanLogUnavailable, BanRegistry
 from streams.decisions import features_for
-from streams.local_tables import (
-    ChangelogEnds,
-    discard_after_unclean_stop,
-    discard_ahead,
-    discard_named,
-    mark_clean_stop,
-)
 from streams.outbox import Outbox
+from streams.runner import Runner
 from streams.scoring import TextScorer
 from streams.topics import ensure_topics
 
@@ -76,12 +69,11 @@ def make_shadow(settings: Settings, text_model_version: str):
     return shadow
 
 
-def build_worker(settings: Settings, name: str | None = None):
-    name = name or settings.worker_name or f"{socket.gethostname()}-{os.getpid()}"
+def build_worker(settings: Settings, name: str):
     bootstrap = settings.bootstrap()
     ensure_topics(settings, bootstrap)
     build = resolve_model(settings)
-    pipe = create_app(settings, bootstrap, worker_name=name)
+    pipe = create_pipeline(settings)
     scorer = TextScorer(build, default_triton_url(settings), settings.triton_model, settings.triton_timeout_s,
                         settings.max_seq_len, disabled=settings.text_model == "off",
                         cache_texts=settings.text_cache_size, outage_s=settings.text_model_outage_s,
@@ -89,8 +81,9 @@ def build_worker(settings: Settings, name: str | None = None):
     decider = make_decider(settings, build.version)
     shadow = make_shadow(settings, build.version)
     bans = BanRegistry(settings, bootstrap, pipe.topics.bans)
-    outbox = Outbox(settings, bootstrap, linger_ms=settings.producer_linger_ms)
-    wiring = attach_agents(pipe, settings, scorer, decider, bans, outbox, shadow=shadow)
+    outbox = Outbox(settings, bootstrap, linger_ms=settings.producer_linger_ms,
+                    transactional_id=incarnations.start(settings, bootstrap, pipe.topics.incarnations, name))
+    wiring = Wiring(pipe, settings, scorer, decider, bans, outbox, shadow)
     return pipe, scorer, decider, bans, outbox, wiring, bootstrap
 
 
@@ -138,7 +131,7 @@ GC_THRESHOLDS = (50_000, 20, 100)
 
 
 def run_worker(settings: Settings, name: str | None = None) -> int:
-    kafka_compat.install()
+    """Run one worker until SIGTERM / SIGINT (exit 0) or a failure (exit 1: its supervisor restarts it)."""
     name = name or settings.worker_name or f"{socket.gethostname()}-{os.getpid()}"
     pipe, scorer, decider, bans, outbox, wiring, bootstrap = build_worker(settings, name)
     metrics.init_labels(schema.VERDICTS, schema.InvalidMessage.REASONS,
@@ -151,57 +144,58 @@ def run_worker(settings: Settings, name: str | None = None) -> int:
     _log.info("worker starting", extra={"worker": name, "bootstrap": bootstrap, "app_id": settings.app_id,
                                         "metrics": f"http://{settings.metrics_host}:{settings.metrics_port}/metrics",
                                         "triton": scorer.triton_url, "text_model": scorer.model_version})
-    worker = faust.Worker(pipe.app, loglevel=logging.getLevelName(logging.getLogger().level),
-                          override_logging=False, redirect_stdouts=False)
-
-    async def _stop_deciding() -> None:
-        # Before faust waits for its streams: batches get MODPIPE_SHUTDOWN_GRACE_S to finish, then are
-        # cancelled; a batch retrying an unreachable Triton would otherwise hold the shutdown for ever.
-        await wiring.batcher.close(settings.shutdown_grace_s)
-
-    pipe.app.before_stop.append(_stop_deciding)
-
-    undelivered = [-1]  # records the outbox could not deliver at close (-1: it did not close)
-
-    @pipe.app.on_before_shutdown.connect
-    async def _close_client(app, **kwargs) -> None:
-        bans.stop()
-        # Batches still at Triton are dropped: their posts were never acked and are decided after restart.
-        await wiring.batcher.close()
-        wiring.flush_states()
-        undelivered[0] = outbox.close()
-        await scorer.close()
-
-    tabledir = pipe.app.conf.tabledir
-    if settings.table_store == "rocksdb":
-        discard_after_unclean_stop(tabledir)
-        ends = ChangelogEnds(settings, bootstrap)
-        try:
-            discard_ahead(tabledir, settings.app_id, ends)
-        finally:
-            ends.close()
-    loop = pipe.app.loop
-    # From the reader's thread: faust's crash stops the worker (exit non-zero) and its supervisor restarts it.
-    bans.on_failure = lambda exc: loop.call_soon_threadsafe(wiring.crash, exc)
     bans.start()
     try:
         bans.wait_caught_up(settings.ban_log_timeout_s)
     except BanLogUnavailable as exc:
         _log.error("no post is decided without the ban log; exiting", extra={"error": str(exc)})
         bans.stop()
-        outbox.close(1.0)
         return 1
     warm = warm_up(scorer, decider, settings.warm_up_timeout_s)
     _log.info("worker warm", extra={"text_model_answered": warm, "bans_read": bans.is_caught_up})
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
-    try:
-        worker.execute_from_commandline()  # returns via SystemExit when stopped (SIGTERM / SIGINT)
-    except SystemExit:
-        if worker.crash_reason is None and undelivered[0] == 0:
-            mark_clean_stop(tabledir)  # the stores hold nothing the changelogs lack: keep them
-        if isinstance(worker.crash_reason, ConsistencyError):
-            discard_named(tabledir, settings.app_id, str(worker.crash_reason))  # the restart rebuilds it
-        raise
-    return 0
+    return asyncio.run(_serve(settings, name, bootstrap, pipe, scorer, bans, outbox, wiring, decider, probes))
+
+
+async def _serve(settings: Settings, name: str, bootstrap: str, pipe, scorer: TextScorer, bans: BanRegistry,
+                 outbox: Outbox, wiring: Wiring, decider: Decider, probes: health.Health) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    crashed: list[BaseException] = []
+
+    def crash(exc: BaseException) -> None:
+        if not crashed:
+            crashed.append(exc)
+            _log.error("worker stops after a failure; what it did not commit is processed again",
+                       extra={"error": repr(exc)[:500]})
+        stop.set()
+
+    wiring.on_crash = crash
+    outbox.on_fatal = crash
+    bans.on_failure = lambda exc: loop.call_soon_threadsafe(crash, exc)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    # init_transactions: fences this worker's previous incarnation and aborts what it left open
+    await loop.run_in_executor(None, outbox.start, loop)
+    runner = Runner(settings, bootstrap, wiring, outbox, make_handlers(wiring, settings, scorer, decider),
+                    consumer_config(settings, bootstrap, name))
+    runner.consumer.on_failure = crash
+    probes.live_checks["consumer"] = runner.consumer.alive
+    runner.start()
+    await stop.wait()
+    _log.info("worker stopping", extra={"failed": bool(crashed)})
+    if crashed:
+        runner.consumer.stop_polling()  # no rejoin while it shuts down: its restart rejoins
+        runner.committing_on_revoke = False
+    else:
+        await runner.stop(settings.shutdown_grace_s)
+    await wiring.batcher.close()  # what is still at Triton is dropped: it was not committed
+    await runner.close()  # leaves the group
+    bans.stop()
+    await loop.run_in_executor(None, outbox.close)
+    await scorer.close()
+    _log.info("worker stopped", extra={"failed": bool(crashed), "checkpoints": runner.checkpoint.commits})
+    return 1 if crashed else 0
+

@@ -24,5 +24,6 @@ machine was with other work in each phase: the numbers of a shared machine mean 
 
 Modules: `metering` (CPU from /proc, Triton's statistics, the machine), `ceilings` (the seed and the
 in-process ONNX Runtime ceiling), `pipeline` (the pipeline's passes), `runs` (one run of all three),
-`report` (targets, ratios, markdown).
+`report` (targets, ratios, markdown). `transport` and `transport_report` are `modpipe bench transport`
+(the delivery options for exactly-once output), apart from this comparison.
 """

@@ -7,13 +7,14 @@ import sys
 import time
 from pathlib import Path
 
-# Issue #12's targets on the 2-core embedded stack: (direction, goal); "max": the value must not exceed it.
+# Targets on the 2-core embedded stack (issues #12 and #24; latency is to a read_committed reader, so it
+# includes the transaction commit): (direction, goal); "max": the value must not exceed it.
 TARGETS = {
     "worker_cpu_ms_per_post": ("max", 1.0),        # at saturation, workers summed
     "broker_cpu_ms_per_post": ("max", 1.5),
     "pipeline_over_sorted_ceiling": ("min", 0.9),  # the text model on CPU, every text computed (cache off)
-    "low_rate_p50_ms": ("max", 50.0),              # at 5 posts/s
-    "low_rate_p99_ms": ("max", 150.0),
+    "low_rate_p50_ms": ("max", 60.0),              # at 5 posts/s
+    "low_rate_p99_ms": ("max", 200.0),
     "load_p99_ms": ("max", 300.0),                 # at 50% of saturation
 }
 # What one GPU serves at the worker's request shape (64 texts, 2 in flight): Triton 2.51 on an H100, python
@@ -73,7 +74,7 @@ def format_markdown(report: dict) -> str:
         f"{_f(100 * (cached['workers']['text_cache_hit_ratio'] or 0), 0)}% of texts from the cache | "
         f"{_f(cached['posts_per_s'])} | | |",
         f"| pipeline at {_f(low['offered_posts_per_s'], 0)} posts/s | {low['arrivals']} arrivals, {low['posts']} posts; "
-        f"produce -> decision published | {_f(low['decided_posts_per_s'])} | **{_f(low['p50_ms'], 0)}** | "
+        f"produce -> decision visible (read_committed) | {_f(low['decided_posts_per_s'])} | **{_f(low['p50_ms'], 0)}** | "
         f"**{_f(low['p99_ms'], 0)}** |",
         f"| pipeline at {cfg['load']:.0%} load | {lat['arrivals']} arrivals at {_f(lat['offered_posts_per_s'])}/s | "
         f"{_f(lat['decided_posts_per_s'])} | {_f(lat['p50_ms'], 0)} | **{_f(lat['p99_ms'], 0)}** |",

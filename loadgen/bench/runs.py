@@ -54,7 +54,7 @@ def isolated_settings(settings: Settings, build: ModelBuild, name: str, state_ro
 
     changes: dict = {"state_dir": state_root, "model_dir": str(build.path),
                      "topic_prefix": f"{settings.topic_prefix}{name}.", "app_id": f"{settings.app_id}-{name}",
-                     "metrics_port": free_port(), "web_port": free_port(), "text_model": "on"}
+                     "metrics_port": free_port(), "text_model": "on"}
     if not settings.bootstrap_servers:
         changes["broker_port"] = free_port()
     if not settings.triton_url:
@@ -102,7 +102,7 @@ def run(settings: Settings, n_posts: int = DEFAULT_POSTS, workers: int | None = 
                    "low_rate": low_rate, "low_posts": low_posts, "local_hops": settings.local_hops,
                    "arrivals": arrivals, "warmup_posts": warmup_posts, "max_batch": settings.max_batch,
                    "max_wait_ms": settings.max_wait_ms, "max_inflight": settings.max_inflight,
-                   "partitions": settings.partitions, "table_store": settings.table_store,
+                   "partitions": settings.partitions, "commit_interval_ms": settings.commit_interval_ms,
                    "ceiling_batch_sizes": list(ceiling_batch_sizes)},
         "machine": info,
         "texts": {"posts": n_posts, "distinct": len(set(post_texts)),

@@ -1,8 +1,8 @@
-"""Labelled decision data: load-generator traffic replayed through the very feature code the agents run.
+"""Labelled decision data: load-generator traffic replayed through the very feature code the workers run.
 
 `replay(events, text_probabilities, feedback)` feeds a simulation's events, in event-time order, to
 `features.offline.compute` (features.events + features.state + features.vector: the functions the
-faust stages call, with dicts as storage) and records each post's feature map as of its decision,
+stream workers' stages call, with dicts as storage) and records each post's feature map as of its decision,
 with the ground truth the load generator attached. The pipeline feeds its own `block` verdicts back
 into the tables (user_spam_posts, ip_spam_posts); the replay does the same through `feedback`, so a
 model trained here sees the counts the worker will show it.

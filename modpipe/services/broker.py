@@ -1,8 +1,10 @@
 """The embedded Kafka-protocol broker for local runs and tests.
 
-noida-db (a PyPI wheel carrying a Kafka-protocol broker binary) is used rather than tansu: it
-returns correct end offsets, supports transactions and restores faust tables after a restart
-(docs/operations.md, "Embedded services"). Production points KAFKA_BOOTSTRAP_SERVERS at a real Kafka cluster instead and
+noida-db (a PyPI wheel carrying a Kafka-protocol broker binary) is used rather than tansu: it returns
+correct end offsets, keeps its data across a restart, and supports transactions and read_committed
+consumers, which the workers' exactly-once processing needs (docs/operations.md, "Embedded services"). It
+does not check the group generation of a transaction's offsets (KIP-447): streams/checkpoint.py says what
+fences a zombie worker on it. Production points KAFKA_BOOTSTRAP_SERVERS at a real Kafka cluster instead and
 nothing here runs.
 """
 

@@ -9,11 +9,14 @@ from collections.abc import Iterator
 from modpipe.settings import Settings
 
 
-def read_to_end(settings: Settings, bootstrap: str, topics: list[str], timeout_s: float = 120.0) -> Iterator:
-    """Every record now in `topics`, from the beginning to the high watermarks read at the start."""
+def read_to_end(settings: Settings, bootstrap: str, topics: list[str], timeout_s: float = 120.0,
+                isolation: str = "read_committed") -> Iterator:
+    """Every record now in `topics` that a reader with `isolation` is given, from the log start to the end
+    offsets read at the start (for `read_committed` the last stable offset: an open transaction's records
+    are left out)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({**settings.kafka_client_config(), "bootstrap.servers": bootstrap,
+    consumer = Consumer({**settings.kafka_consumer_config(), "isolation.level": isolation, "bootstrap.servers": bootstrap,
                          "group.id": f"modpipe-readback-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
                          "auto.offset.reset": "earliest", "enable.partition.eof": False,
                          # noida-db answers a fetch with more than fetch.max.bytes when a partition is large
@@ -39,12 +42,13 @@ def read_to_end(settings: Settings, bootstrap: str, topics: list[str], timeout_s
             for msg in consumer.consume(1000, 0.5):
                 if msg.error():
                     continue
-                key = (msg.topic(), msg.partition())
-                end = remaining.get(key)
-                if end is None:
-                    continue
-                yield msg
-                if msg.offset() + 1 >= end:
-                    del remaining[key]
+                end = remaining.get((msg.topic(), msg.partition()))
+                if end is not None and msg.offset() < end:
+                    yield msg
+            # by position, not by the last record's offset: in a topic written in transactions the last
+            # offset is a commit marker, which is never delivered
+            for tp in consumer.position([TopicPartition(t, p) for t, p in remaining]):
+                if tp.offset >= remaining[(tp.topic, tp.partition)]:
+                    del remaining[(tp.topic, tp.partition)]
     finally:
         consumer.close()

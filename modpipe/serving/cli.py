@@ -155,7 +155,7 @@ def _bench_subparsers(subparsers) -> argparse._SubParsersAction:
     if existing is None:
         existing = subparsers.add_parser(
             "bench", help="benchmarks: with no target, pipeline vs seed vs ONNX Runtime ceiling end to end "
-                          "(`bench --help`); targets: model, features")
+                          "(`bench --help`); targets: model, features, transport")
         existing.set_defaults(func=lambda a: (existing.print_help(), 2)[1])
     sub = getattr(existing, "_modpipe_subparsers", None)
     if sub is None:

@@ -48,7 +48,8 @@ def test_small_load_is_fully_decided_and_reported(local_stack, pipeline_settings
     for name in ("reports", "engagements", "labels", "bans"):
         assert len(topics[pipeline_settings.topic(name)].partitions) == posts_partitions
     assert report["sent"]["events"].get("engagement", 0) > 0
-    consumer = Consumer({"bootstrap.servers": stack.bootstrap, "group.id": "loadgen-itest-check",
+    consumer = Consumer({**pipeline_settings.kafka_consumer_config(), "bootstrap.servers": stack.bootstrap,
+                         "group.id": "loadgen-itest-check",
                          "enable.auto.commit": False})
     try:
         topic = pipeline_settings.topic("engagements")

@@ -57,17 +57,12 @@ def test_worker_waits_out_a_triton_outage_stops_on_sigterm_and_loses_nothing(pip
         got = collect_decisions(consumer, set(during), 180)
         consumer.close()
         assert set(got) == set(during), f"{len(set(during) - set(got))} posts lost across the outage"
-        # At-least-once: a post whose records a restart's rebalance delivered twice may be decided twice, but
-        # never to another verdict or revision: consumers upsert by (post_id, revision). Its score may move in
-        # the last digits: a replayed post is not counted again, but its feature snapshot reads the tables as
-        # they are then, with the user's and the address's later posts in them (user_posts, ip_posts); a
-        # decision model that weighs those counts scores it a little differently (seen: 0.999996 vs 0.999982).
+        # Exactly once: the stopped worker committed nothing for the posts it could not decide, so its
+        # successor decides each of them once, with the text model (a read_committed reader sees one record).
         for pid, decisions in got.items():
-            seen = {(r["revision"], r["verdict"], r["degraded"]) for _, r in decisions}
-            differ = {k for _, r in decisions for k, v in r["features"].items() if v != decisions[0][1]["features"][k]}
-            assert len(seen) == 1, f"{pid} decided differently: {seen}; features that differ: " + str(
-                {k: [r["features"][k] for _, r in decisions] for k in sorted(differ)})
-            assert seen.pop()[0] == 1 and decisions[0][1]["degraded"] is False
+            assert len(decisions) == 1, f"{pid} decided {len(decisions)} times: {[r['revision'] for _, r in decisions]}"
+            record = decisions[0][1]
+            assert record["revision"] == 1 and record["degraded"] is False
     finally:
         stack.stop()
         triton.stop()

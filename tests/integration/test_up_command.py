@@ -44,8 +44,8 @@ def alive(pid: int) -> bool:
 
 def test_up_starts_everything_and_ctrl_c_stops_it_all(tmp_path, triton_env):
     env = {**triton_env, "MODPIPE_STATE_DIR": str(tmp_path), "MODPIPE_BROKER_PORT": str(free_port()),
-           "MODPIPE_METRICS_PORT": str(free_port()), "MODPIPE_WEB_PORT": str(free_port()),
-           "MODPIPE_TABLE_STORE": "memory", "PYTHONUNBUFFERED": "1"}
+           "MODPIPE_METRICS_PORT": str(free_port()),
+           "PYTHONUNBUFFERED": "1"}
     env.pop("KAFKA_BOOTSTRAP_SERVERS", None)
     proc = subprocess.Popen([sys.executable, "-m", "modpipe", "up", "--workers", "1", "--interval", "1"],
                             env=env, stderr=subprocess.PIPE, text=True)
@@ -105,10 +105,10 @@ def test_up_restarts_what_dies_and_keeps_deciding(tmp_path, settings_env, model_
 
     broker_port = free_port()
     env = {**settings_env, "MODPIPE_STATE_DIR": str(tmp_path), "MODPIPE_BROKER_PORT": str(broker_port),
-           "MODPIPE_METRICS_PORT": str(free_port()), "MODPIPE_WEB_PORT": str(free_port()), "TRITON_URL": "",
+           "MODPIPE_METRICS_PORT": str(free_port()), "TRITON_URL": "",
            "TRITON_HTTP_PORT": str(free_port()), "TRITON_GRPC_PORT": str(free_port()),
            "TRITON_METRICS_PORT": str(free_port()), "MODPIPE_MODEL_DIR": str(model_build.path),
-           "MODPIPE_TABLE_STORE": "memory", "PYTHONUNBUFFERED": "1"}
+           "PYTHONUNBUFFERED": "1"}
     env.pop("KAFKA_BOOTSTRAP_SERVERS", None)
     proc = subprocess.Popen([sys.executable, "-m", "modpipe", "up", "--workers", "1", "--interval", "1"],
                             env=env, stderr=subprocess.PIPE, text=True)

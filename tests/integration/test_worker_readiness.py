@@ -48,7 +48,7 @@ def test_no_post_is_decided_before_the_ban_log_is_read(local_stack, pipeline_set
     port = stack.workers[0].metrics_port
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as resp:
         ready = json.loads(resp.read())
-    assert ready == {"ok": True, "checks": {"ban_log_reader": True, "ban_log_read": True, "text_model_warm": True,
+    assert ready == {"ok": True, "checks": {"ban_log_reader": True, "consumer": True, "ban_log_read": True, "text_model_warm": True,
                                             "partitions_assigned": True}}
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/livez", timeout=5) as resp:
         assert resp.status == 200

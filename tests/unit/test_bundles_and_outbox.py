@@ -1,14 +1,73 @@
-"""streams.bundles (placing items, one record per partition) and streams.outbox.Pending (acks only after
-delivery), without a broker."""
+"""streams.bundles (Kafka's murmur2, placing items, one record per partition) and streams.outbox (`Pending`:
+complete only after every delivery; the transactional `Outbox`), without a broker. The partitioner check
+against librdkafka uses librdkafka's own in-process mock cluster (`test.mock.num.brokers`), no broker."""
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import logging
+
 import orjson
 import pytest
+from confluent_kafka import Producer, TopicPartition
 
-from streams import bundles
-from streams.bundles import Bundler, decode_bundle, partition_for
-from streams.outbox import Pending
+from modpipe.settings import Settings
+from streams import bundles, outbox
+from streams.bundles import Bundler, decode_bundle, murmur2, partition_for
+from streams.outbox import DeliveryFailed, Outbox, Pending
+
+# Apache Kafka's UtilsTest.testMurmur2 (clients/src/test/java/org/apache/kafka/common/utils/UtilsTest.java),
+# checked against aiokafka's murmur2 (which returns the same 32 bits unsigned) before it was replaced.
+KAFKA_MURMUR2 = {
+    "21": -973932308,
+    "foobar": -790332482,
+    "a-little-bit-long-string": -985981536,
+    "a-little-bit-longer-string": -1486304829,
+    "lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971,
+    "abc": 479470107,
+}
+
+
+@pytest.mark.parametrize("text,expected", KAFKA_MURMUR2.items())
+def test_murmur2_is_kafkas(text, expected):
+    assert murmur2(text.encode()) == expected
+
+
+def test_murmur2_covers_every_tail_length_as_a_signed_32_bit_int():
+    # 0 to 3 bytes past the last 4-byte block take the tail path; every result is a Java int
+    for n in range(0, 40):
+        h = murmur2(bytes(range(n)))
+        assert -2**31 <= h < 2**31
+    assert len({murmur2(bytes(range(n))) for n in range(40)}) == 40
+
+
+def test_partition_for_is_kafkas_default_partitioner():
+    for text, h in KAFKA_MURMUR2.items():
+        for partitions in (1, 3, 4, 12):
+            assert partition_for(text, partitions) == (h & 0x7FFFFFFF) % partitions
+
+
+def test_partition_for_matches_librdkafkas_murmur2_random_partitioner():
+    """What loadgen's producers (`partitioner: murmur2_random`) pick, librdkafka's own hash, for the same keys.
+    The mock cluster auto-creates the topic with 4 partitions (the pipeline's default count)."""
+    keys = [*KAFKA_MURMUR2, "user-1", "u42", "example.com", "https://example.com/a?b=1", "10.0.0.7", "café",
+            "\u65e5\u672c", "x" * 101]
+    producer = Producer({"test.mock.num.brokers": 1, "partitioner": "murmur2_random",
+                         "logger": logging.getLogger("librdkafka.mock")})
+    chosen: dict[str, int] = {}
+
+    def delivered(err, msg):
+        assert err is None, err
+        chosen[msg.key().decode()] = msg.partition()
+
+    for key in keys:
+        producer.produce("murmur2-check", key=key.encode(), value=b"x", on_delivery=delivered)
+    assert producer.flush(10) == 0
+    partitions = len(producer.list_topics("murmur2-check", timeout=5).topics["murmur2-check"].partitions)
+    assert partitions == 4
+    assert chosen == {key: partition_for(key, partitions) for key in keys}
+    assert len(set(chosen.values())) > 1  # the keys spread: not a trivial agreement
 
 
 def test_partition_for_is_stable_and_in_range():
@@ -54,56 +113,113 @@ def test_decode_bundle_refuses_other_records():
         decode_bundle(b"not json")
 
 
-class Message:
-    def __init__(self):
-        self.refcount = 1
-        self.acked = False
-        self.tp, self.offset = ("t", 0), 0
-
-    def incref(self, n=1):
-        self.refcount += n
-
-
-class FakeEvent:
-    def __init__(self):
-        self.message = Message()
-
-    def ack(self):  # faust: decref, and the last reference marks the offset committable
-        self.message.refcount -= 1
-        if self.message.refcount == 0:
-            self.message.acked = True
-            return True
-        return False
-
-
-class FakeStream:
-    def _on_stream_event_out(self, *args):
-        pass
-
-    def _on_message_out(self, *args):
-        pass
-
-
-def test_pending_acks_its_events_only_after_every_hold_is_released():
-    events = [FakeEvent(), FakeEvent()]
+def test_pending_is_done_only_after_every_hold_is_released():
     done = []
-    p = Pending(FakeStream(), events, on_done=lambda: done.append(1))
+    p = Pending(on_done=lambda: done.append(1))
     p.hold(2)  # two records produced
-    p.seal()
-    for e in events:
-        e.ack()  # the stream's own ack after the round's body: our reference keeps them unacked
+    p.seal()  # the creator has produced everything
     p.release()
-    assert not any(e.message.acked for e in events) and not done
+    assert not done and p.holds == 1
     p.release()
-    assert all(e.message.acked for e in events) and done == [1]
+    assert done == [1] and p.holds == 0
 
 
-def test_a_failed_delivery_never_acks_and_reports_the_error():
-    errors = []
-    events = [FakeEvent()]
-    p = Pending(FakeStream(), events, on_error=errors.append)
-    events[0].ack()
+def test_a_failed_delivery_is_never_done_and_reports_the_error():
+    errors, done = [], []
+    p = Pending(on_error=errors.append, on_done=lambda: done.append(1))
     p.hold()
     p.seal()
     p.release(RuntimeError("broker gone"))
-    assert not events[0].message.acked and len(errors) == 1
+    assert len(errors) == 1 and not done and p.holds == 1  # never done: the worker stops, the input comes again
+
+
+class FakeProducer:
+    """confluent_kafka.Producer's transactional calls, recorded."""
+
+    def __init__(self, conf):
+        self.conf = conf
+        self.calls: list[tuple] = []
+        self.produced: list[tuple] = []
+
+    def init_transactions(self, timeout):
+        self.calls.append(("init_transactions",))
+
+    def begin_transaction(self):
+        self.calls.append(("begin_transaction",))
+
+    def send_offsets_to_transaction(self, offsets, group_metadata, timeout):
+        self.calls.append(("send_offsets_to_transaction", offsets, group_metadata))
+
+    def commit_transaction(self, timeout):
+        self.calls.append(("commit_transaction",))
+
+    def abort_transaction(self, timeout):
+        self.calls.append(("abort_transaction",))
+
+    def produce(self, topic, **kwargs):
+        self.produced.append((topic, kwargs))
+
+    def poll(self, timeout):
+        return 0
+
+    def flush(self, timeout):
+        return 0
+
+
+@pytest.fixture
+def fake_outbox(monkeypatch):
+    monkeypatch.setattr(outbox, "Producer", FakeProducer)
+    return Outbox(Settings.from_env({}), "b:9092", linger_ms=5, transactional_id="worker-0")
+
+
+def test_the_outbox_is_an_idempotent_transactional_producer(fake_outbox):
+    conf = fake_outbox.producer.conf
+    assert fake_outbox.transactional
+    assert conf["transactional.id"] == "worker-0" and conf["enable.idempotence"] is True and conf["acks"] == "all"
+    assert conf["bootstrap.servers"] == "b:9092"
+
+
+def test_commit_sends_the_input_offsets_with_the_group_metadata_then_opens_the_next_transaction(fake_outbox):
+    producer = fake_outbox.producer
+    fake_outbox.commit({("posts", 0): 11, ("features.user", 3): 5}, "group-metadata")
+    (name, offsets, metadata), *rest = producer.calls
+    assert name == "send_offsets_to_transaction" and metadata == "group-metadata"
+    assert sorted((tp.topic, tp.partition, tp.offset) for tp in offsets) == [("features.user", 3, 5), ("posts", 0, 11)]
+    assert all(isinstance(tp, TopicPartition) for tp in offsets)
+    assert rest == [("commit_transaction",), ("begin_transaction",)]
+
+
+def test_commit_without_offsets_commits_the_transaction_alone(fake_outbox):
+    fake_outbox.commit({}, "group-metadata")
+    assert fake_outbox.producer.calls == [("commit_transaction",), ("begin_transaction",)]
+
+
+def test_a_produced_record_holds_its_pending_until_its_delivery_report():
+    async def scenario():
+        box = Outbox.__new__(Outbox)  # the delivery path only: no producer thread
+        box.producer = FakeProducer({})
+        box._reports, box.after_delivery = collections.deque(), []
+        box._loop = asyncio.get_running_loop()
+        done, errors, offsets = [], [], []
+        ok = Pending(on_error=errors.append, on_done=lambda: done.append("ok"))
+        bad = Pending(on_error=errors.append, on_done=lambda: done.append("bad"))
+        box.produce("decisions", b"v1", key=b"k", pending=ok, on_delivered=offsets.append)
+        box.produce("decisions", b"v2", pending=bad)
+        ok.seal()
+        bad.seal()
+        assert ok.holds == 1 and bad.holds == 1 and not done
+
+        class Msg:
+            def offset(self):
+                return 41
+
+        (_, first), (_, second) = box.producer.produced
+        first["on_delivery"](None, Msg())
+        second["on_delivery"]("broker gone", None)
+        box._hand_over()
+        await asyncio.sleep(0)
+        return done, errors, offsets
+
+    done, errors, offsets = asyncio.run(scenario())
+    assert done == ["ok"] and offsets == [41]
+    assert len(errors) == 1 and isinstance(errors[0], DeliveryFailed)

@@ -231,7 +231,8 @@ def test_settings_parse_and_fit_the_cluster(target):
         assert not any("PASSWORD" in k and v for k, v in env.items()), "passwords come from the Secret only"
     settings = worker_settings(docs)  # raises SettingsError on a value modpipe cannot use
     assert settings.metrics_host == "0.0.0.0"
-    assert settings.table_store == "rocksdb"
+    # a stable name is the static member id and the transactional id: membership on, names from the pod
+    assert settings.static_membership == "on" and settings.commit_interval_ms > 0
     if settings.security_protocol.startswith("SASL"):
         assert settings.sasl_mechanism, f"{target}: SASL without KAFKA_SASL_MECHANISM"
     # TRITON_URL: an in-cluster short name must be a Service of this render exposing that port.
@@ -265,16 +266,21 @@ def test_worker_identity_state_and_probes(target):
     spec = pod_spec(sts)
     c = worker_container(docs)
     settings = worker_settings(docs)
-    # Stable name -> MODPIPE_WORKER_NAME -> static group member id and table directory.
+    # Stable name -> MODPIPE_WORKER_NAME -> static group member id and the transactional ids of its
+    # incarnations (each start fences the one before: streams/incarnations.py).
     name_var = next(v for v in c["env"] if v["name"] == "MODPIPE_WORKER_NAME")
     assert name_var["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    from streams.app import consumer_config
+    from streams.incarnations import transactional_id
+    assert transactional_id(settings, "modpipe-worker-0", 3) == f"{settings.app_id}-modpipe-worker-0-3"
+    assert consumer_config(settings, "kafka:9092", "modpipe-worker-0")["group.instance.id"] == \
+        f"{settings.app_id}-modpipe-worker-0"
     headless = one(docs, "Service", sts["spec"]["serviceName"])
     assert headless["spec"]["clusterIP"] == "None"
     assert headless["spec"]["selector"].items() <= spec_labels(sts).items()
-    # rocksdb state on the PVC template, at MODPIPE_STATE_DIR.
-    claims = {t["metadata"]["name"] for t in sts["spec"]["volumeClaimTemplates"]}
+    # No disk state: tables live in memory and are restored from their changelog topics at assignment.
+    assert "volumeClaimTemplates" not in sts["spec"] and "persistentVolumeClaimRetentionPolicy" not in sts["spec"]
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
-    assert mounts[str(settings.state_dir)] in claims
     # The model build copied by the init container, at MODPIPE_MODEL_DIR.
     assert settings.model_dir in mounts
     assert any(m["mountPath"] == settings.model_dir for init in spec["initContainers"] for m in init["volumeMounts"])
@@ -289,8 +295,9 @@ def test_worker_identity_state_and_probes(target):
     annotations = sts["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/port"] == str(settings.metrics_port)
     assert {p["port"] for p in headless["spec"]["ports"]} == {settings.metrics_port}
-    # Long enough for faust to finish in-flight Triton requests, commit and close rocksdb.
-    assert spec["terminationGracePeriodSeconds"] >= settings.triton_timeout_s + 60
+    # Long enough to let batches at Triton finish (MODPIPE_SHUTDOWN_GRACE_S), commit the last transaction
+    # (streams/outbox.py: up to 60 s) and close the clients (10 s each).
+    assert spec["terminationGracePeriodSeconds"] >= settings.shutdown_grace_s + 60 + 20
     assert spec["enableServiceLinks"] is False
     assert "memory" in c["resources"]["limits"] and "cpu" in c["resources"]["requests"]
 

@@ -9,7 +9,6 @@ from loadgen.measure import (
     Decided,
     DecisionCollector,
     format_table,
-    record_time,
     summarize,
 )
 from modpipe import schema
@@ -40,12 +39,6 @@ class _Msg:
 
     def timestamp(self):
         return self._ts
-
-
-def test_a_decision_is_timed_by_its_record_timestamp():
-    assert record_time(_Msg(1, 1_700_000_000_250), clock=lambda: 0.0) == 1_700_000_000.25  # CreateTime
-    assert record_time(_Msg(2, 5_000), clock=lambda: 0.0) == 5.0  # LogAppendTime
-    assert record_time(_Msg(0, -1), clock=lambda: 42.0) == 42.0  # none: the collector's clock
 
 
 def test_summarize():

@@ -1,7 +1,5 @@
 """Settings from the environment, verdict thresholds, and the status line's histogram quantiles."""
 
-from pathlib import Path
-
 import pytest
 
 from modpipe.decision.verdict import ThresholdDecider, verdict_for
@@ -19,7 +17,8 @@ def test_defaults_and_overrides():
 @pytest.mark.parametrize("env", [
     {"MODPIPE_PARTITIONS": "four"},
     {"MODPIPE_REVIEW_THRESHOLD": "0.95", "MODPIPE_BLOCK_THRESHOLD": "0.9"},
-    {"MODPIPE_TABLE_STORE": "redis"},
+    {"MODPIPE_COMMIT_INTERVAL_MS": "0"},
+    {"MODPIPE_LOCAL_HOPS": "sometimes"},
     {"MODPIPE_MAX_BATCH": "0"},
 ])
 def test_bad_settings_are_refused(env):
@@ -37,35 +36,12 @@ def test_kafka_client_config_passes_security_through():
                     "ssl.ca.location": "/ca.pem"}
 
 
-@pytest.mark.parametrize("protocol,mechanism", [("SSL", ""), ("SASL_SSL", "SCRAM-SHA-512"), ("SASL_SSL", "PLAIN"),
-                                                ("SASL_PLAINTEXT", "SCRAM-SHA-256"), ("PLAINTEXT", "")])
-def test_the_same_security_settings_reach_fausts_aiokafka_clients(protocol, mechanism):
-    """confluent-kafka gets them through kafka_client_config (above); faust's aiokafka through credentials
-    built from the same settings, with the CA file loaded into the TLS context. (No TLS broker can be run
-    here: noida-db has no TLS listener, so the handshake itself is not tested.)"""
-    import ssl
-
-    import faust
-
-    from streams.app import broker_credentials
-
-    cafile = "/etc/ssl/certs/ca-certificates.crt"
-    settings = Settings.from_env({"KAFKA_SECURITY_PROTOCOL": protocol, "KAFKA_SASL_MECHANISM": mechanism,
-                                  "KAFKA_SASL_USERNAME": "u", "KAFKA_SASL_PASSWORD": "p",
-                                  "KAFKA_SSL_CAFILE": cafile if Path(cafile).exists() else ""})
-    creds = broker_credentials(settings)
-    if protocol == "PLAINTEXT":
-        assert creds is None
-        return
-    context = creds.context if protocol == "SSL" else creds.ssl_context
-    assert (context is not None) == protocol.endswith("SSL")
-    if context is not None:
-        assert isinstance(context, ssl.SSLContext) and context.verify_mode == ssl.CERT_REQUIRED
-        assert not Path(cafile).exists() or context.cert_store_stats()["x509_ca"] > 0  # the CA file was loaded
-    if protocol.startswith("SASL"):
-        assert isinstance(creds, faust.SASLCredentials)
-        assert (creds.username, creds.password) == ("u", "p")
-        assert creds.mechanism.value == mechanism
+def test_kafka_consumer_config_reads_committed_records_only():
+    settings = Settings.from_env({"KAFKA_SECURITY_PROTOCOL": "SSL", "KAFKA_SSL_CAFILE": "/ca.pem"})
+    client, consumer = settings.kafka_client_config(), settings.kafka_consumer_config()
+    assert consumer.pop("isolation.level") == "read_committed"
+    assert consumer.pop("logger").name == client.pop("logger").name == "librdkafka"
+    assert consumer == client  # the same brokers and security settings
 
 
 def test_round_trip_through_child_environment():
@@ -110,21 +86,3 @@ def test_every_command_has_working_help(capsys):
             build_parser().parse_args([*path, "--help"])
         assert exc.value.code == 0, path
         assert "usage: modpipe" in capsys.readouterr().out, path
-
-
-def test_rocksdb_memory_is_bounded_by_the_settings(tmp_path):
-    """faust's RocksDB defaults (64 MiB x 3 write buffers, a 2 GiB block cache, per table partition) made the
-    worker grow for the whole soak run; each table's store gets our bounds."""
-    from faust.stores.rocksdb import RocksDBOptions
-
-    from streams.app import create_app, rocksdb_options
-
-    settings = Settings.from_env({"MODPIPE_ROCKSDB_WRITE_BUFFER_MB": "4", "MODPIPE_ROCKSDB_BLOCK_CACHE_MB": "8",
-                                  "MODPIPE_STATE_DIR": str(tmp_path)})
-    opts = rocksdb_options(settings)
-    assert opts == {"write_buffer_size": 4 << 20, "max_write_buffer_number": 2, "block_cache_size": 8 << 20}
-    bounded = RocksDBOptions(**opts)
-    assert bounded.write_buffer_size == 4 << 20 and bounded.block_cache_size == 8 << 20
-    assert rocksdb_options(Settings.from_env({"MODPIPE_TABLE_STORE": "memory"})) is None
-    pipe = create_app(settings, "127.0.0.1:1", worker_name="w")
-    assert all(table.options == opts for table in pipe.tables.values())

@@ -18,7 +18,8 @@ from tests.unit.test_features_offline import make_events, with_redeliveries
 
 
 class Event:
-    """Stands in for the faust event a bundle came in (the stages only make it faust's current event)."""
+    """Stands in for the record a bundle came in: the stages hand it to the table states, which read and write
+    under its partition (`event.message.partition`); the plain dict tables here do not look at it."""
 
 
 class Harness:

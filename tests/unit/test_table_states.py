@@ -1,36 +1,46 @@
-"""streams.table_states: a stage's state handling across batches, with a dict for the table and plain
-objects for faust's events (TableStates needs only `get`, item assignment and weak-referenceable events)."""
+"""streams.table_states: a stage's state handling across batches. `TableStates` reads a key's state with
+`read(key, event)` and writes each changed state once per batch with `write(key, value, event, pending)` (by
+default a dict's `get` and item assignment); `ChangelogWriter` is the worker's read/write pair: the table
+partition of the event in hand, and a changelog record into the outbox's open transaction."""
 
 from __future__ import annotations
 
 import json
 import random
 
-from faust.streams import current_event
+import orjson
 
 from features.events import prepare_post, prepare_report
 from features.state import DEFAULT_LIMITS, load_state
 from loadgen.posts import make_post
-from streams.table_states import TableStates, use_event
+from streams.kafka.records import Record
+from streams.table_states import ChangelogWriter, TableStates
+from streams.tables import Table
 
 
-class Event:
-    """Stands in for a faust event: TableStates only makes it the current event."""
-
-    def __init__(self, name: str):
-        self.name = name
+def event(partition: int = 0, offset: int = 0) -> Record:
+    """A stage-topic record: the states only look at `event.message.partition`."""
+    return Record("features.user", partition, offset, None, None)
 
 
-class RecordingTable(dict):
-    """A table that remembers each write and under which current event it happened."""
+class RecordingStore:
+    """read/write for TableStates that keeps each write (key, event, pending) and stores the value as a
+    changelog record would carry it (its JSON, taken when the write happens)."""
 
     def __init__(self):
-        super().__init__()
-        self.writes: list[tuple[str, object]] = []
+        self.values: dict[str, dict] = {}
+        self.writes: list[tuple[str, object, object]] = []
 
-    def __setitem__(self, key, value):
-        self.writes.append((key, current_event()))
-        super().__setitem__(key, json.loads(json.dumps(value)))  # stored as a changelog would carry it
+    def read(self, key, event):
+        return self.values.get(key)
+
+    def write(self, key, value, event, pending):
+        self.writes.append((key, event, pending))
+        self.values[key] = json.loads(json.dumps(value))
+
+
+def states_of(table_name: str, store: RecordingStore, **kwargs) -> TableStates:
+    return TableStates(table_name, None, DEFAULT_LIMITS, write=store.write, read=store.read, **kwargs)
 
 
 def posts(n: int, users: int, seed: int = 1) -> list[dict]:
@@ -38,25 +48,34 @@ def posts(n: int, users: int, seed: int = 1) -> list[dict]:
     return [prepare_post(make_post(rng, f"p{i}", f"text {i % 3}", user_id=f"u{i % users}")) for i in range(n)]
 
 
-def test_use_event_sets_fausts_current_event():
-    e = Event("e")
-    use_event(e)
-    assert current_event() is e
+def apply_post(states: TableStates, key: str, ev, ctx: dict) -> None:
+    state = states.state(key, ev)
+    states.done(key, ev, ("apply", "post", ctx), state.apply("post", ctx).changed)
 
 
 def test_one_write_per_changed_key_under_the_last_event_that_changed_it():
-    table = RecordingTable()
-    batch = TableStates("user", table, DEFAULT_LIMITS)
+    store = RecordingStore()
+    states = states_of("user", store)
     ctxs = posts(12, users=3)
-    events = [Event(f"e{i}") for i in range(len(ctxs))]
-    for event, ctx in zip(events, ctxs, strict=True):
-        state = batch.state(ctx["user_id"], event)
-        batch.done(ctx["user_id"], event, ("apply", "post", ctx), state.apply("post", ctx).changed)
-    assert batch.flush() == 3 and len(table.writes) == 3
-    last = {ctx["user_id"]: e for e, ctx in zip(events, ctxs, strict=True)}
-    assert {key: event for key, event in table.writes} == last
+    events = [event(offset=i) for i in range(len(ctxs))]
+    for ev, ctx in zip(events, ctxs, strict=True):
+        apply_post(states, ctx["user_id"], ev, ctx)
+    pending = object()
+    assert states.flush(pending) == 3 and len(store.writes) == 3
+    last = {ctx["user_id"]: ev for ev, ctx in zip(events, ctxs, strict=True)}
+    assert {key: ev for key, ev, _ in store.writes} == last
+    assert all(p is pending for _, _, p in store.writes)  # the checkpoint's group holds every changelog record
     for user in ("u0", "u1", "u2"):
-        assert load_state("user", table[user]).posts.count == 4
+        assert load_state("user", store.values[user]).posts.count == 4
+    assert states.flush() == 0  # nothing changed since
+
+
+def test_without_a_writer_the_states_go_to_a_dict():
+    table: dict = {}
+    states = TableStates("user", table, DEFAULT_LIMITS)
+    ctx = posts(1, users=1)[0]
+    apply_post(states, ctx["user_id"], event(), ctx)
+    assert states.flush() == 1 and load_state("user", table["u0"]).posts.count == 1
 
 
 def test_the_batch_equals_one_event_at_a_time():
@@ -66,98 +85,141 @@ def test_the_batch_equals_one_event_at_a_time():
         state = load_state("user", one_by_one.get(ctx["user_id"]))
         state.apply("post", ctx)
         one_by_one[ctx["user_id"]] = json.loads(json.dumps(state.to_dict()))
-    table = RecordingTable()
-    batch = TableStates("user", table, DEFAULT_LIMITS)
+    store = RecordingStore()
+    states = states_of("user", store)
     for start in range(0, len(ctxs), 7):  # batches of 7, the states cached between them
         for i, ctx in enumerate(ctxs[start:start + 7]):
-            event = Event(f"e{start + i}")
-            state = batch.state(ctx["user_id"], event)
-            batch.done(ctx["user_id"], event, ("apply", "post", ctx), state.apply("post", ctx).changed)
-        batch.flush()
-    assert dict(table) == one_by_one
+            apply_post(states, ctx["user_id"], event(offset=start + i), ctx)
+        states.flush()
+    assert store.values == one_by_one
 
 
 def test_a_failed_event_leaves_no_trace_and_keeps_the_batchs_earlier_events():
-    table = RecordingTable()
+    store = RecordingStore()
     post = posts(1, users=1)[0]
-    batch = TableStates("post", table, DEFAULT_LIMITS)
-    e1, e2, e3 = Event("post"), Event("report-1"), Event("report-2")
-    state = batch.state(post["post_id"], e1)
-    batch.done(post["post_id"], e1, ("apply", "post", post), state.apply("post", post).changed)
+    states = states_of("post", store)
+    e1, e2, e3 = event(offset=1), event(offset=2), event(offset=3)
+    apply_post(states, post["post_id"], e1, post)
     report = prepare_report({"report_id": "r1", "post_id": post["post_id"], "created_at": "2026-01-01T00:00:00Z"})
-    state = batch.state(post["post_id"], e2)
-    batch.done(post["post_id"], e2, ("apply", "report", report), state.apply("report", report).changed)
+    state = states.state(post["post_id"], e2)
+    states.done(post["post_id"], e2, ("apply", "report", report), state.apply("report", report).changed)
     # the next event changes the state, then fails before it is recorded as done
     bad = prepare_report({"report_id": "r2", "post_id": post["post_id"], "created_at": "2026-01-01T00:00:01Z"})
-    batch.state(post["post_id"], e3).apply("report", bad)
-    batch.rebuild(post["post_id"], e3)
-    batch.flush()
-    stored = load_state("post", table[post["post_id"]])
+    states.state(post["post_id"], e3).apply("report", bad)
+    states.rebuild(post["post_id"], e3)
+    states.flush()
+    stored = load_state("post", store.values[post["post_id"]])
     assert stored.info is not None and stored.reports.count == 1  # r1 kept, r2 gone
+    assert [ev for _, ev, _ in store.writes] == [e2]  # the failed event wrote nothing
 
 
 def test_cached_states_are_read_once_and_never_share_data_with_what_was_written():
-    table = RecordingTable()
-    states = TableStates("user", table, DEFAULT_LIMITS)
+    store = RecordingStore()
+    states = states_of("user", store)
     written: dict[str, str] = {}  # key -> the stored value as text when it was written
     for i, ctx in enumerate(posts(20, users=2, seed=3)):
-        event = Event(f"e{i}")
-        state = states.state(ctx["user_id"], event)
-        states.done(ctx["user_id"], event, ("apply", "post", ctx), state.apply("post", ctx).changed)
-        # the cached object has changed; what the table holds from earlier flushes has not
-        assert {k: json.dumps(table[k], sort_keys=True) for k in written} == written
+        apply_post(states, ctx["user_id"], event(offset=i), ctx)
+        # the cached object has changed; what the store holds from earlier flushes has not
+        assert {k: json.dumps(store.values[k], sort_keys=True) for k in written} == written
         states.flush()
-        written[ctx["user_id"]] = json.dumps(table[ctx["user_id"]], sort_keys=True)
+        written[ctx["user_id"]] = json.dumps(store.values[ctx["user_id"]], sort_keys=True)
     assert states.loads == 2  # one decode per key, then the cached object
-    assert load_state("user", table["u0"]).posts.count == 10
+    assert load_state("user", store.values["u0"]).posts.count == 10
 
 
-def test_a_dict_handed_to_the_table_is_not_changed_by_later_events():
-    """faust serialises a changelog record after the write returns: the state must not alias the dict."""
+def test_a_dict_handed_to_the_writer_is_not_changed_by_later_events():
+    """The in-memory table keeps the very dict it is given (streams.tables.Table.set), and a rebuild reads it
+    back: the cached state must not alias it."""
+    kept: dict[str, tuple[dict, str]] = {}
 
-    class KeepingTable(dict):
-        def __setitem__(self, key, value):
-            super().__setitem__(key, (value, json.dumps(value, sort_keys=True)))
+    def write(key, value, event, pending):
+        kept[key] = (value, json.dumps(value, sort_keys=True))
 
-        def get(self, key, default=None):
-            item = super().get(key)
-            return default if item is None else item[0]
-
-    table = KeepingTable()
-    states = TableStates("post", table, DEFAULT_LIMITS)
+    states = TableStates("post", None, DEFAULT_LIMITS, write=write,
+                         read=lambda key, event: kept[key][0] if key in kept else None)
     post = posts(1, users=1)[0]
-    e = Event("post")
-    state = states.state(post["post_id"], e)
-    states.done(post["post_id"], e, ("apply", "post", post), state.apply("post", post).changed)
+    e = event()
+    apply_post(states, post["post_id"], e, post)
     snapshot = {"post": {"post_id": post["post_id"], "user_id": "u0"}, "received_at_ms": 1, "revision": 1,
                 "features": {"post_report_count": 0}}
     decision = {"post_id": post["post_id"], "user_id": "u0", "ip": None, "spam": False, "ts": 1, "revision": 1,
                 "snapshot": snapshot}
+    state = states.state(post["post_id"], e)
     states.done(post["post_id"], e, ("apply", "decision", decision), state.apply("decision", decision).changed)
     states.flush()
     for i in range(3):  # reports push the post over the threshold: redecision() changes the snapshot in place
         report = prepare_report({"report_id": f"r{i}", "post_id": post["post_id"],
                                  "created_at": f"2026-01-01T00:00:0{i}Z"})
-        event = Event(f"report-{i}")
-        state = states.state(post["post_id"], event)
-        states.done(post["post_id"], event, ("apply", "report", report), state.apply("report", report).changed)
+        ev = event(offset=i + 1)
+        state = states.state(post["post_id"], ev)
+        states.done(post["post_id"], ev, ("apply", "report", report), state.apply("report", report).changed)
         if state.redecision(3):
-            states.done(post["post_id"], event, ("redecide", 3), True)
-        value, text_at_write = table[post["post_id"]]
+            states.done(post["post_id"], ev, ("redecide", 3), True)
+        value, text_at_write = kept[post["post_id"]]
         assert json.dumps(value, sort_keys=True) == text_at_write
         states.flush()
-    assert table[post["post_id"]][0]["snapshot"]["revision"] == 2
+    assert kept[post["post_id"]][0]["snapshot"]["revision"] == 2
 
 
 def test_invalidate_forgets_cached_states():
-    table = RecordingTable()
-    states = TableStates("user", table, DEFAULT_LIMITS)
+    store = RecordingStore()
+    states = states_of("user", store)
     ctx = posts(1, users=1)[0]
-    e = Event("e")
+    e = event()
     states.state(ctx["user_id"], e)
     states.flush()
-    table[ctx["user_id"]] = {**load_state("user", None).to_dict(), "reports": {"n": 5, "recent": [], "hwm": None}}
+    store.values[ctx["user_id"]] = {**load_state("user", None).to_dict(), "reports": {"n": 5, "recent": [], "hwm": None}}
     assert states.state(ctx["user_id"], e).reports.count == 0  # cached
     states.flush()
     states.invalidate()
     assert states.state(ctx["user_id"], e).reports.count == 5  # read again
+
+
+def test_the_cache_keeps_the_most_recently_used_keys():
+    store = RecordingStore()
+    states = states_of("user", store, cached_keys=2)
+    ctxs = posts(3, users=3)
+    for ctx in ctxs:  # u0, u1, u2: u0 is evicted once the batch is over
+        apply_post(states, ctx["user_id"], event(), ctx)
+    states.flush()
+    assert states.loads == 3
+    states.state("u2", event())
+    states.state("u1", event())
+    assert states.loads == 3
+    states.state("u0", event())  # decoded again from the store
+    assert states.loads == 4
+
+
+class FakeOutbox:
+    def __init__(self):
+        self.records: list[tuple] = []
+
+    def produce(self, topic, value, *, key=None, partition=None, pending=None, **kwargs):
+        self.records.append((topic, value, key, partition, pending))
+
+
+def test_the_changelog_writer_uses_the_table_partition_of_the_event_and_writes_a_changelog_record():
+    table = Table("user", "app-features-user-changelog")
+    box = FakeOutbox()
+    writer = ChangelogWriter(table, box)
+    pending = object()
+    writer("u1", {"n": 1}, event(partition=2), pending)
+    assert table.partitions == {2: {"u1": {"n": 1}}}
+    assert writer.read("u1", event(partition=2)) == {"n": 1}
+    assert writer.read("u1", event(partition=0)) is None  # another partition's key
+    assert box.records == [("app-features-user-changelog", orjson.dumps({"n": 1}), orjson.dumps("u1"), 2, pending)]
+
+
+def test_table_states_over_a_changelog_writer_keep_partitions_apart():
+    table = Table("user", "app-features-user-changelog")
+    box = FakeOutbox()
+    writer = ChangelogWriter(table, box)
+    states = TableStates("user", table, DEFAULT_LIMITS, write=writer, read=writer.read)
+    ctxs = posts(4, users=2)
+    for i, ctx in enumerate(ctxs):
+        apply_post(states, ctx["user_id"], event(partition=1 if ctx["user_id"] == "u1" else 3, offset=i), ctx)
+    assert states.flush("checkpoint") == 2
+    assert sorted(table.partitions) == [1, 3]
+    assert load_state("user", table.get("u1", 1)).posts.count == 2 and table.get("u1", 3) is None
+    assert sorted((r[3], orjson.loads(r[2])) for r in box.records) == [(1, "u1"), (3, "u0")]
+    assert all(r[4] == "checkpoint" for r in box.records)

@@ -1,0 +1,146 @@
+"""A checkpoint: the one place where a worker commits. Each is one Kafka transaction holding the outputs of
+every round since the previous checkpoint (stage bundles, decisions, dead letters, changelog records) and the
+input offsets they came from, so a read_committed reader sees all of them or none, and each input record's
+effects exactly once. Quix Streams' `checkpointing/checkpoint.py` orders its commit the same way.
+
+The steps, in order:
+1. Stop starting rounds (records keep arriving and wait in the runner's queue).
+2. Wait until every round started is complete: its records produced and delivered, its posts decided
+   (a Triton batch in flight finishes first; during a text-model outage, after MODPIPE_TEXT_MODEL_OUTAGE_S).
+3. Write each table state changed since the last checkpoint once, as a changelog record in the transaction,
+   and wait for their delivery.
+4. Check that this worker may still commit: a process that was frozen longer than the group's session (a
+   SIGSTOP, a VM pause) may have lost its partitions without having heard of it yet, so it aborts and stops
+   instead. (Apache Kafka also refuses the offsets of a member of an older group generation, KIP-447; the
+   embedded broker does not check that, so this guard is what fences such a zombie there.)
+5. Send the input offsets (the next offset after the last record processed, per partition) to the
+   transaction with the consumer's group metadata, and commit the transaction; the next one opens.
+6. Start rounds again.
+A checkpoint that fails stops the worker without committing: the transaction is aborted, and the partitions'
+next owner (this worker after its restart) restores the tables from their changelogs, which hold only
+committed states, and processes the input again from the committed offsets.
+
+When: MODPIPE_COMMIT_INTERVAL_MS after the first uncommitted record was processed, or as soon as no round is in
+flight (a quiet pipeline commits each post's decision at once instead of waiting for the interval).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+import time
+from collections.abc import Callable
+
+from modpipe import log
+from streams import metrics
+
+_log = log.get(__name__)
+
+
+class Frozen(RuntimeError):
+    """The process was frozen long enough to have lost its group membership."""
+
+
+class FreezeWatch:
+    """Notices that the whole process stood still (every thread stopped): a thread that ticks every `tick_s`
+    finds a gap longer than `limit_s` between two ticks, or the checkpoint finds the last tick that old."""
+
+    def __init__(self, limit_s: float, tick_s: float = 0.2, clock: Callable[[], float] = time.monotonic):
+        self.limit_s, self.tick_s, self.clock = limit_s, tick_s, clock
+        self.last_tick = clock()
+        self.longest_gap_s = 0.0
+        self._stop = threading.Event()
+
+    def tick(self) -> None:
+        now = self.clock()
+        self.longest_gap_s = max(self.longest_gap_s, now - self.last_tick)
+        self.last_tick = now
+
+    def frozen(self) -> bool:
+        """Whether a gap past the limit was seen since the watch started (or is under way now)."""
+        return max(self.longest_gap_s, self.clock() - self.last_tick) > self.limit_s
+
+    def start(self) -> FreezeWatch:
+        def run() -> None:
+            while not self._stop.wait(self.tick_s):
+                self.tick()
+        threading.Thread(target=run, name="freeze-watch", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class Checkpointer:
+    """Runs the steps above. `runner` starts and stops rounds and knows the offsets processed; `wiring` knows
+    when rounds are complete and writes the table states; `outbox` holds the transaction."""
+
+    def __init__(self, runner, wiring, outbox, consumer, interval_s: float, watch: FreezeWatch):
+        self.runner, self.wiring, self.outbox, self.consumer = runner, wiring, outbox, consumer
+        self.interval_s = interval_s
+        self.watch = watch
+        self._lock = asyncio.Lock()
+        self._due = asyncio.Event()
+        self.dirty_since: float | None = None  # loop time of the first record processed since the last commit
+        self.commits = 0
+
+    def processed(self) -> None:
+        """A round started: a checkpoint is due within the interval."""
+        if self.dirty_since is None:
+            self.dirty_since = asyncio.get_running_loop().time()
+            self._due.set()
+
+    async def run_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._due.wait()
+            self._due.clear()
+            if self.dirty_since is None:
+                continue
+            left = self.dirty_since + self.interval_s - loop.time()
+            if left > 0:
+                try:  # early when quiet: nothing in flight means nothing to wait for
+                    await asyncio.wait_for(self.wiring.idle(), left)
+                except asyncio.TimeoutError:
+                    pass
+            await self.commit()
+
+    async def commit(self) -> bool:
+        """One checkpoint (nothing when nothing was processed since the last). On failure the worker stops
+        (`wiring.crash`) and this returns False."""
+        try:
+            await self._commit()
+            return True
+        except Exception as exc:  # noqa: BLE001 - whatever it was, nothing of this transaction is committed
+            _log.error("checkpoint failed; the worker stops without committing", extra={"error": str(exc)[:500]})
+            self.wiring.crash(exc)
+            return False
+
+    def check_not_frozen(self) -> None:
+        """Step 4; the outbox runs it again right before it sends the offsets and before it commits, so a
+        freeze that begins after the first check is caught as late as it can be."""
+        if self.watch.frozen():
+            raise Frozen(f"the process stood still for {self.watch.longest_gap_s:.1f} s: its partitions may be "
+                         "another worker's by now")
+
+    async def _commit(self) -> None:
+        async with self._lock:
+            if self.dirty_since is None:
+                return
+            started = time.perf_counter()
+            self.runner.pause_rounds()                                       # 1
+            try:
+                await self.wiring.idle()                                     # 2
+                self.wiring.flush_states()
+                await self.wiring.idle()                                     # 3
+                self.check_not_frozen()                                      # 4
+                offsets = self.runner.take_offsets()
+                metadata = self.consumer.group_metadata()
+                await asyncio.get_running_loop().run_in_executor(                                      # 5
+                    None, functools.partial(self.outbox.commit, offsets, metadata, guard=self.check_not_frozen))
+                self.dirty_since = None
+                self.commits += 1
+                metrics.CHECKPOINT_DURATION.observe(time.perf_counter() - started)
+            finally:
+                self.runner.resume_rounds()                                  # 6

@@ -1,0 +1,218 @@
+"""The worker's one consumer in the group (confluent-kafka), polled on a thread of its own.
+
+It hands records to the event loop in batches (what one `consume()` brought), and runs the group's
+rebalance callbacks on the loop, waiting for them: a revocation returns only once the wiring has committed
+(or given up) what it did with the partitions, and only then does librdkafka let the group move them.
+
+Reading is `read_committed`: transactional producers' aborted records are never seen, and a transaction
+marker is simply not a record (the committed offset after a transaction is the marker's, and the consumer
+moves past it). Partitions are assigned by range, so partition p of every input topic (which all have the
+same partition count) goes to the same worker: the tables of a stage partition live with the partitions
+that feed them.
+
+An idle consumer pauses its partitions for a moment after a fetch that brought nothing: a broker that
+answers an empty fetch at once (the embedded noida-db does, where Kafka waits fetch.wait.max.ms) would
+otherwise make librdkafka fetch in a tight loop. While the wiring has more queued than it can take, the
+partitions are paused too (back-pressure), and polling goes on, so rebalances are still served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import time
+from collections.abc import Callable, Coroutine
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from modpipe import log
+from modpipe.services.fetching import resume_now
+from streams import metrics
+from streams.kafka.records import TP, Record
+
+_log = log.get(__name__)
+
+FETCH_WAIT_S = 0.01  # a consume waits this long for records before the partitions pause for a backoff
+EMPTY_BACKOFF_S = 0.002
+EMPTY_BACKOFF_MAX_S = 0.025
+# A rebalance callback may restore tables from their changelogs (streams/tables.py gives that 600 s) or commit
+# a checkpoint; past this the consumer fails and the worker restarts. max.poll.interval.ms (streams/app.py)
+# is longer, so the group does not drop a worker that is still restoring.
+REBALANCE_CALLBACK_TIMEOUT_S = 660.0
+# After an assignment the consumer does not pause for this long: librdkafka first looks up each partition's
+# committed offset and starts its fetcher, and a partition paused before it started is not woken by a seek
+# (measured: the first records of a fresh worker waited 6 s).
+ASSIGNMENT_GRACE_S = 2.0
+LAG_EVERY_S = 5.0  # how often modpipe_consumer_lag_messages is brought up to date
+
+
+def empty_backoff(empty_in_a_row: int) -> float:
+    """Seconds to pause after the n-th consume in a row that brought nothing."""
+    if empty_in_a_row <= 0:
+        return 0.0
+    return min(EMPTY_BACKOFF_S * 2 ** min(empty_in_a_row - 1, 30), EMPTY_BACKOFF_MAX_S)
+
+
+class GroupConsumer:
+    """`on_assigned(tps)`, `on_revoked(tps)` and `on_lost(tps)` are coroutines run on the loop; the first two
+    may take their time (a table restore, a commit): the group waits for them."""
+
+    def __init__(self, conf: dict, topics: list[str], *,
+                 on_assigned: Callable[[list[TP]], Coroutine], on_revoked: Callable[[list[TP]], Coroutine],
+                 on_lost: Callable[[list[TP]], Coroutine], batch_size: int = 500):
+        self.conf = {**conf, "enable.auto.commit": False, "enable.auto.offset.store": False,
+                     "isolation.level": "read_committed", "partition.assignment.strategy": "range",
+                     "auto.offset.reset": "earliest"}
+        self.topics = topics
+        self.on_assigned, self.on_revoked, self.on_lost = on_assigned, on_revoked, on_lost
+        self.batch_size = batch_size
+        self.consumer: Consumer | None = None
+        self.busy: Callable[[], bool] = lambda: False  # the wiring has more queued than it takes (back-pressure)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._deliver: Callable[[list[Record]], None] | None = None
+        self._commands: collections.deque[Callable[[Consumer], None]] = collections.deque()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.failure: Exception | None = None
+        self._group_metadata = None
+        self._committed: dict[TP, int] = {}  # at the last assignment (-1001: none)
+        self.stopping = False  # set when the worker stops: polling ends, no assignment is taken on
+        self._next: dict[TP, int] = {}
+        self._assigned_at = 0.0  # per partition, the offset after the last record handed over (poll thread)
+        self.on_failure: Callable[[Exception], None] | None = None  # called on the loop when polling fails
+
+    def start(self, loop: asyncio.AbstractEventLoop, deliver: Callable[[list[Record]], None]) -> GroupConsumer:
+        self._loop, self._deliver = loop, deliver
+        self.consumer = Consumer(self.conf)
+        self.consumer.subscribe(self.topics, on_assign=self._assign_cb, on_revoke=self._revoke_cb,
+                                on_lost=self._lost_cb)
+        self._thread = threading.Thread(target=self._run, name="group-consumer", daemon=True)
+        self._thread.start()
+        return self
+
+    def alive(self) -> bool:
+        return self.failure is None and self._thread is not None and (self._thread.is_alive() or self._stop.is_set())
+
+    def group_metadata(self):
+        """The group generation and member id that a transaction's offsets carry (KIP-447); read on the poll
+        thread at each assignment."""
+        return self._group_metadata
+
+    def seek(self, tp: TP, offset: int) -> None:
+        """Read `tp` again from `offset` (on the poll thread, before its next fetch)."""
+        def run(c: Consumer) -> None:
+            c.seek(TopicPartition(tp.topic, tp.partition, offset))
+            self._next[tp] = offset
+        self._commands.append(run)
+
+    def _resume(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
+        resume_now(consumer, tps, self._next)  # at once, not at librdkafka's next wake-up (modpipe/services/fetching.py)
+
+    def _report_lag(self, consumer: Consumer) -> None:
+        """Records behind each assigned partition's end (on the poll thread: a call into the consumer from
+        the event loop's thread can block the loop while librdkafka serves the poll thread). From the
+        consumer's position (past a transaction's commit marker, unlike the last record's offset + 1), or
+        where nothing was read since the assignment, from the committed offset (the log start where none)."""
+        for tp in consumer.position(consumer.assignment()):
+            low, high = consumer.get_watermark_offsets(tp, cached=True)
+            if high < 0:
+                continue
+            at = tp.offset if tp.offset >= 0 else self._committed.get(TP(tp.topic, tp.partition), -1)
+            if at < 0:
+                at = max(low, 0)
+            metrics.CONSUMER_LAG.labels(tp.topic, str(tp.partition)).set(max(0, high - at))
+
+    def _call_on_loop(self, coro_fn, partitions) -> None:
+        tps = [TP(p.topic, p.partition) for p in partitions]
+        future = asyncio.run_coroutine_threadsafe(coro_fn(tps), self._loop)
+        future.result(REBALANCE_CALLBACK_TIMEOUT_S)
+
+    def _assign_cb(self, consumer, partitions) -> None:
+        # A resume seeks only partitions that delivered a record (or were sought) since this assignment: a
+        # committed offset below the log start would be reset forward by librdkafka and sought back at every
+        # resume. Until then the fetchers start on their own, in the grace period (ASSIGNMENT_GRACE_S).
+        self._assigned_at = time.monotonic()
+        self._committed = {TP(tp.topic, tp.partition): tp.offset for tp in consumer.committed(partitions, timeout=30)}
+        self._next.clear()
+        if self.stopping:
+            return  # the worker is stopping: it takes no partitions on (librdkafka may still rejoin)
+        self._group_metadata = consumer.consumer_group_metadata()
+        self._call_on_loop(self.on_assigned, partitions)
+
+    def _revoke_cb(self, consumer, partitions) -> None:
+        self._call_on_loop(self.on_revoked, partitions)
+
+    def _lost_cb(self, consumer, partitions) -> None:
+        self._call_on_loop(self.on_lost, partitions)
+
+    def _run(self) -> None:
+        consumer = self.consumer
+        empty = 0
+        paused = False
+        lag_due = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                while self._commands:
+                    self._commands.popleft()(consumer)
+                if time.monotonic() >= lag_due:
+                    lag_due = time.monotonic()
+                    self._report_lag(consumer)
+                busy = self.busy()
+                if busy != paused:  # back-pressure on or off
+                    assignment = consumer.assignment()
+                    if busy:
+                        consumer.pause(assignment)
+                    else:
+                        self._resume(consumer, assignment)
+                    paused = busy
+                # a short wait lets the fetcher bring what the partitions have (they were just resumed)
+                messages = consumer.consume(self.batch_size, 0.05 if paused else FETCH_WAIT_S)
+                records = []
+                for m in messages:
+                    err = m.error()
+                    if err is not None:
+                        if err.fatal():
+                            raise KafkaException(err)
+                        if err.code() != KafkaError._PARTITION_EOF:
+                            _log.warning("consumer error", extra={"error": str(err)})
+                        continue
+                    ts_type, ts = m.timestamp()
+                    self._next[TP(m.topic(), m.partition())] = m.offset() + 1
+                    records.append(Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(),
+                                          ts if ts_type and ts > 0 else None))
+                if records:
+                    empty = 0
+                    self._loop.call_soon_threadsafe(self._deliver, records)
+                    continue
+                if paused or time.monotonic() - self._assigned_at < ASSIGNMENT_GRACE_S:
+                    continue
+                empty += 1
+                wait = empty_backoff(empty)
+                assignment = consumer.assignment()
+                consumer.pause(assignment)
+                self._stop.wait(wait)
+                self._resume(consumer, assignment)
+        except Exception as exc:  # noqa: BLE001 - the worker stops: its restart rejoins the group
+            self.failure = exc
+            if not self._stop.is_set():
+                _log.exception("group consumer failed")
+                if self.on_failure is not None:
+                    self._loop.call_soon_threadsafe(self.on_failure, exc)
+
+    def stop_polling(self) -> None:
+        """A failed worker stops reading at once: no rejoin, no assignment taken while it shuts down."""
+        self.stopping = True
+        self._stop.set()
+
+    def close(self) -> None:
+        """Stop polling and leave the group. The revocation callback runs in the caller's thread and waits for
+        the loop: never call this on the loop's own thread."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        if self.consumer is not None:
+            try:
+                self.consumer.close()
+            except Exception as exc:  # noqa: BLE001 - closing anyway
+                _log.warning("consumer close failed", extra={"error": str(exc)})

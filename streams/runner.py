@@ -1,0 +1,244 @@
+"""The worker's loop: records from the group consumer become rounds for their topic's handler
+(streams/agents.py); the checkpoint commits them (streams/checkpoint.py); rebalances hand partitions over.
+
+A round is what one fetch brought for one topic (at most ROUND_MAX records). Handlers run one round at a
+time, synchronously, except the awaiting-text one, which waits for Triton on a task of its own (one round at
+a time, so its records are decided in order). Rounds stop while a checkpoint commits.
+
+Hand-over: when the group takes partitions away, the revocation waits here until the rounds in flight are
+complete and a checkpoint has committed them; records fetched but not started are dropped (their new owner
+reads them from the committed offset), and the tables of the partitions are forgotten. When partitions are
+given, their tables are restored from the changelogs before any of their records is handled. A worker that
+loses its partitions without a revocation (its session expired) stops without committing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+
+from features import events as fe
+from modpipe import log
+from modpipe.settings import Settings
+from streams import metrics, tables
+from streams.checkpoint import Checkpointer, FreezeWatch
+from streams.kafka.consumer import GroupConsumer
+from streams.kafka.records import TP, Record
+
+_log = log.get(__name__)
+
+ROUND_MAX = 128  # records handled per round at most (a stage record is a bundle of many items)
+MAX_QUEUED_BATCHES = 8  # fetched batches waiting for their rounds before fetching pauses
+AWAITING_TEXT_RETRY_S = 1.0  # the text model is still out: read the awaiting posts again after this
+
+
+class Runner:
+    def __init__(self, settings: Settings, bootstrap: str, wiring, outbox, handlers: dict, consumer_conf: dict):
+        self.settings, self.bootstrap, self.wiring, self.outbox = settings, bootstrap, wiring, outbox
+        self.handlers = handlers
+        self.awaiting_topic = wiring.topics.awaiting_text
+        self.stage_of_topic = {topic: stage for stage, topic in wiring.topics.stages.items()}
+        self.consumer = GroupConsumer(consumer_conf, list(handlers), on_assigned=self.on_assigned,
+                                      on_revoked=self.on_revoked, on_lost=self.on_lost)
+        self.consumer.busy = self._busy
+        session_s = float(consumer_conf.get("session.timeout.ms", 10_000)) / 1000
+        heartbeat_s = float(consumer_conf.get("heartbeat.interval.ms", 2_000)) / 1000
+        self.watch = FreezeWatch(limit_s=max(1.0, session_s - heartbeat_s))
+        self.checkpoint = Checkpointer(self, wiring, outbox, self.consumer, settings.commit_interval_ms / 1000,
+                                       self.watch)
+        self._batches: collections.deque[list[Record]] = collections.deque()
+        self._wake = asyncio.Event()
+        self._rounds_open = asyncio.Event()
+        self._rounds_open.set()
+        self._awaiting: collections.deque[list[Record]] = collections.deque()
+        self._awaiting_wake = asyncio.Event()
+        self._offsets: dict[TP, int] = {}  # next offset per input partition, rounds done since the last commit
+        self._rewound: dict[TP, int] = {}  # partition sought back to this offset: later records are stale
+        self._tasks: list[asyncio.Task] = []
+        self._generation = 0  # one more at each revocation
+        self.committing_on_revoke = True  # False once the worker stops without committing (a crash)
+
+    # -- the consumer's side
+    def start(self) -> Runner:
+        loop = asyncio.get_running_loop()
+        self.watch.start()
+        self.consumer.start(loop, self._deliver)
+        self._tasks = [loop.create_task(self._run(), name="rounds"),
+                       loop.create_task(self._run_awaiting(), name="awaiting-text"),
+                       loop.create_task(self.checkpoint.run_forever(), name="checkpoints")]
+        for task in self._tasks:
+            task.add_done_callback(self._task_done)
+        return self
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            _log.error("worker task failed", extra={"task": task.get_name(), "error": repr(task.exception())})
+            self.wiring.crash(task.exception())
+
+    def _deliver(self, records: list[Record]) -> None:
+        self._batches.append(records)
+        self._wake.set()
+
+    def _busy(self) -> bool:  # read on the consumer's thread
+        return len(self._batches) >= MAX_QUEUED_BATCHES or \
+            self.wiring.batcher.queued >= self.settings.max_batch * self.settings.max_inflight * 2
+
+    # -- rounds
+    def pause_rounds(self) -> None:
+        self._rounds_open.clear()
+
+    def resume_rounds(self) -> None:
+        self._rounds_open.set()
+
+    def take_offsets(self) -> dict[TP, int]:
+        offsets, self._offsets = self._offsets, {}
+        return offsets
+
+    def _done(self, records: list[Record]) -> None:
+        for r in records:  # in offset order per partition: the last one wins
+            self._offsets[r.tp] = r.offset + 1
+
+    def _fresh(self, records: list[Record]) -> list[Record]:
+        """Without the records fetched before a partition was sought back (they come again)."""
+        if not self._rewound:
+            return records
+        out = []
+        for r in records:
+            to = self._rewound.get(r.tp)
+            if to is not None:
+                if r.offset != to:
+                    continue
+                del self._rewound[r.tp]
+            out.append(r)
+        return out
+
+    async def _run(self) -> None:
+        while True:
+            if not self._batches:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            await self._rounds_open.wait()
+            if not self._batches:
+                continue
+            by_topic: dict[str, list[Record]] = {}
+            for r in self._fresh(self._batches.popleft()):
+                by_topic.setdefault(r.topic, []).append(r)
+            for topic, records in by_topic.items():
+                if topic == self.awaiting_topic:
+                    self._awaiting.append(records)
+                    self._awaiting_wake.set()
+                    continue
+                handler = self.handlers[topic]
+                for i in range(0, len(records), ROUND_MAX):
+                    chunk = records[i:i + ROUND_MAX]
+                    handler(chunk)
+                    self._done(chunk)
+                self.checkpoint.processed()
+            await asyncio.sleep(0)  # let decisions and delivery reports in between fetched batches
+
+    async def _run_awaiting(self) -> None:
+        handler = self.handlers[self.awaiting_topic]
+        while True:
+            if not self._awaiting:
+                self._awaiting_wake.clear()
+                await self._awaiting_wake.wait()
+                continue
+            await self._rounds_open.wait()
+            generation = self._generation
+            records = self._fresh(self._awaiting.popleft())
+            for i in range(0, len(records), ROUND_MAX):
+                await self._rounds_open.wait()
+                if self._generation != generation:
+                    break  # revoked meanwhile: the rest is read again by the partitions' next owner
+                chunk = records[i:i + ROUND_MAX]
+                # the handler reports its chunk done as it publishes the decisions, before it yields to the
+                # loop again: a checkpoint can never commit those decisions without the chunk's offsets
+                if await handler(chunk, lambda chunk=chunk: self._round_done(chunk)):
+                    continue
+                if self._generation == generation:
+                    self._read_again(records[i:])
+                await asyncio.sleep(AWAITING_TEXT_RETRY_S)
+                break
+
+    def _round_done(self, records: list[Record]) -> None:
+        self._done(records)
+        self.checkpoint.processed()
+
+    def _read_again(self, records: list[Record]) -> None:
+        """Seek each partition back to the first of `records` or of the batches queued behind them; what was
+        fetched after that is dropped."""
+        first: dict[TP, int] = {}
+        for batch in (records, *self._awaiting):
+            for r in batch:
+                first.setdefault(r.tp, r.offset)
+        for tp, offset in first.items():
+            self._rewound[tp] = offset
+            self.consumer.seek(tp, offset)
+        self._awaiting.clear()
+
+    # -- rebalances (run on the loop; the consumer's thread waits for them)
+    async def on_revoked(self, tps: list[TP]) -> None:
+        _log.info("partitions revoked", extra={"partitions": len(tps)})
+        self._generation += 1  # the awaiting-text task drops what it holds of the old assignment
+        self._batches.clear()  # fetched, not started: their next owner reads them again
+        self._awaiting.clear()
+        if self.committing_on_revoke:
+            await self.checkpoint.commit()
+        self.wiring.revoked()
+        gone = {tp.partition for tp in tps if tp.topic in self.stage_of_topic}
+        for table in self.wiring.pipe.tables.values():
+            for p in gone:
+                table.drop(p)
+        for tp in tps:
+            self._offsets.pop(tp, None)
+            self._rewound.pop(tp, None)
+
+    async def on_assigned(self, tps: list[TP]) -> None:
+        by_stage: dict[str, list[int]] = {}
+        for tp in tps:
+            stage = self.stage_of_topic.get(tp.topic)
+            if stage is not None:
+                by_stage.setdefault(stage, []).append(tp.partition)
+        loop = asyncio.get_running_loop()
+        # with range assignment every stage gets the same partition numbers: one restore for all tables
+        numbers = sorted({p for partitions in by_stage.values() for p in partitions})
+        if any(sorted(p) != numbers for p in by_stage.values()):
+            _log.warning("stage partitions are not co-assigned", extra={"stages": by_stage})
+        stage_tables = [self.wiring.pipe.tables[t] for stage in by_stage for t in fe.STAGES[stage]]
+        await loop.run_in_executor(None, tables.restore, stage_tables, numbers, self.settings, self.bootstrap)
+        self.wiring.assigned(tps)
+        for topic in self.handlers:
+            metrics.ASSIGNED_PARTITIONS.labels(topic).set(sum(tp.topic == topic for tp in tps))
+        _log.info("partitions assigned", extra={"partitions": len(tps),
+                                                "stage_partitions": {s: sorted(p) for s, p in by_stage.items()}})
+
+    async def on_lost(self, tps: list[TP]) -> None:
+        self.committing_on_revoke = False
+        self.wiring.crash(RuntimeError(f"{len(tps)} partitions lost (the group moved on without this worker)"))
+
+    # -- stopping
+    async def stop(self, grace_s: float) -> bool:
+        """Start no more rounds; wait up to `grace_s` for those in flight, then commit them. Returns whether the
+        last checkpoint committed (False: its input is processed again by the partitions' next owner)."""
+        await self._cancel_tasks()
+        try:
+            await asyncio.wait_for(self.wiring.idle(), grace_s)
+        except asyncio.TimeoutError:
+            _log.warning("rounds still in flight at shutdown: not committed", extra={"rounds": self.wiring.open_rounds})
+            self.committing_on_revoke = False
+            return False
+        ok = await self.checkpoint.commit()
+        self.committing_on_revoke = False  # leaving the group revokes: nothing more to commit
+        return ok
+
+    async def _cancel_tasks(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def close(self) -> None:
+        await self._cancel_tasks()
+        self.watch.stop()
+        # leaving the group runs the revocation callback, which waits for this loop: off the loop's thread
+        await asyncio.get_running_loop().run_in_executor(None, self.consumer.close)

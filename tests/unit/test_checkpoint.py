@@ -1,0 +1,246 @@
+"""streams.checkpoint without a broker: FreezeWatch on a fake clock, and the Checkpointer's steps (the order
+documented at the top of streams/checkpoint.py) against fake runner, wiring, outbox and consumer."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from streams.checkpoint import Checkpointer, FreezeWatch, Frozen
+
+
+class Clock:
+    def __init__(self, now: float = 100.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_ticks_closer_than_the_limit_are_no_freeze():
+    clock = Clock()
+    watch = FreezeWatch(limit_s=8.0, tick_s=0.2, clock=clock)
+    for _ in range(100):
+        clock.now += 0.2
+        watch.tick()
+    clock.now += 7.9  # a slow tick, still under the limit
+    watch.tick()
+    assert not watch.frozen() and watch.longest_gap_s == pytest.approx(7.9)
+
+
+def test_a_gap_past_the_limit_is_seen_and_remembered():
+    clock = Clock()
+    watch = FreezeWatch(limit_s=8.0, clock=clock)
+    clock.now += 0.2
+    watch.tick()
+    clock.now += 9.0  # SIGSTOP, VM pause: no thread ran
+    watch.tick()
+    for _ in range(50):  # ticking normally again afterwards does not clear it
+        clock.now += 0.2
+        watch.tick()
+    assert watch.frozen() and watch.longest_gap_s == pytest.approx(9.0)
+
+
+def test_a_freeze_under_way_is_seen_before_the_next_tick():
+    clock = Clock()
+    watch = FreezeWatch(limit_s=8.0, clock=clock)
+    clock.now += 8.5  # the checkpoint runs first after the process resumes
+    assert watch.frozen()
+
+
+def test_the_watch_thread_ticks_until_stopped():
+    watch = FreezeWatch(limit_s=60.0, tick_s=0.01).start()
+    first = watch.last_tick
+    deadline = time.monotonic() + 5
+    while watch.last_tick == first and time.monotonic() < deadline:
+        time.sleep(0.01)
+    watch.stop()
+    assert watch.last_tick > first and not watch.frozen()
+
+
+# -- the Checkpointer
+
+
+class Steps(list):
+    """The calls made, in order."""
+
+
+class FakeRunner:
+    def __init__(self, steps: Steps, offsets: dict):
+        self.steps, self.offsets = steps, offsets
+
+    def pause_rounds(self):
+        self.steps.append("pause_rounds")
+
+    def resume_rounds(self):
+        self.steps.append("resume_rounds")
+
+    def take_offsets(self):
+        self.steps.append("take_offsets")
+        offsets, self.offsets = self.offsets, {}
+        return offsets
+
+
+class FakeWiring:
+    def __init__(self, steps: Steps):
+        self.steps = steps
+        self.crashes: list[Exception] = []
+
+    async def idle(self):
+        self.steps.append("idle")
+        await asyncio.sleep(0)
+
+    def flush_states(self):
+        self.steps.append("flush_states")
+
+    def crash(self, exc):
+        self.steps.append("crash")
+        self.crashes.append(exc)
+
+
+class FakeOutbox:
+    def __init__(self, steps: Steps, fail: Exception | None = None):
+        self.steps, self.fail = steps, fail
+        self.commits: list[tuple] = []
+
+    def commit(self, offsets, group_metadata, guard=None):
+        if guard is not None:
+            guard()  # as the outbox does, right before its requests
+        self.steps.append("outbox.commit")
+        if self.fail is not None:
+            raise self.fail
+        self.commits.append((offsets, group_metadata))
+
+
+class FakeConsumer:
+    def __init__(self, steps: Steps):
+        self.steps = steps
+
+    def group_metadata(self):
+        self.steps.append("group_metadata")
+        return "generation-7"
+
+
+class FakeWatch:
+    """Frozen from its `frozen_from`-th check on (1: the first; None: never)."""
+
+    def __init__(self, steps: Steps, frozen: bool = False, frozen_from: int | None = None):
+        self.steps = steps
+        self.frozen_from = 1 if frozen else frozen_from
+        self.checks = 0
+        self.longest_gap_s = 12.0 if self.frozen_from else 0.1
+
+    def frozen(self):
+        self.steps.append("freeze_check")
+        self.checks += 1
+        return self.frozen_from is not None and self.checks >= self.frozen_from
+
+
+def checkpointer(*, frozen=False, fail=None, offsets=None, interval_s=60.0, frozen_from=None):
+    steps = Steps()
+    runner = FakeRunner(steps, {("posts", 0): 11, ("features.user", 2): 4} if offsets is None else offsets)
+    cp = Checkpointer(runner, FakeWiring(steps), FakeOutbox(steps, fail), FakeConsumer(steps), interval_s,
+                      FakeWatch(steps, frozen, frozen_from))
+    return cp, steps
+
+
+def test_the_steps_happen_in_the_documented_order():
+    async def scenario():
+        cp, steps = checkpointer()
+        cp.processed()
+        assert await cp.commit()
+        return cp, steps
+
+    cp, steps = asyncio.run(scenario())
+    assert steps == ["pause_rounds", "idle", "flush_states", "idle", "freeze_check", "take_offsets",
+                     "group_metadata", "freeze_check", "outbox.commit", "resume_rounds"]
+    assert cp.outbox.commits == [({("posts", 0): 11, ("features.user", 2): 4}, "generation-7")]
+    assert cp.commits == 1 and cp.dirty_since is None and not cp.wiring.crashes
+
+
+def test_nothing_is_committed_when_nothing_was_processed():
+    async def scenario():
+        cp, steps = checkpointer()
+        assert await cp.commit()
+        cp.processed()
+        assert await cp.commit()
+        del steps[:]
+        assert await cp.commit()  # nothing since the last one
+        return cp, steps
+
+    cp, steps = asyncio.run(scenario())
+    assert steps == [] and cp.commits == 1 and len(cp.outbox.commits) == 1
+
+
+def test_a_frozen_process_crashes_without_committing():
+    async def scenario():
+        cp, steps = checkpointer(frozen=True)
+        cp.processed()
+        return cp, steps, await cp.commit()
+
+    cp, steps, ok = asyncio.run(scenario())
+    assert not ok and steps == ["pause_rounds", "idle", "flush_states", "idle", "freeze_check", "resume_rounds",
+                                "crash"]  # no offsets taken, no outbox.commit: the open transaction is aborted
+    assert len(cp.wiring.crashes) == 1 and isinstance(cp.wiring.crashes[0], Frozen)
+    assert cp.commits == 0 and cp.dirty_since is not None  # still uncommitted
+
+
+def test_a_freeze_after_the_first_check_is_caught_before_the_offsets_are_sent():
+    async def scenario():
+        cp, steps = checkpointer(frozen_from=2)  # the process stands still between step 4 and step 5
+        cp.processed()
+        return cp, steps, await cp.commit()
+
+    cp, steps, ok = asyncio.run(scenario())
+    assert not ok and steps[-5:] == ["take_offsets", "group_metadata", "freeze_check", "resume_rounds", "crash"]
+    assert cp.outbox.commits == [] and isinstance(cp.wiring.crashes[0], Frozen)
+
+
+def test_a_failing_outbox_commit_crashes_the_wiring_and_rounds_resume():
+    async def scenario():
+        cp, steps = checkpointer(fail=RuntimeError("transaction coordinator gone"))
+        cp.processed()
+        return cp, steps, await cp.commit()
+
+    cp, steps, ok = asyncio.run(scenario())
+    assert not ok and steps[-3:] == ["outbox.commit", "resume_rounds", "crash"]
+    assert [str(e) for e in cp.wiring.crashes] == ["transaction coordinator gone"]
+    assert cp.commits == 0 and cp.dirty_since is not None
+
+
+def test_a_quiet_pipeline_commits_at_once_and_a_busy_one_within_the_interval():
+    async def quiet():
+        cp, steps = checkpointer(interval_s=60.0)
+        task = asyncio.get_running_loop().create_task(cp.run_forever())
+        cp.processed()
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if cp.commits:
+                break
+        task.cancel()
+        return cp.commits
+
+    assert asyncio.run(quiet()) == 1  # nothing in flight: no need to wait 60 s
+
+    class BusyWiring(FakeWiring):
+        async def idle(self):  # a round in flight until the checkpoint pauses rounds
+            self.steps.append("idle")
+            if "pause_rounds" not in self.steps:
+                await asyncio.sleep(3600)
+
+    async def busy():
+        steps = Steps()
+        cp = Checkpointer(FakeRunner(steps, {("posts", 0): 1}), BusyWiring(steps), FakeOutbox(steps),
+                          FakeConsumer(steps), 0.05, FakeWatch(steps))
+        task = asyncio.get_running_loop().create_task(cp.run_forever())
+        cp.processed()
+        started = asyncio.get_running_loop().time()
+        while not cp.commits and asyncio.get_running_loop().time() - started < 5:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        return cp.commits, asyncio.get_running_loop().time() - started
+
+    commits, took = asyncio.run(busy())
+    assert commits == 1 and 0.04 <= took < 5

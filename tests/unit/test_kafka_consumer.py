@@ -1,0 +1,259 @@
+"""streams.kafka.consumer without a broker: the empty-fetch backoff, the configuration every worker consumer
+gets, and the poll thread against a fake confluent-kafka Consumer (records to the loop, rebalance callbacks
+run on the loop, pauses, seeks, a fatal error)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+from confluent_kafka import KafkaError
+
+from streams.kafka import consumer as kc
+from streams.kafka.consumer import EMPTY_BACKOFF_MAX_S, EMPTY_BACKOFF_S, GroupConsumer, empty_backoff
+from streams.kafka.records import TP, Record
+
+
+def test_no_backoff_after_a_fetch_that_brought_records():
+    assert empty_backoff(0) == 0.0 and empty_backoff(-3) == 0.0
+
+
+def test_the_backoff_doubles_up_to_its_cap():
+    waits = [empty_backoff(n) for n in range(1, 12)]
+    assert waits[:3] == pytest.approx([EMPTY_BACKOFF_S, 2 * EMPTY_BACKOFF_S, 4 * EMPTY_BACKOFF_S])
+    assert waits == sorted(waits) and max(waits) == EMPTY_BACKOFF_MAX_S
+    assert empty_backoff(10_000) == EMPTY_BACKOFF_MAX_S  # a long idle spell: no overflow
+
+
+def test_the_worker_consumer_reads_committed_and_commits_only_through_transactions():
+    gc = GroupConsumer({"bootstrap.servers": "b:9092", "group.id": "g", "isolation.level": "read_uncommitted",
+                        "enable.auto.commit": True, "auto.offset.reset": "latest"}, ["posts"],
+                       on_assigned=None, on_revoked=None, on_lost=None)
+    assert gc.conf["isolation.level"] == "read_committed"
+    assert gc.conf["enable.auto.commit"] is False and gc.conf["enable.auto.offset.store"] is False
+    assert gc.conf["partition.assignment.strategy"] == "range" and gc.conf["auto.offset.reset"] == "earliest"
+    assert gc.conf["group.id"] == "g" and gc.group_metadata() is None  # no assignment yet
+
+
+class FakeError:
+    def __init__(self, code: int, fatal: bool = False):
+        self._code, self._fatal = code, fatal
+
+    def code(self):
+        return self._code
+
+    def fatal(self):
+        return self._fatal
+
+    def __str__(self):
+        return f"error {self._code}"
+
+
+class FakeMessage:
+    def __init__(self, topic, partition, offset, value=b"v", timestamp=(1, 1_700_000_000_000), error=None):
+        self._t, self._p, self._o, self._v, self._ts, self._e = topic, partition, offset, value, timestamp, error
+
+    def error(self):
+        return self._e
+
+    def topic(self):
+        return self._t
+
+    def partition(self):
+        return self._p
+
+    def offset(self):
+        return self._o
+
+    def key(self):
+        return b"k"
+
+    def value(self):
+        return self._v
+
+    def timestamp(self):
+        return self._ts
+
+
+class FakeConsumer:
+    """confluent_kafka.Consumer as the poll thread uses it. `script` holds what the next consume() calls
+    return: a list of messages, or a function of the consumer (a rebalance callback runs inside consume)."""
+
+    def __init__(self, conf):
+        self.conf = conf
+        self.script: collections.deque = collections.deque()
+        self.calls: list[tuple] = []
+        self.assigned: list = []
+        self.thread: threading.Thread | None = None
+
+    def subscribe(self, topics, on_assign, on_revoke, on_lost):
+        self.topics, self.on_assign, self.on_revoke, self.on_lost = topics, on_assign, on_revoke, on_lost
+
+    def consume(self, n, timeout):
+        self.thread = threading.current_thread()
+        if self.script:
+            step = self.script.popleft()
+            return (step(self) or []) if callable(step) else step
+        time.sleep(min(timeout, 0.002))
+        return []
+
+    def assignment(self):
+        return list(self.assigned)
+
+    def pause(self, tps):
+        self.calls.append(("pause", tuple(tps)))
+
+    def resume(self, tps):
+        self.calls.append(("resume", tuple(tps)))
+
+    def seek(self, tp):
+        self.calls.append(("seek", tp.topic, tp.partition, tp.offset, threading.current_thread().name))
+
+    def position(self, tps):
+        return [SimpleNamespace(topic=tp.topic, partition=tp.partition, offset=-1001) for tp in tps]
+
+    def committed(self, tps, timeout=None):
+        return [SimpleNamespace(topic=tp.topic, partition=tp.partition, offset=-1001) for tp in tps]
+
+    def get_watermark_offsets(self, tp, cached=False, timeout=None):
+        return 0, 0
+
+    def consumer_group_metadata(self):
+        return "group-metadata"
+
+    def close(self):
+        self.calls.append(("close",))
+
+
+class PartitionStub:
+    def __init__(self, topic, partition):
+        self.topic, self.partition = topic, partition
+
+
+@pytest.fixture
+def fake_consumer(monkeypatch):
+    made: list[FakeConsumer] = []
+
+    def make(conf):
+        made.append(FakeConsumer(conf))
+        return made[-1]
+
+    monkeypatch.setattr(kc, "Consumer", make)
+    return made
+
+
+async def until(condition, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.005)
+
+
+def test_records_and_rebalances_reach_the_loop(fake_consumer):
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        events: list = []
+
+        async def on_assigned(tps):
+            events.append(("assigned", tps, threading.current_thread() is threading.main_thread()))
+            await asyncio.sleep(0.01)  # the group waits for the callback
+            events.append(("assigned-done",))
+
+        async def on_revoked(tps):
+            events.append(("revoked", tps))
+
+        gc = GroupConsumer({"group.id": "g"}, ["posts", "features.user"], on_assigned=on_assigned,
+                           on_revoked=on_revoked, on_lost=on_revoked)
+        batches: list[list[Record]] = []
+
+        def assign(c):
+            c.assigned = [PartitionStub("posts", 0), PartitionStub("features.user", 0)]
+            c.on_assign(c, c.assigned)
+            events.append(("consume-returned",))
+
+        def deliver(records):
+            batches.append(records)
+
+        gc.start(loop, deliver)
+        fake = fake_consumer[0]
+        fake.script.extend([
+            assign,
+            [FakeMessage("posts", 0, 5), FakeMessage("posts", 0, 6, timestamp=(0, -1)),
+             FakeMessage("posts", 0, 7, error=FakeError(KafkaError._PARTITION_EOF)),
+             FakeMessage("features.user", 0, 9, value=b"bundle")],
+        ])
+        await until(lambda: batches)
+        gc.seek(TP("posts", 0), 3)
+        await until(lambda: any(c[:4] == ("seek", "posts", 0, 3) for c in fake.calls))
+        await loop.run_in_executor(None, gc.close)
+        return gc, fake, events, batches
+
+    gc, fake, events, batches = asyncio.run(scenario())
+    assert fake.topics == ["posts", "features.user"] and fake.conf["isolation.level"] == "read_committed"
+    assert events[0] == ("assigned", [TP("posts", 0), TP("features.user", 0)], True)  # on the loop's thread
+    assert events[1:3] == [("assigned-done",), ("consume-returned",)]  # the poll thread waited for it
+    assert gc.group_metadata() == "group-metadata"
+    [records] = batches
+    assert [(r.topic, r.partition, r.offset, r.value) for r in records] == \
+        [("posts", 0, 5, b"v"), ("posts", 0, 6, b"v"), ("features.user", 0, 9, b"bundle")]
+    assert records[0].timestamp_ms == 1_700_000_000_000 and records[1].timestamp_ms is None
+    assert records[0].tp == TP("posts", 0) and records[0].message is records[0]
+    assert ("seek", "posts", 0, 3, "group-consumer") in fake.calls  # done on the poll thread
+    assert fake.calls[-1] == ("close",) and gc.failure is None
+
+
+def test_an_empty_fetch_pauses_the_assignment_for_a_moment(fake_consumer):
+    async def scenario():
+        gc = GroupConsumer({}, ["posts"], on_assigned=None, on_revoked=None, on_lost=None)
+        gc.start(asyncio.get_running_loop(), lambda records: None)
+        fake = fake_consumer[0]
+        fake.assigned = [PartitionStub("posts", 1)]
+        await until(lambda: sum(c[0] == "resume" for c in fake.calls) >= 3)
+        await asyncio.get_running_loop().run_in_executor(None, gc.close)
+        return fake
+
+    fake = asyncio.run(scenario())
+    cycle = [c[0] for c in fake.calls if c[0] in ("pause", "resume")]
+    assert cycle[:6] == ["pause", "resume"] * 3
+
+
+def test_back_pressure_pauses_until_the_wiring_catches_up(fake_consumer):
+    async def scenario():
+        gc = GroupConsumer({}, ["posts"], on_assigned=None, on_revoked=None, on_lost=None)
+        busy = [True]
+        gc.busy = lambda: busy[0]
+        gc.start(asyncio.get_running_loop(), lambda records: None)
+        fake = fake_consumer[0]
+        fake.assigned = [PartitionStub("posts", 1)]
+        await asyncio.sleep(0.1)
+        paused = list(fake.calls)
+        busy[0] = False
+        await until(lambda: len(fake.calls) > len(paused))
+        await asyncio.get_running_loop().run_in_executor(None, gc.close)
+        return paused, fake
+
+    paused, fake = asyncio.run(scenario())
+    # one pause while busy, and nothing else meanwhile (no empty-fetch pause/resume cycles either)
+    assert [c[0] for c in paused] == ["pause"]
+    assert fake.calls[1][0] == "resume"
+
+
+def test_a_fatal_error_stops_polling_and_is_reported_on_the_loop(fake_consumer):
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        failures: list = []
+        gc = GroupConsumer({}, ["posts"], on_assigned=None, on_revoked=None, on_lost=None)
+        gc.on_failure = lambda exc: failures.append((exc, threading.current_thread() is threading.main_thread()))
+        gc.start(loop, lambda records: None)
+        fake_consumer[0].script.append([FakeMessage("posts", 0, 1, error=FakeError(KafkaError._FENCED, fatal=True))])
+        await until(lambda: failures)
+        await loop.run_in_executor(None, gc.close)
+        return gc, failures
+
+    gc, failures = asyncio.run(scenario())
+    assert gc.failure is not None and not gc.alive()
+    assert len(failures) == 1 and failures[0][1]

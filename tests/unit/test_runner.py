@@ -1,0 +1,266 @@
+"""streams.runner without a broker: a Runner built on a fake wiring (its GroupConsumer is never started), its
+offsets bookkeeping (`_done`, `take_offsets`), the records dropped after a seek back (`_fresh`), the rounds
+loops driven directly, and the rebalance callbacks."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+from modpipe.settings import Settings
+from streams import runner as runner_module
+from streams.kafka.records import TP, Record
+from streams.runner import ROUND_MAX, Runner
+
+POSTS, AWAITING, USER = "posts", "awaiting-text", "features.user"
+
+
+class FakeTable:
+    def __init__(self):
+        self.dropped: list[int] = []
+
+    def drop(self, partition):
+        self.dropped.append(partition)
+
+
+class FakeWiring:
+    def __init__(self):
+        self.topics = SimpleNamespace(awaiting_text=AWAITING, stages={"user": USER})
+        self.batcher = SimpleNamespace(queued=0)
+        self.pipe = SimpleNamespace(tables={"user": FakeTable(), "url": FakeTable()})
+        self.crashes: list[Exception] = []
+        self.revocations = 0
+
+    def crash(self, exc):
+        self.crashes.append(exc)
+
+    def revoked(self):
+        self.revocations += 1
+
+    async def idle(self):
+        pass
+
+
+class FakeSeeks:
+    def __init__(self):
+        self.seeks: list[tuple[TP, int]] = []
+
+    def seek(self, tp, offset):
+        self.seeks.append((tp, offset))
+
+
+def make_runner(handlers=None, conf=None) -> Runner:
+    handlers = handlers or {POSTS: lambda records: None, USER: lambda records: None, AWAITING: None}
+    runner = Runner(Settings.from_env({}), "b:9092", FakeWiring(), outbox=None, handlers=handlers,
+                    consumer_conf=conf or {"session.timeout.ms": 10_000, "heartbeat.interval.ms": 2_000})
+    runner.consumer = FakeSeeks()
+    return runner
+
+
+def records(topic: str, partition: int, offsets) -> list[Record]:
+    return [Record(topic, partition, o, None, b"v") for o in offsets]
+
+
+def test_the_freeze_limit_is_the_session_less_a_heartbeat():
+    assert make_runner().watch.limit_s == 8.0
+    assert make_runner(conf={"session.timeout.ms": 1_500, "heartbeat.interval.ms": 1_000}).watch.limit_s == 1.0
+
+
+def test_done_keeps_the_offset_after_the_last_record_per_partition_until_taken():
+    r = make_runner()
+    r._done(records(POSTS, 0, [5, 6, 7]) + records(POSTS, 1, [2]))
+    r._done(records(POSTS, 0, [8]))
+    assert r.take_offsets() == {TP(POSTS, 0): 9, TP(POSTS, 1): 3}
+    assert r.take_offsets() == {}
+
+
+def test_without_a_seek_back_every_record_is_fresh():
+    r = make_runner()
+    batch = records(POSTS, 0, [1, 2])
+    assert r._fresh(batch) is batch
+
+
+def test_after_a_seek_back_the_records_fetched_before_it_are_dropped():
+    r = make_runner()
+    r._read_again(records(AWAITING, 0, [10, 11, 12]) + records(AWAITING, 1, [4]))
+    assert r.consumer.seeks == [(TP(AWAITING, 0), 10), (TP(AWAITING, 1), 4)]
+    # fetched before the seek took effect: p0 13, 14 (stale) and p1 5; other partitions are not concerned
+    stale = records(AWAITING, 0, [13, 14]) + records(AWAITING, 1, [5]) + records(POSTS, 0, [7])
+    assert [(x.topic, x.offset) for x in r._fresh(stale)] == [(POSTS, 7)]
+    again = records(AWAITING, 0, [10, 11]) + records(AWAITING, 1, [4, 5])
+    assert [(x.partition, x.offset) for x in r._fresh(again)] == [(0, 10), (0, 11), (1, 4), (1, 5)]
+    assert r._rewound == {}
+
+
+async def settle(n: int = 20) -> None:
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+def test_rounds_run_per_topic_in_chunks_and_record_their_offsets():
+    calls: list[tuple[str, list[int]]] = []
+    handlers = {POSTS: lambda rs: calls.append((POSTS, [x.offset for x in rs])),
+                USER: lambda rs: calls.append((USER, [x.offset for x in rs])), AWAITING: None}
+
+    async def scenario():
+        r = make_runner(handlers)
+        task = asyncio.get_running_loop().create_task(r._run())
+        r._deliver(records(POSTS, 0, range(ROUND_MAX + 2)) + records(USER, 3, [40]) + records(AWAITING, 0, [1]))
+        await settle()
+        task.cancel()
+        return r
+
+    r = asyncio.run(scenario())
+    assert calls == [(POSTS, list(range(ROUND_MAX))), (POSTS, [ROUND_MAX, ROUND_MAX + 1]), (USER, [40])]
+    assert r.take_offsets() == {TP(POSTS, 0): ROUND_MAX + 2, TP(USER, 3): 41}
+    assert [[x.offset for x in batch] for batch in r._awaiting] == [[1]]  # for the awaiting-text loop
+    assert r.checkpoint.dirty_since is not None  # a checkpoint is due
+
+
+def test_no_round_starts_while_a_checkpoint_has_them_paused():
+    calls: list = []
+
+    async def scenario():
+        r = make_runner({POSTS: calls.append, USER: None, AWAITING: None})
+        task = asyncio.get_running_loop().create_task(r._run())
+        r.pause_rounds()
+        r._deliver(records(POSTS, 0, [1]))
+        await settle()
+        paused_calls = len(calls)
+        r.resume_rounds()
+        await settle()
+        task.cancel()
+        return paused_calls
+
+    assert asyncio.run(scenario()) == 0 and len(calls) == 1
+
+
+def test_awaiting_posts_are_read_again_while_the_text_model_is_out(monkeypatch):
+    monkeypatch.setattr(runner_module, "AWAITING_TEXT_RETRY_S", 0)
+    answers = [False, True]
+    seen: list[list[int]] = []
+
+    async def awaiting(rs, done):
+        seen.append([x.offset for x in rs])
+        ok = answers.pop(0)
+        if ok:
+            done()
+        return ok
+
+    async def scenario():
+        r = make_runner({POSTS: None, USER: None, AWAITING: awaiting})
+        loop = asyncio.get_running_loop()
+        tasks = [loop.create_task(r._run()), loop.create_task(r._run_awaiting())]
+        r._deliver(records(AWAITING, 0, [3, 4]))
+        await settle()
+        assert r.consumer.seeks == [(TP(AWAITING, 0), 3)] and r.take_offsets() == {}
+        r._deliver(records(AWAITING, 0, [5]))  # fetched before the seek: dropped
+        r._deliver(records(AWAITING, 0, [3, 4, 5]))  # read again from 3
+        await settle()
+        for t in tasks:
+            t.cancel()
+        return r
+
+    r = asyncio.run(scenario())
+    assert seen == [[3, 4], [3, 4, 5]]
+    assert r.take_offsets() == {TP(AWAITING, 0): 6}
+
+
+def test_a_seek_back_loses_no_queued_awaiting_records_of_other_partitions(monkeypatch):
+    monkeypatch.setattr(runner_module, "AWAITING_TEXT_RETRY_S", 0)
+
+    async def awaiting(rs, done):
+        return False  # the text model is out
+
+    async def scenario():
+        r = make_runner({POSTS: None, USER: None, AWAITING: awaiting})
+        r._awaiting.extend([records(AWAITING, 0, [3]), records(AWAITING, 1, [7])])  # two fetches queued
+        r._awaiting_wake.set()
+        task = asyncio.get_running_loop().create_task(r._run_awaiting())
+        await settle()
+        task.cancel()
+        return r
+
+    r = asyncio.run(scenario())
+    # partition 1's record at offset 7 was dropped from the queue: it must be read again too
+    assert (TP(AWAITING, 1), 7) in r.consumer.seeks or any(b[0].partition == 1 for b in r._awaiting)
+
+
+def test_no_awaiting_record_of_a_revoked_partition_is_handled_after_the_revocation():
+    handled: list[int] = []
+    first_chunk_in_flight = None
+
+    async def awaiting(rs, done):
+        handled.append(rs[0].offset)
+        if len(handled) == 1:
+            await first_chunk_in_flight.wait()  # waiting for Triton when the group takes the partition away
+        done()  # as the handler does: with the decisions produced, before it yields again
+        return True
+
+    committed: list[dict] = []
+
+    async def scenario():
+        nonlocal first_chunk_in_flight
+        first_chunk_in_flight = asyncio.Event()
+        r = make_runner({POSTS: None, USER: None, AWAITING: awaiting})
+
+        async def commit():  # as the checkpoint does: rounds paused, the round in flight completes, offsets taken
+            r.pause_rounds()
+            first_chunk_in_flight.set()
+            await settle()
+            committed.append(r.take_offsets())
+            r.resume_rounds()
+            return True
+
+        r.checkpoint.commit = commit
+        r._awaiting.append(records(AWAITING, 0, range(ROUND_MAX + 1)))  # two chunks
+        r._awaiting_wake.set()
+        task = asyncio.get_running_loop().create_task(r._run_awaiting())
+        await settle()
+        await r.on_revoked([TP(AWAITING, 0)])
+        await settle()
+        task.cancel()
+        return r
+
+    r = asyncio.run(scenario())
+    assert handled == [0] and r._offsets == {}
+    assert committed == [{TP(AWAITING, 0): ROUND_MAX}]  # the decided chunk's offsets went with its decisions
+
+
+def test_a_revocation_commits_then_forgets_the_partitions():
+    async def scenario():
+        r = make_runner()
+        commits: list = []
+
+        async def commit():
+            commits.append(dict(r._offsets))
+            return True
+
+        r.checkpoint.commit = commit
+        r._deliver(records(POSTS, 0, [1]))  # fetched, not started
+        r._done(records(USER, 2, [9]) + records(POSTS, 0, [0]))
+        await r.on_revoked([TP(USER, 2), TP(POSTS, 0)])
+        return r, commits
+
+    r, commits = asyncio.run(scenario())
+    assert commits == [{TP(USER, 2): 10, TP(POSTS, 0): 1}]  # what was done is committed first
+    assert not r._batches and r._offsets == {} and r.wiring.revocations == 1
+    assert all(t.dropped == [2] for t in r.wiring.pipe.tables.values())  # stage partition 2 of every table
+
+
+def test_a_revocation_after_a_crash_commits_nothing_and_lost_partitions_crash_the_worker():
+    async def scenario():
+        r = make_runner()
+        commits: list = []
+
+        async def commit():
+            commits.append(1)
+            return True
+
+        r.checkpoint.commit = commit
+        await r.on_lost([TP(POSTS, 0)])
+        await r.on_revoked([TP(POSTS, 0)])
+        return r, commits
+
+    r, commits = asyncio.run(scenario())
+    assert not r.committing_on_revoke and commits == [] and len(r.wiring.crashes) == 1

@@ -1,0 +1,150 @@
+"""streams.tables without a broker: changelog naming and record encoding, the in-memory table partitions, and
+`restore` against a fake confluent-kafka Consumer (committed changelog records replace the partitions)."""
+
+from __future__ import annotations
+
+import collections
+
+import orjson
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException
+
+from features.events import TABLES
+from modpipe.settings import Settings
+from streams import tables
+from streams.tables import Table, changelog_topic, encode_key, encode_value, make_tables, restore
+
+
+def test_changelog_names_and_records_are_what_the_readers_expect():
+    assert changelog_topic("modpipe", "user") == "modpipe-features-user-changelog"
+    assert encode_key("u1") == b'"u1"' and orjson.loads(encode_key("caf\u00e9")) == "caf\u00e9"
+    value = {"posts": {"n": 2, "ids": ["p1", "p2"]}, "hwm": None}
+    assert orjson.loads(encode_value(value)) == value
+
+
+def test_make_tables_gives_every_feature_table_its_changelog():
+    made = make_tables("app")
+    assert set(made) == set(TABLES)
+    assert all(t.name == name and t.changelog == changelog_topic("app", name) for name, t in made.items())
+
+
+def test_a_table_keeps_each_partitions_keys_apart():
+    t = Table("user", "c")
+    t.set("u1", {"n": 1}, 0)
+    t.set("u1", {"n": 5}, 3)
+    t.set("u2", {"n": 2}, 3)
+    assert t.get("u1", 0) == {"n": 1} and t.get("u1", 3) == {"n": 5} and t.get("u2", 0) is None
+    assert t.get("u1", 7) is None and t.keys() == 3
+    t.drop(3)
+    t.drop(9)  # not held: nothing happens
+    assert t.partitions == {0: {"u1": {"n": 1}}} and t.keys() == 1
+
+
+class FakeError:
+    def __init__(self, code, fatal=False):
+        self._code, self._fatal = code, fatal
+
+    def code(self):
+        return self._code
+
+    def fatal(self):
+        return self._fatal
+
+
+class FakeMessage:
+    def __init__(self, topic, partition, key=None, value=None, error=None):
+        self._t, self._p, self._k, self._v, self._e = topic, partition, key, value, error
+
+    def topic(self):
+        return self._t
+
+    def partition(self):
+        return self._p
+
+    def key(self):
+        return self._k
+
+    def value(self):
+        return self._v
+
+    def error(self):
+        return self._e
+
+
+def eof(topic, partition):
+    return FakeMessage(topic, partition, error=FakeError(KafkaError._PARTITION_EOF))
+
+
+def record(topic, partition, key, value):
+    return FakeMessage(topic, partition, encode_key(key), None if value is None else encode_value(value))
+
+
+@pytest.fixture
+def fake_consumer(monkeypatch):
+    class FakeConsumer:
+        made: list = []
+
+        def __init__(self, conf):
+            self.conf = conf
+            self.script = collections.deque(FakeConsumer.script)
+            self.assigned = None
+            self.closed = False
+            FakeConsumer.made.append(self)
+
+        def assign(self, tps):
+            self.assigned = [(tp.topic, tp.partition, tp.offset) for tp in tps]
+
+        def consume(self, n, timeout):
+            return self.script.popleft() if self.script else []
+
+        def close(self):
+            self.closed = True
+
+    FakeConsumer.script = []
+    monkeypatch.setattr(tables, "Consumer", FakeConsumer)
+    return FakeConsumer
+
+
+def test_restore_replaces_the_partitions_with_what_their_changelogs_hold(fake_consumer):
+    user, url = Table("user", "app-features-user-changelog"), Table("url", "app-features-url-changelog")
+    user.set("stale", {"n": 99}, 1)  # partition 1 is restored: what was there goes
+    user.set("kept", {"n": 7}, 2)  # partition 2 is not: untouched
+    uc, lc = user.changelog, url.changelog
+    fake_consumer.script = [
+        [record(uc, 1, "u1", {"n": 1}), record(uc, 1, "u2", {"n": 2}), record(lc, 1, "x", {"n": 3})],
+        [record(uc, 1, "u1", {"n": 4}), record(uc, 1, "u2", None),  # a newer state, a tombstone
+         FakeMessage(uc, 1, error=FakeError(KafkaError._TRANSPORT)), eof(uc, 1), eof(lc, 1)],
+        [eof(uc, 3), eof(lc, 3)],  # partition 3's changelogs are empty
+    ]
+    n = restore([user, url], [1, 3], Settings.from_env({}), "b:9092")
+    assert n == 5
+    assert user.partitions == {1: {"u1": {"n": 4}}, 2: {"kept": {"n": 7}}, 3: {}}
+    assert url.partitions == {1: {"x": {"n": 3}}, 3: {}}
+    [consumer] = fake_consumer.made
+    assert consumer.conf["isolation.level"] == "read_committed" and consumer.conf["enable.partition.eof"] is True
+    assert consumer.conf["bootstrap.servers"] == "b:9092" and consumer.conf["enable.auto.commit"] is False
+    assert sorted(consumer.assigned) == sorted((t, p, OFFSET_BEGINNING) for t in (uc, lc) for p in (1, 3))
+    assert consumer.closed
+
+
+def test_nothing_to_restore_reads_nothing(fake_consumer):
+    assert restore([], [1], Settings.from_env({}), "b") == 0
+    assert restore([Table("user", "c")], [], Settings.from_env({}), "b") == 0
+    assert fake_consumer.made == []
+
+
+def test_a_missing_changelog_fails_the_restore_and_leaves_the_table_alone(fake_consumer):
+    user = Table("user", "c")
+    user.set("u", {"n": 1}, 0)
+    fake_consumer.script = [[FakeMessage("c", 0, error=FakeError(KafkaError.UNKNOWN_TOPIC_OR_PART))]]
+    with pytest.raises(KafkaException):
+        restore([user], [0], Settings.from_env({}), "b")
+    assert user.partitions == {0: {"u": {"n": 1}}} and fake_consumer.made[0].closed
+
+
+def test_a_changelog_not_read_to_its_end_in_time_fails_the_restore(fake_consumer):
+    user = Table("user", "c")
+    fake_consumer.script = [[record("c", 0, "u", {"n": 1})]]  # then nothing, never the end
+    with pytest.raises(TimeoutError):
+        restore([user], [0], Settings.from_env({}), "b", timeout_s=0.05)
+    assert user.partitions == {} and fake_consumer.made[0].closed
