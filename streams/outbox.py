@@ -11,6 +11,17 @@ one before (streams/incarnations.py says how, and why not one id per worker); on
 carry the consumer group's generation (KIP-447), so a worker that lost its partitions in a rebalance cannot
 commit for them either (streams/checkpoint.py says what the embedded broker checks).
 
+A transactional producer never outlives the broker connection: once started, when it loses every broker, its
+transaction is doomed (`TransactionDoomed`): its queued records are purged at once, no more are taken, and
+the worker stops; its restart is a new incarnation. Why: a broker that restarts without the transaction
+coordinator's state (the embedded noida-db keeps none across a restart; Apache Kafka before KIP-890 has the
+same race with a late retry) takes the old producer's later records into a transaction that nobody can end:
+its own `abort_transaction` finds no partitions to mark when they were added before the restart, fencing by
+the next incarnation does not reach it (the broker no longer knows the id), and the partition's last stable
+offset stays behind it, so every read_committed reader of that partition stops there (measured: 139 of 500
+posts undecided after one broker restart). Apache Kafka keeps transactions across a restart; there this
+costs one worker restart when the whole cluster was unreachable.
+
 `Pending` counts what a round (or a Triton batch) still waits for: its records' delivery reports and the
 holds it takes; the checkpoint waits until every round is complete. Delivery reports arrive on a librdkafka
 thread (`poll`); the thread hands them to the event loop in one call per poll.
@@ -23,7 +34,7 @@ import collections
 import threading
 from collections.abc import Callable
 
-from confluent_kafka import KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from modpipe import log
 from modpipe.settings import Settings
@@ -33,6 +44,11 @@ _log = log.get(__name__)
 
 class DeliveryFailed(RuntimeError):
     """A record could not be delivered within librdkafka's retries (message.timeout.ms)."""
+
+
+class TransactionDoomed(DeliveryFailed):
+    """The open transaction cannot be committed any more; the worker must stop and its input be processed
+    again."""
 
 
 class Pending:
@@ -93,6 +109,11 @@ class Outbox:
         self._reports: collections.deque = collections.deque()  # (pending, error) from librdkafka
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # transactional API calls (commit, abort) never overlap: librdkafka refuses a second one (_CONFLICT)
+        self._txn_lock = threading.Lock()
+        self._started = False  # init_transactions done: from here on a lost broker dooms the transaction
+        self.doomed: str | None = None  # why the open transaction can no longer commit
+        self._no_commits = threading.Event()  # set when the worker stops: nothing more may commit
 
     def start(self, loop: asyncio.AbstractEventLoop, timeout: float = 60.0) -> Outbox:
         """Blocking when transactional: `init_transactions` fences an earlier producer with our id (aborting
@@ -101,6 +122,7 @@ class Outbox:
         if self.transactional:
             self.producer.init_transactions(timeout)
             self.producer.begin_transaction()
+            self._started = True
         self._thread = threading.Thread(target=self._poll_forever, name="outbox-delivery", daemon=True)
         self._thread.start()
         return self
@@ -110,6 +132,11 @@ class Outbox:
                 on_delivered: Callable[[int], None] | None = None) -> None:
         """Queue one record. `pending` is held until it is delivered; `on_delivered(offset)` runs on the event
         loop after a successful delivery."""
+        if self.doomed is not None:  # never into a transaction that cannot commit (see the module docstring)
+            if pending is not None:
+                pending.hold()
+                pending.release(TransactionDoomed(self.doomed))
+            return
         if pending is not None:
             pending.hold()
         callback = self._callback(pending, on_delivered)
@@ -127,11 +154,29 @@ class Outbox:
                 self._hand_over()
 
     def _on_client_error(self, error) -> None:  # librdkafka thread
-        if not error.fatal():
-            return  # transient (a broker down, a timeout): librdkafka retries, and says so in its own log
-        _log.error("producer failed for good; the worker stops", extra={"error": str(error)})
+        if error.fatal():
+            _log.error("producer failed for good; the worker stops", extra={"error": str(error)})
+            self._fail(DeliveryFailed(str(error)))
+        elif (self._started and error.code() == KafkaError._ALL_BROKERS_DOWN and self.doomed is None):
+            self.doom("every broker went away with a transaction open")
+        # other errors are transient (a broker down, a timeout): librdkafka retries, and logs them itself
+
+    def doom(self, reason: str) -> None:
+        """The open transaction can no longer commit (see the module docstring): drop what is queued, take
+        nothing more, and stop the worker. Thread-safe."""
+        self.doomed = reason
+        self.producer.purge(in_queue=True, in_flight=True)
+        _log.error("transaction doomed; its records are dropped and the worker stops", extra={"reason": reason})
+        self._fail(TransactionDoomed(reason))
+
+    def _fail(self, exc: Exception) -> None:
         if self.on_fatal is not None and self._loop is not None:
-            self._loop.call_soon_threadsafe(self.on_fatal, DeliveryFailed(str(error)))
+            self._loop.call_soon_threadsafe(self.on_fatal, exc)
+
+    def stop_committing(self) -> None:
+        """From now on `commit` raises: a worker that is stopping after a failure commits nothing, even a
+        checkpoint already under way (it is checked right before each of the commit's requests)."""
+        self._no_commits.set()
 
     def _callback(self, pending: Pending | None, on_delivered: Callable[[int], None] | None):
         reports = self._reports
@@ -171,19 +216,28 @@ class Outbox:
         """Blocking (call it off the loop): the open transaction's records and the input `offsets`
         ({(topic, partition): next offset}) committed at once; the next transaction opens. `guard` runs
         before each of the two requests and stops the commit by raising."""
-        guard = guard or (lambda: None)
-        if offsets:
-            guard()
-            self.producer.send_offsets_to_transaction(
-                [TopicPartition(topic, partition, offset) for (topic, partition), offset in offsets.items()],
-                group_metadata, timeout)
-        guard()
-        self.producer.commit_transaction(timeout)
-        self.producer.begin_transaction()
+        def check() -> None:
+            if self.doomed is not None:
+                raise TransactionDoomed(self.doomed)
+            if self._no_commits.is_set():
+                raise DeliveryFailed("the worker is stopping: nothing more is committed")
+            if guard is not None:
+                guard()
+
+        with self._txn_lock:
+            if offsets:
+                check()
+                self.producer.send_offsets_to_transaction(
+                    [TopicPartition(topic, partition, offset) for (topic, partition), offset in offsets.items()],
+                    group_metadata, timeout)
+            check()
+            self.producer.commit_transaction(timeout)
+            self.producer.begin_transaction()
 
     def abort(self, timeout: float = 30.0) -> None:
         """Blocking: drop the open transaction's records (a read_committed reader never sees them)."""
-        self.producer.abort_transaction(timeout)
+        with self._txn_lock:
+            self.producer.abort_transaction(timeout)
 
     async def drain(self, timeout: float) -> int:
         """Wait (off the event loop) until every queued record is delivered or `timeout` passed; returns the
@@ -195,12 +249,12 @@ class Outbox:
 
     def close(self, timeout: float = 10.0) -> int:
         """Deliver what is queued (up to `timeout`); returns the records left undelivered (-1: unknown). A
-        transactional outbox aborts its open transaction (after the last checkpoint it holds nothing)."""
+        transactional outbox aborts its open transaction (after the last checkpoint it holds nothing), after a
+        commit still under way has returned; what cannot be aborted is purged, never delivered later."""
+        self._no_commits.set()
         left = -1
         try:
-            if self.transactional:
-                self.producer.abort_transaction(timeout)
-            left = self.producer.flush(timeout)
+            left = self._abort_at_close(timeout) if self.transactional else self.producer.flush(timeout)
             if left:
                 _log.warning("outbox closed with undelivered records (their input is processed again)",
                              extra={"records": left})
@@ -210,3 +264,20 @@ class Outbox:
         if self._thread is not None:
             self._thread.join(2)
         return left
+
+    def _abort_at_close(self, timeout: float) -> int:
+        if not self._txn_lock.acquire(timeout=timeout):  # a commit still blocked in librdkafka
+            self.producer.purge(in_queue=True, in_flight=True)
+            _log.error("transaction left open at close: a commit was still under way; its records are dropped")
+            return len(self.producer)
+        try:
+            self.producer.abort_transaction(timeout)
+        except KafkaException as exc:
+            # e.g. every broker still away: what is queued must not reach a broker later (module docstring)
+            self.producer.purge(in_queue=True, in_flight=True)
+            _log.error("could not abort the open transaction at close; its records are dropped",
+                       extra={"error": str(exc)[:300]})
+            return len(self.producer)
+        finally:
+            self._txn_lock.release()
+        return self.producer.flush(timeout)

@@ -166,6 +166,7 @@ async def _serve(settings: Settings, name: str, bootstrap: str, pipe, scorer: Te
     crashed: list[BaseException] = []
 
     def crash(exc: BaseException) -> None:
+        outbox.stop_committing()  # also a checkpoint already under way: the partitions may be another's now
         if not crashed:
             crashed.append(exc)
             _log.error("worker stops after a failure; what it did not commit is processed again",

@@ -5,17 +5,18 @@ against librdkafka uses librdkafka's own in-process mock cluster (`test.mock.num
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
+import threading
+import time
 
 import orjson
 import pytest
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from modpipe.settings import Settings
 from streams import bundles, outbox
 from streams.bundles import Bundler, decode_bundle, murmur2, partition_for
-from streams.outbox import DeliveryFailed, Outbox, Pending
+from streams.outbox import DeliveryFailed, Outbox, Pending, TransactionDoomed
 
 # Apache Kafka's UtilsTest.testMurmur2 (clients/src/test/java/org/apache/kafka/common/utils/UtilsTest.java),
 # checked against aiokafka's murmur2 (which returns the same 32 bits unsigned) before it was replaced.
@@ -163,6 +164,13 @@ class FakeProducer:
         return 0
 
     def flush(self, timeout):
+        self.calls.append(("flush",))
+        return 0
+
+    def purge(self, in_queue=True, in_flight=True):
+        self.calls.append(("purge",))
+
+    def __len__(self):
         return 0
 
 
@@ -196,9 +204,8 @@ def test_commit_without_offsets_commits_the_transaction_alone(fake_outbox):
 
 def test_a_produced_record_holds_its_pending_until_its_delivery_report():
     async def scenario():
-        box = Outbox.__new__(Outbox)  # the delivery path only: no producer thread
+        box = Outbox(Settings.from_env({}), "b:9092", linger_ms=5)  # the delivery path only: no producer thread
         box.producer = FakeProducer({})
-        box._reports, box.after_delivery = collections.deque(), []
         box._loop = asyncio.get_running_loop()
         done, errors, offsets = [], [], []
         ok = Pending(on_error=errors.append, on_done=lambda: done.append("ok"))
@@ -223,3 +230,92 @@ def test_a_produced_record_holds_its_pending_until_its_delivery_report():
     done, errors, offsets = asyncio.run(scenario())
     assert done == ["ok"] and offsets == [41]
     assert len(errors) == 1 and isinstance(errors[0], DeliveryFailed)
+
+
+class BrokersDown:
+    """librdkafka's error for 'every broker connection is down' (transient, not fatal)."""
+
+    def fatal(self):
+        return False
+
+    def code(self):
+        return KafkaError._ALL_BROKERS_DOWN
+
+
+def test_losing_every_broker_dooms_the_open_transaction(fake_outbox):
+    async def scenario():
+        fake_outbox.start(asyncio.get_running_loop())
+        fatal = []
+        fake_outbox.on_fatal = fatal.append
+        fake_outbox.produce("decisions", b"v1")
+        fake_outbox._on_client_error(BrokersDown())
+        errors = []
+        late = Pending(on_error=errors.append)
+        fake_outbox.produce("decisions", b"v2", pending=late)  # refused: it would reach a restarted broker
+        await asyncio.sleep(0)
+        return fatal, errors
+
+    fatal, errors = asyncio.run(scenario())
+    fake_outbox.close()
+    assert fake_outbox.doomed and ("purge",) in fake_outbox.producer.calls
+    assert len(fake_outbox.producer.produced) == 1  # only the record from before
+    assert len(fatal) == 1 and isinstance(fatal[0], TransactionDoomed)  # the worker stops
+    assert len(errors) == 1 and isinstance(errors[0], TransactionDoomed)
+    with pytest.raises(TransactionDoomed):
+        fake_outbox.commit({("posts", 0): 3}, "group-metadata")
+    assert not any(c[0] in ("send_offsets_to_transaction", "commit_transaction") for c in fake_outbox.producer.calls)
+
+
+def test_no_broker_yet_at_start_dooms_nothing(fake_outbox):
+    fake_outbox._on_client_error(BrokersDown())  # before init_transactions: the broker is not up yet
+    assert fake_outbox.doomed is None and fake_outbox.producer.calls == []
+
+
+def test_a_stopping_worker_commits_nothing_even_from_a_checkpoint_under_way(fake_outbox):
+    fake_outbox.stop_committing()
+    with pytest.raises(DeliveryFailed):
+        fake_outbox.commit({("posts", 0): 3}, "group-metadata")
+    assert fake_outbox.producer.calls == []
+
+
+def test_close_waits_for_a_commit_under_way_then_aborts(fake_outbox):
+    order = []
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_send_offsets(offsets, metadata, timeout):
+        entered.set()
+        release.wait(5)
+        order.append("send_offsets_to_transaction")
+
+    fake_outbox.producer.send_offsets_to_transaction = slow_send_offsets
+    fake_outbox.producer.abort_transaction = lambda timeout: order.append("abort_transaction")
+    raised = []
+
+    def commit():
+        try:
+            fake_outbox.commit({("posts", 0): 3}, "m")
+        except DeliveryFailed as exc:
+            raised.append(exc)
+
+    committer = threading.Thread(target=commit)
+    committer.start()
+    assert entered.wait(5)
+    closer = threading.Thread(target=fake_outbox.close)
+    closer.start()
+    time.sleep(0.2)
+    assert order == []  # close waits: librdkafka refuses a second transactional call (_CONFLICT)
+    release.set()
+    committer.join(5)
+    closer.join(5)
+    # the commit stopped before commit_transaction (the worker is stopping), then close aborted
+    assert order == ["send_offsets_to_transaction", "abort_transaction"] and len(raised) == 1
+    assert ("commit_transaction",) not in fake_outbox.producer.calls
+
+
+def test_close_purges_what_it_cannot_abort(fake_outbox):
+    def abort_fails(timeout):
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT))
+
+    fake_outbox.producer.abort_transaction = abort_fails
+    fake_outbox.close(timeout=0.1)
+    assert ("purge",) in fake_outbox.producer.calls and ("flush",) not in fake_outbox.producer.calls

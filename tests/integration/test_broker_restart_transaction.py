@@ -1,0 +1,90 @@
+"""A transaction never outlives the broker connection (streams/outbox.py): a broker that restarts without its
+transaction coordinator's state (the embedded one) would take a worker's late records into a transaction
+nobody can end, and every read_committed reader of that partition would stop in front of it. The outbox dooms
+its open transaction when every broker goes away: nothing of it reaches the restarted broker, and what other
+producers commit afterwards stays readable. A broker of its own: the session's must not be restarted."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from modpipe.services.broker import EmbeddedBroker
+from modpipe.services.process import free_port
+from modpipe.settings import Settings
+from streams.outbox import Outbox, Pending, TransactionDoomed
+
+pytestmark = pytest.mark.integration
+
+
+def read_committed(bootstrap: str, topic: str, wait_s: float) -> list[bytes]:
+    """What a read_committed reader from the start gets within `wait_s`."""
+    settings = Settings.from_env({})
+    consumer = Consumer({**settings.kafka_consumer_config(), "bootstrap.servers": bootstrap,
+                         "group.id": f"reader-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    got: list[bytes] = []
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and b"after" not in got:
+        got += [m.value() for m in consumer.consume(100, 0.2) if not m.error()]
+    consumer.close()
+    return got
+
+
+def test_a_transaction_open_across_a_broker_restart_is_doomed_and_never_blocks_readers(tmp_path):
+    broker = EmbeddedBroker(tmp_path / "data", free_port()).start()
+    bootstrap, topic = broker.bootstrap, "out"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    settings = Settings.from_env({})
+
+    async def scenario() -> dict:
+        loop = asyncio.get_running_loop()
+        outbox = Outbox(settings, bootstrap, linger_ms=5, transactional_id=f"w-{uuid.uuid4().hex[:6]}")
+        fatal: list[Exception] = []
+        outbox.on_fatal = fatal.append
+        await loop.run_in_executor(None, outbox.start, loop)
+        before = Pending()
+        outbox.produce(topic, b"before-restart", partition=0, pending=before)
+        before.seal()
+        deadline = time.monotonic() + 30
+        while before.holds and time.monotonic() < deadline:  # delivered: the transaction holds a record
+            await asyncio.sleep(0.05)
+        assert before.holds == 0
+
+        await loop.run_in_executor(None, broker.stop)
+        deadline = time.monotonic() + 10
+        while outbox.doomed is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        late_errors: list[Exception] = []
+        late = Pending(on_error=late_errors.append)
+        outbox.produce(topic, b"late", partition=0, pending=late)  # made while the broker is away
+        await loop.run_in_executor(None, broker.start)
+        await asyncio.sleep(3)  # librdkafka reconnects: a queued record would be delivered now
+        with pytest.raises(TransactionDoomed):
+            await loop.run_in_executor(None, outbox.commit, {}, None)
+        await loop.run_in_executor(None, outbox.close)
+        return {"doomed": outbox.doomed, "fatal": fatal, "late_errors": late_errors}
+
+    try:
+        result = asyncio.run(scenario())
+        assert result["doomed"], result
+        assert any(isinstance(e, TransactionDoomed) for e in result["fatal"]), result  # the worker stops
+        assert len(result["late_errors"]) == 1 and isinstance(result["late_errors"][0], TransactionDoomed), result
+
+        other = Producer({**settings.kafka_client_config(), "bootstrap.servers": bootstrap,
+                          "transactional.id": f"other-{uuid.uuid4().hex[:6]}"})
+        other.init_transactions(30)
+        other.begin_transaction()
+        other.produce(topic, b"after", partition=0)
+        other.commit_transaction(30)
+        got = read_committed(bootstrap, topic, wait_s=15)
+        # the doomed transaction's records are never read; what was committed after it is
+        assert got == [b"after"], got
+    finally:
+        broker.stop()
