@@ -152,6 +152,8 @@ class Outbox:
             except BufferError:  # librdkafka's queue is full: wait for deliveries (back-pressure)
                 self.producer.poll(0.05)
                 self._hand_over()
+        if self.doomed is not None:  # doomed between the check above and the queueing: `doom` sets the reason
+            self.producer.purge(in_queue=True, in_flight=True)  # before it purges, so one of the two purges gets it
 
     def _on_client_error(self, error) -> None:  # librdkafka thread
         if error.fatal():

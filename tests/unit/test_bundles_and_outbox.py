@@ -319,3 +319,20 @@ def test_close_purges_what_it_cannot_abort(fake_outbox):
     fake_outbox.producer.abort_transaction = abort_fails
     fake_outbox.close(timeout=0.1)
     assert ("purge",) in fake_outbox.producer.calls and ("flush",) not in fake_outbox.producer.calls
+
+
+def test_a_record_queued_while_the_transaction_is_doomed_is_purged(fake_outbox):
+    loop = asyncio.new_event_loop()
+    fake_outbox.start(loop)
+    real_produce = fake_outbox.producer.produce
+
+    def produce_while_dooming(topic, **kwargs):  # the librdkafka thread dooms it in the middle of produce()
+        fake_outbox.doomed = "every broker went away with a transaction open"
+        real_produce(topic, **kwargs)
+
+    fake_outbox.producer.produce = produce_while_dooming
+    fake_outbox.produce("decisions", b"v1")
+    fake_outbox.close()
+    loop.close()
+    calls = [c[0] for c in fake_outbox.producer.calls]
+    assert len(fake_outbox.producer.produced) == 1 and calls.index("purge") < calls.index("abort_transaction")
