@@ -52,7 +52,7 @@ def run_loadgen(settings: Settings, bootstrap: str, *, rate: float, duration_s: 
     rss = RssSampler(process_groups) if process_groups is not None else None
     if rss is not None:
         rss.start()
-    producer = make_producer(settings, bootstrap)
+    producer = make_producer(settings, bootstrap, ready_timeout_s=10)  # before the clock starts
     stats = ProduceStats()
     # event times start now: created_at of each event is when it is scheduled to be produced
     sim = Simulation(texts, scenario, seed, start_ms=int(time.time() * 1000), run_id=run_id)

@@ -184,15 +184,35 @@ def produce_events(producer, settings: Settings, events: Iterable[Event], *, sta
     return stats
 
 
-def make_producer(settings: Settings, bootstrap: str, *, idempotent: bool = True):
+def make_producer(settings: Settings, bootstrap: str, *, idempotent: bool = True, ready_timeout_s: float = 0.0):
     """`idempotent=False` for a producer that must outlive a restart of the embedded broker: noida-db forgets
     producer ids and sequence numbers when it restarts, and librdkafka's idempotent producer then fails for
     good (OUT_OF_ORDER_SEQUENCE_NUMBER, fatal). Apache Kafka keeps that state across restarts. Without
-    idempotence a retried send may be written twice; the pipeline counts a post once whatever its copies."""
+    idempotence a retried send may be written twice; the pipeline counts a post once whatever its copies.
+
+    `ready_timeout_s`: wait (up to that long) until an idempotent producer has its producer id. librdkafka
+    gets one right after connecting, but a record produced before that waits for its next idempotence timer
+    tick: the first record took 500-1,000 ms (measured on the embedded broker), and a latency measured from
+    the produce() call would count it."""
     from confluent_kafka import Producer
 
+    ready = threading.Event()
+
+    def on_stats(raw: str) -> None:
+        if orjson.loads(raw).get("eos", {}).get("idemp_state") == "Assigned":
+            ready.set()
+
+    waiting = idempotent and ready_timeout_s > 0
     # murmur2: Kafka's Java default for keyed records. A post keyed by user_id then sits on the partition
     # its user's table lives on, and the worker updates the user table in place (no extra hop).
-    return Producer({**settings.kafka_client_config(), "bootstrap.servers": bootstrap, "linger.ms": 2,
-                     "enable.idempotence": idempotent, "acks": "all", "queue.buffering.max.messages": 200_000,
-                     "partitioner": "murmur2_random"})
+    producer = Producer({**settings.kafka_client_config(), "bootstrap.servers": bootstrap, "linger.ms": 2,
+                         "enable.idempotence": idempotent, "acks": "all", "queue.buffering.max.messages": 200_000,
+                         "partitioner": "murmur2_random",
+                         **({"statistics.interval.ms": 250, "stats_cb": on_stats} if waiting else {})})
+    deadline = time.monotonic() + ready_timeout_s
+    while waiting and not ready.is_set() and time.monotonic() < deadline:
+        producer.poll(0.05)
+    if waiting and not ready.is_set():
+        _log.warning("the producer has no producer id yet; its first records may wait for it",
+                     extra={"waited_s": ready_timeout_s})
+    return producer
