@@ -19,10 +19,21 @@ class ServiceError(RuntimeError):
     """A service failed to start or to become ready."""
 
 
+_handed_out: set[int] = set()  # ports free_port returned in this process
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port nothing listens on now, and never one this process was given before: once the probing socket
+    is closed the kernel may hand out the same port again, and a Triton given it for both HTTP and gRPC
+    does not start (seen once in 20 chaos runs)."""
+    for _ in range(1000):
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+    raise ServiceError(f"no free port on {host} that was not handed out already")
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
