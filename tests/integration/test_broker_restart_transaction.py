@@ -12,12 +12,12 @@ import uuid
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from modpipe.services.broker import EmbeddedBroker
 from modpipe.services.process import free_port
 from modpipe.settings import Settings
 from streams.outbox import Outbox, Pending, TransactionDoomed
+from tests.fixtures.kafka import create_topics
 
 pytestmark = pytest.mark.integration
 
@@ -39,8 +39,7 @@ def read_committed(bootstrap: str, topic: str, wait_s: float) -> list[bytes]:
 def test_a_transaction_open_across_a_broker_restart_is_doomed_and_never_blocks_readers(tmp_path):
     broker = EmbeddedBroker(tmp_path / "data", free_port()).start()
     bootstrap, topic = broker.bootstrap, "out"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    create_topics(bootstrap, [topic])
     settings = Settings.from_env({})
 
     async def scenario() -> dict:

@@ -16,9 +16,9 @@ import uuid
 
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from streams.kafka.consumer import ASSIGNMENT_GRACE_S, GroupConsumer
+from tests.fixtures.kafka import create_topics
 
 pytestmark = pytest.mark.integration
 
@@ -60,12 +60,10 @@ async def first_record_after_idle(bootstrap: str, topics: list[str]) -> float:
 
 
 def test_idle_consumer_hands_over_new_records_within_a_second(bootstrap):
-    admin = AdminClient({"bootstrap.servers": bootstrap})
     delays = []
     for _ in range(3):  # fresh topics each time: a new group reads from the start
         topics = [f"idle-wake-{uuid.uuid4().hex[:8]}-{i}" for i in range(TOPICS)]
-        for future in admin.create_topics([NewTopic(t, PARTITIONS, 1) for t in topics]).values():
-            future.result(30)
+        create_topics(bootstrap, topics, PARTITIONS)
         delays.append(asyncio.run(first_record_after_idle(bootstrap, topics)))
     # before the wake-up request every try took 1.4 s or more; after it, tens of milliseconds
     assert statistics.median(delays) < 0.9, f"first record after {[round(d, 3) for d in delays]} s"

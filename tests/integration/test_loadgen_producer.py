@@ -12,10 +12,10 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from loadgen.traffic import make_producer
 from modpipe.settings import Settings
+from tests.fixtures.kafka import create_topics
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +31,6 @@ def first_delivery_s(bootstrap: str, topic: str, **kwargs) -> float:
 
 def test_a_ready_producer_delivers_its_first_record_at_once(bootstrap):
     topic = f"producer-ready-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    create_topics(bootstrap, [topic])
     ready = [first_delivery_s(bootstrap, topic, ready_timeout_s=10) for _ in range(3)]
     assert statistics.median(ready) < 0.3, f"first record delivered after {[round(s, 3) for s in ready]} s"
