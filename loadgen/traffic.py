@@ -198,8 +198,8 @@ def make_producer(settings: Settings, bootstrap: str, *, idempotent: bool = True
 
     ready = threading.Event()
 
-    def on_stats(raw: str) -> None:
-        if orjson.loads(raw).get("eos", {}).get("idemp_state") == "Assigned":
+    def on_stats(raw: str) -> None:  # librdkafka keeps sending them: parsed only until the id is there
+        if not ready.is_set() and orjson.loads(raw).get("eos", {}).get("idemp_state") == "Assigned":
             ready.set()
 
     waiting = idempotent and ready_timeout_s > 0
