@@ -44,7 +44,8 @@ def run_loadgen(settings: Settings, bootstrap: str, *, rate: float, duration_s: 
         texts = resolve_model(settings).heldout()
     run_id = run_id or f"lg{uuid.uuid4().hex[:8]}"
     ensure_loadgen_topics(settings, bootstrap)
-    collector = DecisionCollector(end_consumer(settings, bootstrap, [settings.topic("decisions")]), f"{run_id}-")
+    collector = DecisionCollector(end_consumer(settings, bootstrap, [settings.topic("decisions")]), f"{run_id}-",
+                                  pause_s=settings.fetch_pause_ms / 1000)
     collector.start()
     sampler = LagSampler(settings, bootstrap, lag_interval_s)
     sampler.start()
@@ -53,6 +54,7 @@ def run_loadgen(settings: Settings, bootstrap: str, *, rate: float, duration_s: 
     if rss is not None:
         rss.start()
     producer = make_producer(settings, bootstrap, ready_timeout_s=10)  # before the clock starts
+    collector.settle()
     stats = ProduceStats()
     # event times start now: created_at of each event is when it is scheduled to be produced
     sim = Simulation(texts, scenario, seed, start_ms=int(time.time() * 1000), run_id=run_id)

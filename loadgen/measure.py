@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modpipe import log, schema
-from modpipe.services.fetching import resume_now
+from modpipe.services.fetching import START_GRACE_S, paced_fetches
 from modpipe.settings import Settings
 from simulation.metrics import binary_metrics, confusion, latency_summary, percentile, round_or_none
 
@@ -46,27 +46,31 @@ class DecisionCollector(threading.Thread):
 
     A decision's time is when this read_committed consumer got it: a decision counts once its transaction
     has committed (its record timestamp is set earlier, inside the transaction). The collector runs on the
-    machine it measures, where a consumer that polls the embedded broker without pause spins; after a poll
-    that brought nothing it pauses its partitions for IDLE_PAUSE_S and resumes them at once when it polls
-    again (modpipe/services/fetching.py), so a decision that arrives meanwhile waits at most that long."""
+    machine it measures, where a consumer that polls the embedded broker without pause spins and takes the
+    CPU from the pipeline: it paces its fetches (modpipe/services/fetching.py), pausing its partitions for
+    `pause_s` (MODPIPE_FETCH_PAUSE_MS) after each, so a decision may be seen up to that much later."""
 
-    IDLE_PAUSE_S = 0.005
-    START_GRACE_S = 2.0
-
-    def __init__(self, consumer, prefix: str, clock=time.time):
+    def __init__(self, consumer, prefix: str, clock=time.time, pause_s: float = 0.02):
         super().__init__(name="loadgen-decisions", daemon=True)
         self.consumer = consumer
         self.prefix = prefix
         self.clock = clock
+        self.pause_s = pause_s
         self.decided: dict[str, Decided] = {}
         self.invalid = 0
         self._halt = threading.Event()
         self._lock = threading.Lock()
+        self.paced_from = time.monotonic() + START_GRACE_S  # see paced_fetches; `settle` waits for it
         # per partition, the offset after the last record polled; until then the end it was assigned at
         self._next: dict[tuple[str, int], int] = {}
         if consumer is not None:
             for tp in consumer.assignment():
                 self._next[(tp.topic, tp.partition)] = consumer.get_watermark_offsets(tp, timeout=10)[1]
+
+    def settle(self) -> None:
+        """Until the collector paces its fetches: before that it spins, and a run's first seconds would be
+        measured on a machine it loads (its first posts' latency rose to 400-600 ms, measured)."""
+        time.sleep(max(0.0, self.paced_from - time.monotonic()))
 
     def handle(self, raw: bytes, now: float) -> None:
         try:
@@ -89,22 +93,10 @@ class DecisionCollector(threading.Thread):
                     seen.last_verdict, seen.last_revision = d["verdict"], revision
 
     def run(self) -> None:
-        started = time.monotonic()
-        while not self._halt.is_set():
-            msg = self.consumer.poll(0.01)
-            # no pause before the fetchers have started: a partition paused before that is not woken by a
-            # seek (streams/kafka/consumer.py, ASSIGNMENT_GRACE_S)
-            if msg is None:
-                if time.monotonic() - started > self.START_GRACE_S:
-                    assigned = self.consumer.assignment()
-                    self.consumer.pause(assigned)
-                    self._halt.wait(self.IDLE_PAUSE_S)
-                    resume_now(self.consumer, assigned, self._next)
-                continue
-            if msg.error():
-                continue
-            self._next[(msg.topic(), msg.partition())] = msg.offset() + 1
-            self.handle(msg.value(), self.clock())
+        for messages in paced_fetches(self.consumer, self._halt, self.pause_s, next_offsets=self._next):
+            now = self.clock()
+            for msg in messages:
+                self.handle(msg.value(), now)
 
     def snapshot(self) -> dict[str, Decided]:
         with self._lock:

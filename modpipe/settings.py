@@ -130,6 +130,14 @@ SETTINGS_SPEC: dict[str, Spec] = {
                                "everything processed since the last checkpoint (one changelog record per changed "
                                "key among them) and the input offsets are committed as one Kafka transaction; a "
                                "worker with nothing in flight commits at once (streams/checkpoint.py).", float),
+    "fetch_pause_ms": Spec("MODPIPE_FETCH_PAUSE_MS", "20",
+                           "After a fetch that brought records, a consumer that reads continuously (the worker, "
+                           "the load generator's and the benchmark's decision readers) pauses its partitions this "
+                           "long before the next fetch: the embedded broker answers an empty fetch at once, and a "
+                           "consumer that never paused kept librdkafka fetching in a tight loop under load "
+                           "(modpipe/services/fetching.py). Adds at most this much latency per hop; `0`: no pause "
+                           "after records (a broker that waits fetch.wait.max.ms, like Apache Kafka, needs none).",
+                           float),
     "static_membership": Spec("MODPIPE_STATIC_MEMBERSHIP", "on",
                               "`on`: a worker's group.instance.id is <app id>-<worker name>, so a restarted worker "
                               "takes its partitions back without a rebalance; `off`: dynamic membership."),
@@ -240,6 +248,7 @@ class Settings:
     redecide_reports: int
     local_hops: str
     commit_interval_ms: float
+    fetch_pause_ms: float
     static_membership: str
     producer_linger_ms: float
     worker_name: str
@@ -303,6 +312,8 @@ class Settings:
             raise SettingsError("MODPIPE_STATIC_MEMBERSHIP must be `on` or `off`")
         if self.commit_interval_ms <= 0:
             raise SettingsError("MODPIPE_COMMIT_INTERVAL_MS must be > 0")
+        if self.fetch_pause_ms < 0:
+            raise SettingsError("MODPIPE_FETCH_PAUSE_MS must be >= 0")
         if self.text_model not in ("on", "off"):
             raise SettingsError("MODPIPE_TEXT_MODEL must be `on` or `off`")
         if self.local_hops not in ("on", "off"):

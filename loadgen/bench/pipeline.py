@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from loadgen.bench.metering import CpuMeter, stats_delta, triton_quiet, triton_stats
 from loadgen.traffic import ProduceStats, arrival_times, make_producer, produce_events
 from modpipe import schema
+from modpipe.services.fetching import START_GRACE_S, paced_fetches
 from modpipe.settings import Settings
 from simulation.metrics import latency_summary, percentile
 from simulation.simulator import Event
@@ -125,9 +126,12 @@ class DecisionLog:
 
 class VisibleTimes:
     """When each decision of this run becomes visible to a live read_committed reader (the platform's
-    view: a decision counts once its transaction has committed). A thread polls the decisions topic from
-    its current end; on the embedded broker that polling spins (see DecisionLog), so it runs only during
-    the latency passes, and its cost shows up in the broker's and the client's CPU of those passes."""
+    view: a decision counts once its transaction has committed). A thread reads the decisions topic from
+    its current end, during the latency passes only. It paces its fetches like the workers do
+    (modpipe/services/fetching.py: a reader that never paused spun on the embedded broker, 0.49 cores in
+    the client and 0.35 in the broker, taken from the pipeline it measures), so a decision is seen up to
+    MODPIPE_FETCH_PAUSE_MS after it became visible; what the reader costs shows in the bench client's and
+    the broker's CPU of those passes."""
 
     def __init__(self, settings: Settings, bootstrap: str, topic: str, prefix: str):
         import threading
@@ -135,22 +139,27 @@ class VisibleTimes:
         from confluent_kafka import Consumer, TopicPartition
 
         self.prefix = prefix
+        self.pause_s = settings.fetch_pause_ms / 1000
         self.seen: dict[str, float] = {}
         self._stop = threading.Event()
         self.consumer = Consumer({**settings.kafka_consumer_config(), "bootstrap.servers": bootstrap,
                                   "group.id": f"modpipe-bench-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False})
         parts = sorted(self.consumer.list_topics(topic, timeout=10).topics[topic].partitions)
-        self.consumer.assign([TopicPartition(topic, p, self.consumer.get_watermark_offsets(
-            TopicPartition(topic, p), timeout=10)[1]) for p in parts])
+        ends = {p: self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
+        self._next = {(topic, p): end for p, end in ends.items()}
+        self.consumer.assign([TopicPartition(topic, p, end) for p, end in ends.items()])
         self._thread = threading.Thread(target=self._run, name="visible-times", daemon=True)
         self._thread.start()
+        # its fetches are paced only after the grace period (see paced_fetches): a pass starts after it
+        self.paced_from = time.monotonic() + START_GRACE_S
+
+    def settle(self) -> None:
+        time.sleep(max(0.0, self.paced_from - time.monotonic()))
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            for msg in self.consumer.consume(500, 0.002):
-                if msg.error():
-                    continue
-                now = time.time()
+        for messages in paced_fetches(self.consumer, self._stop, self.pause_s, next_offsets=self._next):
+            now = time.time()
+            for msg in messages:
                 try:
                     pid = schema.decode_decision(msg.value())["post_id"]
                 except schema.InvalidMessage:
@@ -246,6 +255,7 @@ def latency_pass(settings: Settings, stack, producer, events: list[Event], rate:
     events = [ev._replace(offset_s=t) for ev, t in zip(events, times, strict=True)]
     visible = VisibleTimes(settings, stack.bootstrap, decisions.topic, decisions.prefix)
     try:
+        visible.settle()
         metrics0 = stack.scrape()
         cpu = CpuMeter(_stack_groups(stack))
         with tqdm(total=len(events), desc=label, unit="post", disable=not progress) as bar:

@@ -10,10 +10,12 @@ moves past it). Partitions are assigned by range, so partition p of every input 
 same partition count) goes to the same worker: the tables of a stage partition live with the partitions
 that feed them.
 
-An idle consumer pauses its partitions for a moment after a fetch that brought nothing: a broker that
-answers an empty fetch at once (the embedded noida-db does, where Kafka waits fetch.wait.max.ms) would
-otherwise make librdkafka fetch in a tight loop. While the wiring has more queued than it can take, the
-partitions are paused too (back-pressure), and polling goes on, so rebalances are still served.
+The consumer paces its fetches: a broker that answers an empty fetch at once (the embedded noida-db does,
+where Kafka waits fetch.wait.max.ms) would otherwise make librdkafka fetch in a tight loop, idle or busy
+(modpipe/services/fetching.py). After a fetch that brought records the partitions pause for
+MODPIPE_FETCH_PAUSE_MS (not after a backlog's worth, BACKLOG_RECORDS); after one that brought nothing, for a
+backoff that grows while the partitions stay idle. While the wiring has more queued than it can take, the partitions are paused too (back-pressure), and
+polling goes on, so rebalances are still served.
 """
 
 from __future__ import annotations
@@ -27,13 +29,12 @@ from collections.abc import Callable, Coroutine
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from modpipe import log
-from modpipe.services.fetching import resume_now
+from modpipe.services.fetching import BACKLOG_RECORDS, FETCH_WAIT_S, START_GRACE_S, fetch_window, resume_now
 from streams import metrics
 from streams.kafka.records import TP, Record
 
 _log = log.get(__name__)
 
-FETCH_WAIT_S = 0.01  # a consume waits this long for records before the partitions pause for a backoff
 EMPTY_BACKOFF_S = 0.002
 EMPTY_BACKOFF_MAX_S = 0.025
 # A rebalance callback may restore tables from their changelogs (streams/tables.py gives that 600 s) or commit
@@ -41,9 +42,8 @@ EMPTY_BACKOFF_MAX_S = 0.025
 # is longer, so the group does not drop a worker that is still restoring.
 REBALANCE_CALLBACK_TIMEOUT_S = 660.0
 # After an assignment the consumer does not pause for this long: librdkafka first looks up each partition's
-# committed offset and starts its fetcher, and a partition paused before it started is not woken by a seek
-# (measured: the first records of a fresh worker waited 6 s).
-ASSIGNMENT_GRACE_S = 2.0
+# committed offset and starts its fetcher, and a partition paused before it started is not woken by a seek.
+ASSIGNMENT_GRACE_S = START_GRACE_S
 LAG_EVERY_S = 5.0  # how often modpipe_consumer_lag_messages is brought up to date
 
 
@@ -60,13 +60,14 @@ class GroupConsumer:
 
     def __init__(self, conf: dict, topics: list[str], *,
                  on_assigned: Callable[[list[TP]], Coroutine], on_revoked: Callable[[list[TP]], Coroutine],
-                 on_lost: Callable[[list[TP]], Coroutine], batch_size: int = 500):
+                 on_lost: Callable[[list[TP]], Coroutine], batch_size: int = 500, fetch_pause_s: float = 0.0):
         self.conf = {**conf, "enable.auto.commit": False, "enable.auto.offset.store": False,
                      "isolation.level": "read_committed", "partition.assignment.strategy": "range",
                      "auto.offset.reset": "earliest"}
         self.topics = topics
         self.on_assigned, self.on_revoked, self.on_lost = on_assigned, on_revoked, on_lost
         self.batch_size = batch_size
+        self.fetch_pause_s = fetch_pause_s  # after a fetch that brought records (MODPIPE_FETCH_PAUSE_MS)
         self.consumer: Consumer | None = None
         self.busy: Callable[[], bool] = lambda: False  # the wiring has more queued than it takes (back-pressure)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -167,7 +168,7 @@ class GroupConsumer:
                         self._resume(consumer, assignment)
                     paused = busy
                 # a short wait lets the fetcher bring what the partitions have (they were just resumed)
-                messages = consumer.consume(self.batch_size, 0.05 if paused else FETCH_WAIT_S)
+                messages = fetch_window(consumer, self.batch_size, 0.05 if paused else FETCH_WAIT_S)
                 records = []
                 for m in messages:
                     err = m.error()
@@ -184,11 +185,15 @@ class GroupConsumer:
                 if records:
                     empty = 0
                     self._loop.call_soon_threadsafe(self._deliver, records)
-                    continue
                 if paused or time.monotonic() - self._assigned_at < ASSIGNMENT_GRACE_S:
                     continue
-                empty += 1
-                wait = empty_backoff(empty)
+                if not records:
+                    empty += 1
+                if len(records) >= BACKLOG_RECORDS:
+                    continue  # a backlog: fetch on at once
+                wait = self.fetch_pause_s if records else empty_backoff(empty)
+                if wait <= 0:
+                    continue
                 assignment = consumer.assignment()
                 consumer.pause(assignment)
                 self._stop.wait(wait)

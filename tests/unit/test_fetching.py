@@ -1,9 +1,12 @@
 """resume_now: a resume wakes librdkafka's fetcher: a seek to the offset each partition fetches next, then one
-request to the broker."""
+request to the broker. fetch_window and paced_fetches: a fetch window ends at the first records, and a reader
+pauses its partitions between windows."""
+
+import threading
 
 from confluent_kafka import TopicPartition
 
-from modpipe.services.fetching import resume_now
+from modpipe.services.fetching import BACKLOG_RECORDS, FETCH_WAIT_S, fetch_window, paced_fetches, resume_now
 
 
 class FakeConsumer:
@@ -36,3 +39,101 @@ def test_nothing_to_resume_sends_nothing():
     resume_now(c, [], {})
     assert c.calls == []
 
+
+
+class Message:
+    def __init__(self, topic, partition, offset, error=None):
+        self._t, self._p, self._o, self._e = topic, partition, offset, error
+
+    def topic(self):
+        return self._t
+
+    def partition(self):
+        return self._p
+
+    def offset(self):
+        return self._o
+
+    def error(self):
+        return self._e
+
+    def value(self):
+        return b"v"
+
+
+class ScriptedConsumer(FakeConsumer):
+    """consume() answers from a script of message lists (then nothing); records each call's arguments."""
+
+    def __init__(self, script, assigned=(("decisions", 0),)):
+        super().__init__()
+        self.script = list(script)
+        self.assigned = [TopicPartition(t, p) for t, p in assigned]
+
+    def consume(self, n, timeout):
+        self.calls.append(("consume", n, timeout))
+        batch = self.script.pop(0) if self.script else []
+        return batch[:n]
+
+    def assignment(self):
+        return list(self.assigned)
+
+    def pause(self, tps):
+        self.calls.append(("pause", [(tp.topic, tp.partition) for tp in tps]))
+
+
+def test_a_fetch_window_waits_for_the_first_message_then_takes_what_is_queued_without_waiting():
+    c = ScriptedConsumer([[Message("posts", 0, 1)], [Message("posts", 0, 2), Message("posts", 1, 7)]])
+    got = fetch_window(c, 500, 0.01)
+    assert [m.offset() for m in got] == [1, 2, 7]
+    assert [x for x in c.calls if x[0] == "consume"] == [("consume", 1, 0.01), ("consume", 499, 0)]
+
+
+def test_an_empty_fetch_window_asks_once():
+    c = ScriptedConsumer([])
+    assert fetch_window(c, 500, 0.01) == []
+    assert c.calls == [("consume", 1, 0.01)]
+
+
+def test_a_reader_pauses_between_windows_and_resumes_from_the_next_offsets():
+    stop = threading.Event()
+    c = ScriptedConsumer([[Message("decisions", 0, 5)], [Message("decisions", 0, 6, error="eof")], []])
+    clock = iter([0.0, 10.0, 10.0, 10.0, 10.0])  # the grace period is over after the first window
+    nxt = {("decisions", 0): 5}
+    windows = []
+    for messages in paced_fetches(c, stop, 0.001, next_offsets=nxt, grace_s=2.0, clock=lambda: next(clock)):
+        windows.append([m.offset() for m in messages])
+        if len(windows) == 3:
+            stop.set()
+    assert windows == [[5], [], []]  # an error (end of partition) is not handed on
+    assert nxt == {("decisions", 0): 6}
+    kinds = [x[0] for x in c.calls]
+    # one window (first message, then the rest), pause, resume + seek + wake-up request, next window
+    assert kinds[:7] == ["consume", "consume", "pause", "resume", "seek", "watermarks", "consume"]
+    assert ("seek", ("decisions", 0, 6)) in c.calls
+    assert ("consume", 1, FETCH_WAIT_S) in c.calls
+
+
+def test_a_reader_does_not_pause_in_its_grace_period_or_with_no_pause_set():
+    for pause_s, clock_at in ((0.001, 0.5), (0.0, 10.0)):
+        stop = threading.Event()
+        c = ScriptedConsumer([[Message("decisions", 0, 5)], [], [Message("decisions", 0, 6)]])
+        seen = []
+        for messages in paced_fetches(c, stop, pause_s, clock=lambda t=clock_at: t):
+            seen += [m.offset() for m in messages]
+            if len([x for x in c.calls if x == ("consume", 1, FETCH_WAIT_S)]) == 3:
+                stop.set()
+        assert seen == [5, 6] and not [x for x in c.calls if x[0] in ("pause", "resume")]
+
+
+def test_a_reader_fetches_on_at_once_after_a_backlog():
+    stop = threading.Event()
+    backlog = [Message("decisions", 0, n) for n in range(BACKLOG_RECORDS)]
+    c = ScriptedConsumer([backlog[:1], backlog[1:], [Message("decisions", 0, BACKLOG_RECORDS)], []])
+    windows = []
+    for messages in paced_fetches(c, stop, 0.001, clock=lambda: 10.0, grace_s=0.0):
+        windows.append(len(messages))
+        if len(windows) == 2:
+            stop.set()
+    assert windows == [BACKLOG_RECORDS, 1]
+    kinds = [x[0] for x in c.calls]
+    assert kinds[:3] == ["consume", "consume", "consume"]  # no pause after the backlog's window

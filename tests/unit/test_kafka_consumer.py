@@ -221,6 +221,49 @@ def test_an_empty_fetch_pauses_the_assignment_for_a_moment(fake_consumer):
     assert cycle[:6] == ["pause", "resume"] * 3
 
 
+def test_a_fetch_that_brought_records_pauses_the_assignment_for_the_fetch_pause(fake_consumer):
+    """Under load every fetch brings records: without this pause librdkafka would fetch in a tight loop."""
+    def run(fetch_pause_s):
+        async def scenario():
+            gc = GroupConsumer({}, ["posts"], on_assigned=None, on_revoked=None, on_lost=None,
+                               fetch_pause_s=fetch_pause_s)
+            delivered: list[float] = []
+            gc.start(asyncio.get_running_loop(), lambda records: delivered.append(time.monotonic()))
+            fake = fake_consumer[-1]
+            fake.assigned = [PartitionStub("posts", 1)]
+            for n in range(3):  # a window: its first record, then nothing more queued
+                fake.script.extend([[FakeMessage("posts", 1, n)], []])
+            await until(lambda: len(delivered) == 3)
+            await asyncio.get_running_loop().run_in_executor(None, gc.close)
+            return fake, delivered
+
+        return asyncio.run(scenario())
+
+    fake, delivered = run(0.05)
+    cycle = [c[0] for c in fake.calls if c[0] in ("pause", "resume")]
+    assert cycle[:4] == ["pause", "resume"] * 2  # after each of the first two fetches
+    assert min(b - a for a, b in zip(delivered, delivered[1:], strict=False)) >= 0.045
+    fake, delivered = run(0.0)
+    assert delivered[-1] - delivered[0] < 0.045  # 0: the next fetch at once (a broker that waits for data)
+
+
+def test_a_fetch_that_brought_a_backlog_is_followed_by_the_next_at_once(fake_consumer):
+    async def scenario():
+        gc = GroupConsumer({}, ["posts"], on_assigned=None, on_revoked=None, on_lost=None, fetch_pause_s=10.0)
+        delivered: list[int] = []
+        gc.start(asyncio.get_running_loop(), lambda records: delivered.append(len(records)))
+        fake = fake_consumer[-1]
+        fake.assigned = [PartitionStub("posts", 1)]
+        backlog = [FakeMessage("posts", 1, n) for n in range(kc.BACKLOG_RECORDS)]
+        fake.script.extend([backlog[:1], backlog[1:], backlog[:1], backlog[1:]])
+        await until(lambda: len(delivered) == 2, timeout_s=2.0)  # a 10 s pause between them would fail this
+        await asyncio.get_running_loop().run_in_executor(None, gc.close)
+        return fake, delivered
+
+    fake, delivered = asyncio.run(scenario())
+    assert delivered == [kc.BACKLOG_RECORDS, kc.BACKLOG_RECORDS]
+
+
 def test_back_pressure_pauses_until_the_wiring_catches_up(fake_consumer):
     async def scenario():
         gc = GroupConsumer({}, ["posts"], on_assigned=None, on_revoked=None, on_lost=None)

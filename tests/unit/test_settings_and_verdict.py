@@ -18,6 +18,7 @@ def test_defaults_and_overrides():
     {"MODPIPE_PARTITIONS": "four"},
     {"MODPIPE_REVIEW_THRESHOLD": "0.95", "MODPIPE_BLOCK_THRESHOLD": "0.9"},
     {"MODPIPE_COMMIT_INTERVAL_MS": "0"},
+    {"MODPIPE_FETCH_PAUSE_MS": "-1"},
     {"MODPIPE_LOCAL_HOPS": "sometimes"},
     {"MODPIPE_MAX_BATCH": "0"},
 ])
