@@ -7,6 +7,7 @@ import threading
 from confluent_kafka import TopicPartition
 
 from modpipe.services.fetching import BACKLOG_RECORDS, FETCH_WAIT_S, fetch_window, paced_fetches, resume_now
+from tests.unit.test_kafka_consumer import FakeMessage
 
 
 class FakeConsumer:
@@ -41,26 +42,6 @@ def test_nothing_to_resume_sends_nothing():
 
 
 
-class Message:
-    def __init__(self, topic, partition, offset, error=None):
-        self._t, self._p, self._o, self._e = topic, partition, offset, error
-
-    def topic(self):
-        return self._t
-
-    def partition(self):
-        return self._p
-
-    def offset(self):
-        return self._o
-
-    def error(self):
-        return self._e
-
-    def value(self):
-        return b"v"
-
-
 class ScriptedConsumer(FakeConsumer):
     """consume() answers from a script of message lists (then nothing); records each call's arguments."""
 
@@ -82,7 +63,7 @@ class ScriptedConsumer(FakeConsumer):
 
 
 def test_a_fetch_window_waits_for_the_first_message_then_takes_what_is_queued_without_waiting():
-    c = ScriptedConsumer([[Message("posts", 0, 1)], [Message("posts", 0, 2), Message("posts", 1, 7)]])
+    c = ScriptedConsumer([[FakeMessage("posts", 0, 1)], [FakeMessage("posts", 0, 2), FakeMessage("posts", 1, 7)]])
     got = fetch_window(c, 500, 0.01)
     assert [m.offset() for m in got] == [1, 2, 7]
     assert [x for x in c.calls if x[0] == "consume"] == [("consume", 1, 0.01), ("consume", 499, 0)]
@@ -96,7 +77,7 @@ def test_an_empty_fetch_window_asks_once():
 
 def test_a_reader_pauses_between_windows_and_resumes_from_the_next_offsets():
     stop = threading.Event()
-    c = ScriptedConsumer([[Message("decisions", 0, 5)], [Message("decisions", 0, 6, error="eof")], []])
+    c = ScriptedConsumer([[FakeMessage("decisions", 0, 5)], [FakeMessage("decisions", 0, 6, error="eof")], []])
     clock = iter([0.0, 10.0, 10.0, 10.0, 10.0])  # the grace period is over after the first window
     nxt = {("decisions", 0): 5}
     windows = []
@@ -116,7 +97,7 @@ def test_a_reader_pauses_between_windows_and_resumes_from_the_next_offsets():
 def test_a_reader_does_not_pause_in_its_grace_period_or_with_no_pause_set():
     for pause_s, clock_at in ((0.001, 0.5), (0.0, 10.0)):
         stop = threading.Event()
-        c = ScriptedConsumer([[Message("decisions", 0, 5)], [], [Message("decisions", 0, 6)]])
+        c = ScriptedConsumer([[FakeMessage("decisions", 0, 5)], [], [FakeMessage("decisions", 0, 6)]])
         seen = []
         for messages in paced_fetches(c, stop, pause_s, clock=lambda t=clock_at: t):
             seen += [m.offset() for m in messages]
@@ -127,8 +108,8 @@ def test_a_reader_does_not_pause_in_its_grace_period_or_with_no_pause_set():
 
 def test_a_reader_fetches_on_at_once_after_a_backlog():
     stop = threading.Event()
-    backlog = [Message("decisions", 0, n) for n in range(BACKLOG_RECORDS)]
-    c = ScriptedConsumer([backlog[:1], backlog[1:], [Message("decisions", 0, BACKLOG_RECORDS)], []])
+    backlog = [FakeMessage("decisions", 0, n) for n in range(BACKLOG_RECORDS)]
+    c = ScriptedConsumer([backlog[:1], backlog[1:], [FakeMessage("decisions", 0, BACKLOG_RECORDS)], []])
     windows = []
     for messages in paced_fetches(c, stop, 0.001, clock=lambda: 10.0, grace_s=0.0):
         windows.append(len(messages))
