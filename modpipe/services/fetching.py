@@ -14,9 +14,10 @@ the broker wakes the thread: after a resume, one ListOffsets request (0.2 ms) br
 Under load the same spin came back: a consumer that kept getting records never paused, so librdkafka fetched
 in a tight loop all the time (a reader left resumed on the decisions topic: 0.49 cores in the client and 0.35
 in the broker; paced as below: 0.13 and 0.08, measured). So every consumer that reads continuously paces its
-fetches: a fetch window lasts until the first records arrive (`fetch_window`, so a remote broker's round
-trip never closes it early), then the partitions pause for MODPIPE_FETCH_PAUSE_MS, unless the window brought
-a backlog's worth of records."""
+fetches: a fetch window ends as soon as its first records arrive, or FETCH_WAIT_S after the resume's wake-up
+request came back (that request's round trip has already passed, so the fetch sent with it has had time to
+come back too), then the partitions pause for MODPIPE_FETCH_PAUSE_MS, unless the window brought a backlog's
+worth of records."""
 
 from __future__ import annotations
 
@@ -46,8 +47,7 @@ def paced_fetches(consumer, stop: threading.Event, pause_s: float, *, next_offse
                   clock: Callable[[], float] = time.monotonic) -> Iterator[list]:
     """A reader's loop (no group, no back-pressure): yields each fetch window's messages (errors left out) until
     `stop` is set; from `grace_s` on, the partitions pause for `pause_s` after every window that brought fewer
-    than BACKLOG_RECORDS. `next_offsets`
-    (see `resume_now`) is kept up to date with the messages yielded."""
+    than BACKLOG_RECORDS. `next_offsets` (see `resume_now`) is kept up to date with the messages yielded."""
     next_offsets = {} if next_offsets is None else next_offsets
     started = clock()
     while not stop.is_set():

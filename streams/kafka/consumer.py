@@ -14,8 +14,8 @@ The consumer paces its fetches: a broker that answers an empty fetch at once (th
 where Kafka waits fetch.wait.max.ms) would otherwise make librdkafka fetch in a tight loop, idle or busy
 (modpipe/services/fetching.py). After a fetch that brought records the partitions pause for
 MODPIPE_FETCH_PAUSE_MS (not after a backlog's worth, BACKLOG_RECORDS); after one that brought nothing, for a
-backoff that grows while the partitions stay idle. While the wiring has more queued than it can take, the partitions are paused too (back-pressure), and
-polling goes on, so rebalances are still served.
+backoff that grows while the partitions stay idle. While the wiring has more queued than it can take, the
+partitions are paused too (back-pressure), and polling goes on, so rebalances are still served.
 """
 
 from __future__ import annotations
