@@ -223,28 +223,35 @@ def test_an_empty_fetch_pauses_the_assignment_for_a_moment(fake_consumer):
 
 def test_a_fetch_that_brought_records_pauses_the_assignment_for_the_fetch_pause(fake_consumer):
     """Under load every fetch brings records: without this pause librdkafka would fetch in a tight loop."""
-    def run(fetch_pause_s):
+    def pauses_before_each_window(fetch_pause_s):
+        """How many pauses of the assignment the poll thread had made when each of 3 windows began."""
         async def scenario():
             gc = GroupConsumer({}, ["posts"], on_assigned=None, on_revoked=None, on_lost=None,
                                fetch_pause_s=fetch_pause_s)
-            delivered: list[float] = []
-            gc.start(asyncio.get_running_loop(), lambda records: delivered.append(time.monotonic()))
+            delivered: list[int] = []
+            seen: list[int] = []
+            gc.start(asyncio.get_running_loop(), lambda records: delivered.append(len(records)))
             fake = fake_consumer[-1]
             fake.assigned = [PartitionStub("posts", 1)]
-            for n in range(3):  # a window: its first record, then nothing more queued
-                fake.script.extend([[FakeMessage("posts", 1, n)], []])
+
+            def window(n):
+                def step(c):
+                    seen.append(sum(1 for call in c.calls if call[0] == "pause" and call[1]))
+                    return [FakeMessage("posts", 1, n)]
+                return step
+
+            # each window: its first record, then nothing more queued (one extend: the thread sees all at once)
+            fake.script.extend([window(0), [], window(1), [], window(2), []])
             await until(lambda: len(delivered) == 3)
             await asyncio.get_running_loop().run_in_executor(None, gc.close)
-            return fake, delivered
+            return seen
 
         return asyncio.run(scenario())
 
-    fake, delivered = run(0.05)
-    cycle = [c[0] for c in fake.calls if c[0] in ("pause", "resume")]
-    assert cycle[:4] == ["pause", "resume"] * 2  # after each of the first two fetches
-    assert min(b - a for a, b in zip(delivered, delivered[1:], strict=False)) >= 0.045
-    fake, delivered = run(0.0)
-    assert delivered[-1] - delivered[0] < 0.045  # 0: the next fetch at once (a broker that waits for data)
+    seen = pauses_before_each_window(0.01)
+    assert [b - a for a, b in zip(seen, seen[1:], strict=False)] == [1, 1]  # one pause after each window
+    seen = pauses_before_each_window(0.0)
+    assert seen[2] == seen[0]  # 0: the next fetch at once (a broker that waits for data)
 
 
 def test_a_fetch_that_brought_a_backlog_is_followed_by_the_next_at_once(fake_consumer):
