@@ -13,10 +13,11 @@ import threading
 import uuid
 
 import orjson
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from console.index import DecisionIndex
 from modpipe import log, schema
+from modpipe.services.fetching import paced_fetches
 from modpipe.settings import Settings
 
 _log = log.get(__name__)
@@ -45,20 +46,24 @@ class Follower(threading.Thread):
 
     def start_offsets(self) -> list[TopicPartition]:
         """Each partition's first record at most MODPIPE_CONSOLE_LOOKBACK_S old (its beginning if all are newer;
-        its end if all are older)."""
+        if all are older, its end as it was just before the lookup: a symbolic end offset would be resolved
+        only when the fetcher starts, skipping what was committed in between)."""
         since_ms = schema.now_ms() - int(self.settings.console_lookback_s * 1000)
         wanted = [TopicPartition(t, p, since_ms) for t in self.topics for p in range(self.settings.partitions)]
         try:
+            ends = {(tp.topic, tp.partition): self.consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in wanted}
             found = self.consumer.offsets_for_times(wanted, timeout=10)
         except Exception:  # noqa: BLE001 - a broker without the time index: read everything it holds
             return [TopicPartition(tp.topic, tp.partition, OFFSET_BEGINNING) for tp in wanted]
-        return [TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else OFFSET_END) for tp in found]
+        return [TopicPartition(tp.topic, tp.partition, tp.offset if tp.offset >= 0 else ends[(tp.topic, tp.partition)])
+                for tp in found]
 
     def run(self) -> None:
         self.consumer.assign(self.start_offsets())
-        while not self._halt.is_set():
-            for msg in self.consumer.consume(500, 0.2):
-                if msg.error() or msg.value() is None:
+        # paced, as every continuous reader (modpipe/services/fetching.py): an idle console must not spin
+        for messages in paced_fetches(self.consumer, self._halt, self.settings.fetch_pause_ms / 1000):
+            for msg in messages:
+                if msg.value() is None:
                     continue
                 try:
                     self.topics[msg.topic()](msg.value())
