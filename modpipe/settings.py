@@ -36,6 +36,9 @@ SETTINGS_SPEC: dict[str, Spec] = {
                       "Served text-model build (model.onnx, tokenizer, card). Empty: the newest build in the cache."),
     "model_profile": Spec("MODPIPE_MODEL_PROFILE", "full",
                           "Build profile: `full` (the served CPU recipe), `gpu` (512 tokens, needs a GPU) or `demo` (minutes, for `make demo`)."),
+    "debian_mirror": Spec("MODPIPE_DEBIAN_MIRROR", "http://deb.debian.org/debian",
+                          "Debian mirror the out-of-domain e-mail corpora are fetched from once (source packages' files, "
+                          "checked against their pinned sha256; `modpipe model eval --ood`)."),
     # -- Kafka
     "bootstrap_servers": Spec("KAFKA_BOOTSTRAP_SERVERS", "",
                               "Kafka bootstrap servers. Empty: start the embedded broker (noida-db)."),
@@ -207,6 +210,7 @@ class Settings:
     state_dir: Path
     cache_dir: Path
     model_dir: str
+    debian_mirror: str
     model_profile: str
     bootstrap_servers: str
     security_protocol: str

@@ -66,8 +66,9 @@ def register(subparsers) -> None:
                         "baseline, the gap to clean accuracy and the clean-ham false-positive rate")
     e.add_argument("--ood", action="store_true",
                    help="false positives on legitimate writing of kinds the build never saw (newsgroups, news, "
-                        "reviews, tweets, editorials, speeches, TV dialogue; read from packages of the PyPI and "
-                        "npm registries), per source beside the baseline, and in-domain spam recall")
+                        "reviews, tweets, editorials, speeches, TV dialogue, e-mail; read from packages of the PyPI, "
+                        "npm and Debian registries) and recall on spam of another collection, per source beside "
+                        "the baseline, and in-domain spam recall")
     e.add_argument("--before", type=Path, default=None, metavar="DIR",
                    help="with --robustness or --ood: another build (e.g. the one served before) evaluated on the same "
                         "attacked texts, side by side")

