@@ -24,8 +24,8 @@ def _wheel(path, files: dict[str, bytes]):
     return path
 
 
-def _tgz(path, files: dict[str, bytes]):
-    with tarfile.open(path, "w:gz") as tar:
+def _tgz(path, files: dict[str, bytes], mode: str = "w:gz"):
+    with tarfile.open(path, mode) as tar:
         for name, content in files.items():
             info = tarfile.TarInfo(name)
             info.size = len(content)
@@ -105,29 +105,20 @@ def test_training_and_evaluation_sources_are_disjoint_and_pinned():
     assert any(s.label == 1 for s in corpora.OOD_SOURCES) and any(s.label == 0 for s in corpora.OOD_SOURCES)
 
 
-def _txz(path, files: dict[str, bytes]):
-    with tarfile.open(path, "w:xz") as tar:
-        for name, content in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(content)
-            tar.addfile(info, io.BytesIO(content))
-    return path
-
-
 def test_e_mail_readers_reduce_mbox_and_maildir_messages(tmp_path):
     spam = (b"From spammer@example.com Fri Nov  1 10:00:00 2002\nSubject: Cheap ink\n\nBuy toner now.\n"
             b">From here on, prices fall.\n\n"
             b"From other@example.com Fri Nov  1 11:00:00 2002\nSubject: Degrees\nContent-Type: text/html\n\n"
             b"<html><body><p>Earn a <b>degree</b></p></body></html>\n")
     ham = b"From list@example.org Sat Nov  2 09:00:00 2002\nSubject: Re: meeting\n\nSee you at 5.\n"
-    archive = _txz(tmp_path / "bogofilter_1.2.5.orig.tar.xz", {
+    archive = _tgz(tmp_path / "bogofilter_1.2.5.orig.tar.xz", mode="w:xz", files={
         "bogofilter-1.2.5/src/tests/inputs/spam.mbx": spam, "bogofilter-1.2.5/src/tests/inputs/good.mbx": ham})
     assert list(corpora.read_bogofilter_spam(archive)) == [
         "Cheap ink\nBuy toner now.\nFrom here on, prices fall.", "Degrees\nEarn a degree"]
     assert list(corpora.read_bogofilter_ham(archive)) == ["Re: meeting\nSee you at 5."]
 
     mail = b"Subject: [PATCH] fix a leak\nFrom: dev@example.org\n\nThe buffer was never freed.\n"
-    archive = _txz(tmp_path / "notmuch_0.37.orig.tar.xz", {
+    archive = _tgz(tmp_path / "notmuch_0.37.orig.tar.xz", mode="w:xz", files={
         "notmuch-0.37/test/corpora/lkml/cur/1.2:2,": mail,
         "notmuch-0.37/test/corpora/default/foo/new/2": b"Subject: hi\n\nlunch?\n",
         "notmuch-0.37/test/corpora/crypto/cur/3": b"Subject: signed\n\nnot read\n",  # other corpora: not mail
