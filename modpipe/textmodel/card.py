@@ -38,7 +38,8 @@ def render(*, key: str, profile: str, served: dict, metrics: dict, split: dict, 
     if cfg.get("harden_text"):
         runs += ("\n  Ahead of everything it folds hostile text (`modpipe/textmodel/hostile.py`): invisible characters "
                  "removed, NFKC, Unicode look-alikes (UTS #39 confusables) to ASCII, letter-spaced words rejoined"
-                 + (", leetspeak digits between letters folded." if cfg.get("fold_leet") else "."))
+                 + (", leetspeak digits folded between letters and at a word's start that cannot be a number."
+                    if cfg.get("fold_leet") else "."))
     aug = train["result"].get("augmentation") or {}
     augmented = (f"\n- Obfuscation augmentation (`attacks.py`): {aug['replaced']} training examples (share "
                  f"{aug['share']}, spam and ham alike: {aug['by_label']}) replaced by obfuscated variants of "

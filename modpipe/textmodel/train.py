@@ -52,7 +52,7 @@ class TrainConfig:
     fp_budget: float = 0.02
     collapse_punctuation: bool = False  # tokenizer.json cuts runs of one punctuation character (tokenize.py)
     harden_text: bool = False  # tokenizer.json folds hostile text: invisibles, look-alikes, spacing (hostile.py)
-    fold_leet: bool = False  # ... and leetspeak digits between letters (hostile.LEET_FOLD)
+    fold_leet: bool = False  # ... and leetspeak digits between letters and at a word's start (hostile.LEET_FOLD)
     augment_share: float = 0.0  # share of training examples replaced by an obfuscated variant (attacks.py)
     ema_decay: float = 0.0  # > 0: validate, keep and serve an exponential moving average of the weights
     bucket_chunk: int = 50  # batches per sort chunk of the length bucketing

@@ -151,3 +151,22 @@ def test_out_of_domain_writing_is_read_as_recorded_and_rarely_flagged(build, ood
         assert ood_report["overall"]["model_spam_recall"] >= OOD_RECALL_FLOOR, ood_report["overall"]
         threshold = build.served["threshold"]
         assert threshold["fp_budget"] == 0.02 and "served_threshold_raw" in threshold
+
+
+def test_every_attack_at_full_strength_stays_near_clean_accuracy(build):
+    """`modpipe model eval --robustness` (every word of each test text disguised, each form): on a full build
+    every form stays within robustness.MAX_GAP of clean accuracy on every data set, clean accuracy included."""
+    from modpipe.textmodel import attacks, robustness
+
+    env = dict(os.environ, MODPIPE_LOG_LEVEL="WARNING")
+    proc = subprocess.run([sys.executable, "-m", "modpipe", "model", "eval", "--robustness", "--json", "--model-dir",
+                           str(build.path)], capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["attack_rate"] == 1.0 and report["forms"] == ["clean", *attacks.FORMS]
+    gaps = report["model"]["accuracy_gap"]
+    assert report["model"]["worst_gap"] == max(g for per in gaps.values() for g in per.values())
+    assert report["targets"]["met"] == (report["model"]["worst_gap"] <= robustness.MAX_GAP)
+    if build.served["profile"] == "full":
+        worst = {form: max(per, key=per.get) for form, per in gaps.items()}
+        assert report["targets"]["met"], {form: (ds, gaps[form][ds]) for form, ds in worst.items()}

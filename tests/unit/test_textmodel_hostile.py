@@ -86,10 +86,16 @@ def test_marks_inside_words_are_dropped_but_leet_symbols_stay(base_json):
     assert _norm(tok, "p@ss cl4!m 12.50, end. Next") == "p@ss cl4!m 12.50, end. next"
 
 
-def test_leet_fold_only_between_letters(base_json):
+def test_leet_fold_between_letters_and_at_a_start_that_cannot_be_a_number(base_json):
     tok = _tok(base_json, fold_leet=True)
     assert _norm(tok, "h4d gr347 f4rm3r5 m0ney") == "had great farmers money"
     assert _norm(tok, "at 5pm for 24hrs, $5000, 4 sale, call 0800 123") == "at 5pm for 24hrs, $5000, 4 sale, call 0800 123"
+    # a word's first digit: before three letters, or before a letter with another leet digit in the word
+    assert _norm(tok, "7h3 0n3 0u7 7his 7ravel 5ervice 4lmo5t") == "the one out this travel service almost"
+    # numbers with units and ordinals keep their digits; so do words that hold one leet digit and two letters
+    assert _norm(tok, "4th 1st 3rd 7pm 5km 3x 4u 4nd 2nd") == "4th 1st 3rd 7pm 5km 3x 4u 4nd 2nd"
+    # the between-letters rule's cost, as trained on: a digit between a leet digit and a letter is folded
+    assert _norm(tok, "10am 150p/msg") == "1oam 1sopmsg"
     assert _norm(_tok(base_json), "h4d m0ney") == "h4d m0ney"  # without fold_leet leet is left to training
 
 
