@@ -47,10 +47,13 @@ def iso(ms: int) -> str:
 
 def make_events(seed: int, n: int = 60) -> list[tuple[str, dict]]:
     rnd = random.Random(seed)
-    t = T0
+    t = newest = T0
     posts: list[dict] = []
     for i in range(n // 3):
-        t += rnd.randint(-50, 200) * 60_000  # mostly forward, sometimes up to 50 min back (< grace)
+        # mostly forward, sometimes back, never more than 50 min behind the newest post (< the window's grace:
+        # two steps back in a row must not add up past it)
+        t = max(t + rnd.randint(-50, 200) * 60_000, newest - 50 * 60_000)
+        newest = max(newest, t)
         posts.append({"post_id": f"p{i}", "user_id": rnd.choice(USERS), "created_at": iso(t),
                       "text": rnd.choice(TEXTS), "url": rnd.choice(URLS), "ip": rnd.choice(IPS),
                       "user": {"created_at": iso(T0 - 86_400_000), "email_domain": "x.org", "friends": 1,
