@@ -161,6 +161,13 @@ SETTINGS_SPEC: dict[str, Spec] = {
                                   "The same for the post table, whose states hold a decision snapshot (~9 KB "
                                   "each) and are hot only for the minutes after the post: 20,000 of them grew a "
                                   "worker by ~120 MiB in the soak run.", int),
+    "post_retention_s": Spec("MODPIPE_POST_RETENTION_S", "86400",
+                             "How long the post table keeps a post not written since (its reports, labels and "
+                             "decision snapshot; a later report or ban cannot decide it again). Memory per worker "
+                             "~ posts/s x this x ~2 KB; 0: for ever.", float),
+    "feature_retention_s": Spec("MODPIPE_FEATURE_RETENTION_S", "604800",
+                                "How long the user, url, domain and ip tables keep a key not written since (its "
+                                "counts start again from zero after). 0: for ever.", float),
     # -- review console (`modpipe console`)
     "console_host": Spec("MODPIPE_CONSOLE_HOST", "127.0.0.1",
                          "Address the review console binds. Anything but loopback needs TLS "
@@ -261,6 +268,8 @@ class Settings:
     metrics_port: int
     state_cache_keys: int
     post_state_cache_keys: int
+    post_retention_s: float
+    feature_retention_s: float
     console_host: str
     console_port: int
     console_public_name: str
@@ -312,6 +321,8 @@ class Settings:
             raise SettingsError("MODPIPE_CONSOLE_PROXY_ROLE must be `viewer` or `moderator`")
         if self.state_cache_keys < 1 or self.post_state_cache_keys < 1:
             raise SettingsError("MODPIPE_STATE_CACHE_KEYS and MODPIPE_POST_STATE_CACHE_KEYS must be >= 1")
+        if self.post_retention_s < 0 or self.feature_retention_s < 0:
+            raise SettingsError("MODPIPE_POST_RETENTION_S and MODPIPE_FEATURE_RETENTION_S must be >= 0 (0: for ever)")
         if self.static_membership not in ("on", "off"):
             raise SettingsError("MODPIPE_STATIC_MEMBERSHIP must be `on` or `off`")
         if self.commit_interval_ms <= 0:

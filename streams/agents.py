@@ -203,8 +203,22 @@ class Wiring:
             for table, n in stage.flush(pending).items():
                 if n:
                     metrics.STATE_WRITES.labels(table).inc(n)
+            # after the writes: a key written in this checkpoint is young, whatever its table's retention
+            for table, n in stage.expire(pending).items():
+                if n:
+                    metrics.STATE_EXPIRED.labels(table).inc(n)
         pending.seal()
+        self.observe_tables()
         return pending
+
+    def expiry_due(self) -> bool:
+        """Whether a table holds keys past its retention (a quiet worker checkpoints to forget them)."""
+        return any(table.expiry_due() for table in self.pipe.tables.values())
+
+    def observe_tables(self) -> None:
+        for name, table in self.pipe.tables.items():
+            metrics.TABLE_KEYS.labels(name).set(table.keys())
+            metrics.TABLE_BYTES.labels(name).set(table.size_bytes)
 
     def feedback(self, items, pending: Pending) -> None:
         """A batch's verdicts back to the tables: through the stage topics. (Not applied here even when this
@@ -220,6 +234,7 @@ class Wiring:
         self.owned = {tp for tp in assigned if tp.topic in stage_topics}
         self.assignments += 1
         self.invalidate()
+        self.observe_tables()
 
     def revoked(self) -> None:
         self.owned = set()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from features.events import POST, TABLES
 from modpipe.settings import Settings
 from streams.tables import Table, make_tables
 from streams.topics import TopicNames
@@ -19,9 +20,14 @@ class Pipeline:
     partitions: int
 
 
+def retention_ms(settings: Settings) -> dict[str, int]:
+    """Feature table -> how long it keeps a key not written since (0: for ever)."""
+    return {t: int(1000 * (settings.post_retention_s if t == POST else settings.feature_retention_s)) for t in TABLES}
+
+
 def create_pipeline(settings: Settings) -> Pipeline:
-    return Pipeline(topics=TopicNames.from_settings(settings), tables=make_tables(settings.app_id),
-                    partitions=settings.partitions)
+    return Pipeline(topics=TopicNames.from_settings(settings),
+                    tables=make_tables(settings.app_id, retention_ms(settings)), partitions=settings.partitions)
 
 
 def consumer_config(settings: Settings, bootstrap: str, worker_name: str) -> dict:

@@ -21,7 +21,9 @@ next owner (this worker after its restart) restores the tables from their change
 committed states, and processes the input again from the committed offsets.
 
 When: MODPIPE_COMMIT_INTERVAL_MS after the first uncommitted record was processed, or as soon as no round is in
-flight (a quiet pipeline commits each post's decision at once instead of waiting for the interval).
+flight (a quiet pipeline commits each post's decision at once instead of waiting for the interval). A quiet
+worker also checkpoints when a table holds keys past its retention (streams/tables.py): step 3 writes their
+tombstones, and the transaction holds no offsets.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from modpipe import log
 from streams import metrics
 
 _log = log.get(__name__)
+
+EXPIRY_CHECK_S = 1.0  # how often a quiet worker looks for table keys past their retention
 
 
 class Frozen(RuntimeError):
@@ -76,9 +80,11 @@ class Checkpointer:
     """Runs the steps above. `runner` starts and stops rounds and knows the offsets processed; `wiring` knows
     when rounds are complete and writes the table states; `outbox` holds the transaction."""
 
-    def __init__(self, runner, wiring, outbox, consumer, interval_s: float, watch: FreezeWatch):
+    def __init__(self, runner, wiring, outbox, consumer, interval_s: float, watch: FreezeWatch,
+                 expiry_check_s: float = EXPIRY_CHECK_S):
         self.runner, self.wiring, self.outbox, self.consumer = runner, wiring, outbox, consumer
         self.interval_s = interval_s
+        self.expiry_check_s = expiry_check_s
         self.watch = watch
         self._lock = asyncio.Lock()
         self._due = asyncio.Event()
@@ -94,7 +100,13 @@ class Checkpointer:
     async def run_forever(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            await self._due.wait()
+            try:
+                await asyncio.wait_for(self._due.wait(), self.expiry_check_s)
+            except asyncio.TimeoutError:
+                if self.dirty_since is None and self.wiring.expiry_due():
+                    self.dirty_since = loop.time()  # nothing processed: a checkpoint for the tombstones alone
+                    await self.commit()
+                continue
             self._due.clear()
             if self.dirty_since is None:
                 continue

@@ -18,6 +18,11 @@ REDECISIONS = Counter("modpipe_redecisions_total", "Decisions published again (r
                       ["reason"])
 STATE_WRITES = Counter("modpipe_state_writes_total",
                        "Feature-table states written (one changelog record each; one per key per batch).", ["table"])
+STATE_EXPIRED = Counter("modpipe_state_expired_total",
+                        "Feature-table keys forgotten after their table's retention (a tombstone each).", ["table"])
+TABLE_KEYS = Gauge("modpipe_table_keys", "Keys this worker holds per feature table (its partitions).", ["table"])
+TABLE_BYTES = Gauge("modpipe_table_bytes", "Encoded size of the states this worker holds per feature table.",
+                    ["table"])
 DEAD_LETTERS = Counter("modpipe_dead_letters_total", "Records sent to the dead-letter topic, by reason.", ["reason"])
 END_TO_END_LATENCY = Histogram(
     "modpipe_end_to_end_latency_seconds",
@@ -55,13 +60,16 @@ CONSUMER_LAG = Gauge("modpipe_consumer_lag_messages", "Records behind the end of
                      ["topic", "partition"])
 
 
-def init_labels(verdicts, dead_letter_reasons, outage_policy: str | None) -> None:
+def init_labels(verdicts, dead_letter_reasons, outage_policy: str | None, tables=()) -> None:
     """Export every known label value at 0 from the start: a dashboard's rate() of a series that was never
     incremented returns nothing rather than 0, and an alert on it cannot tell "none" from "not scraped"."""
     for verdict in verdicts:
         DECISIONS.labels(verdict)
     for reason in (*dead_letter_reasons, "processing_error"):
         DEAD_LETTERS.labels(reason)
+    for table in tables:
+        STATE_WRITES.labels(table)
+        STATE_EXPIRED.labels(table)
     if outage_policy is not None:  # None: the text model is off
         TEXT_MODEL_AVAILABLE.set(1)
         if outage_policy != "wait":

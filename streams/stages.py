@@ -142,6 +142,10 @@ class Stage:
         """End of a batch: write each changed state once (under `pending`). Returns writes per table."""
         return {t: states.flush(pending) for t, states in self.states.items()}
 
+    def expire(self, pending=None) -> dict[str, int]:
+        """After a flush: forget the keys past their table's retention. Returns keys forgotten per table."""
+        return {t: states.expire(pending) for t, states in self.states.items()}
+
     def invalidate(self) -> None:
         for states in self.states.values():
             states.invalidate()

@@ -23,7 +23,7 @@ from typing import Any
 
 from features.state import Limits, load_state
 from modpipe import log
-from streams.tables import Table, encode_key, encode_value
+from streams.tables import Table, encode_key
 
 _log = log.get(__name__)
 
@@ -42,9 +42,16 @@ class ChangelogWriter:
 
     def __call__(self, key: str, value: dict, event, pending) -> None:
         partition = event.message.partition
-        self.table.set(key, value, partition)
-        self.outbox.produce(self.table.changelog, encode_value(value), key=encode_key(key), partition=partition,
-                            pending=pending)
+        data = self.table.set(key, value, partition)
+        self.outbox.produce(self.table.changelog, data, key=encode_key(key), partition=partition, pending=pending)
+
+    def expire(self, pending) -> list[str]:
+        """Forget the keys past the table's retention: a tombstone for each in the open transaction."""
+        gone = self.table.expired()
+        for partition, key in gone:
+            self.outbox.produce(self.table.changelog, None, key=encode_key(key), partition=partition,
+                                pending=pending)
+        return [key for _, key in gone]
 
 
 class TableStates:
@@ -111,6 +118,17 @@ class TableStates:
         self._ops.clear()
         self._dirty.clear()
         return written
+
+    def expire(self, pending=None) -> int:
+        """Forget the keys the table's retention lets go (between batches: none of them is in use) and their
+        cached states; returns how many."""
+        expire = getattr(self.write, "expire", None)
+        if expire is None:  # a plain dict table keeps its keys
+            return 0
+        gone = expire(pending)
+        for key in gone:
+            self._cache.pop(key, None)
+        return len(gone)
 
     def invalidate(self) -> None:
         """Partitions moved: forget every cached state (the next read decodes the table's value)."""

@@ -11,14 +11,34 @@ States are written once per changed key per checkpoint (`streams/table_states.py
 changelog record in the open transaction, to the changelog partition of the same number. The records are
 what faust wrote (the key and the state as JSON, changelog `<app id>-features-<table>-changelog`), so
 `modpipe chaos` and `features.offline` read them the same way.
+
+Memory. A state is held as the very bytes of its changelog record, not as the decoded dict: a post's state (its
+decision snapshot included) is ~2 KB of JSON and took ~4.7 KB of the worker's memory as a dict (both measured,
+docs/operations.md). The decoded states a stage is working with live in `table_states.TableStates`' bounded cache.
+
+Retention. A table with a retention forgets a key that was not written for that long (wall-clock time of the
+write; a restored key keeps the timestamp of its changelog record, so a restart does not make it young again).
+Each partition keeps its keys in the order they were last written, so `expired` pops them from the front without
+a scan; the caller writes a tombstone for each into the open transaction, so a restore forgets them too. Without
+it the post table grows by one state per post for ever (a soak run grew a worker by ~100 MiB every 10 minutes at
+25 posts/s). Forgetting is what a late event sees: a report on a post forgotten already finds no snapshot to
+decide the post again from, and counts start from zero for a user or URL not seen for the retention.
 """
 
 from __future__ import annotations
 
+import collections
 import time
 
 import orjson
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    TIMESTAMP_NOT_AVAILABLE,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 
 from features.events import TABLES
 from modpipe import log
@@ -39,28 +59,87 @@ def encode_value(value: dict) -> bytes:
     return orjson.dumps(value)
 
 
-class Table:
-    """One table's partitions held by this worker: {partition: {key: state dict}}."""
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
 
-    def __init__(self, name: str, changelog: str):
+
+class Table:
+    """One table's partitions held by this worker: {partition: {key: (encoded state, written at ms)}}, each
+    partition's keys in the order they were last written (the oldest first)."""
+
+    def __init__(self, name: str, changelog: str, retention_ms: int = 0, clock=_wall_ms):
         self.name, self.changelog = name, changelog
-        self.partitions: dict[int, dict[str, dict]] = {}
+        self.retention_ms = retention_ms  # 0: keys are kept for ever
+        self.clock = clock
+        self.partitions: dict[int, collections.OrderedDict[str, tuple[bytes, int]]] = {}
+        self.size_bytes = 0  # encoded states held, all partitions
 
     def get(self, key: str, partition: int) -> dict | None:
-        return self.partitions.get(partition, {}).get(key)
+        row = self.partitions.get(partition, {}).get(key)
+        return None if row is None else orjson.loads(row[0])
 
-    def set(self, key: str, value: dict, partition: int) -> None:
-        self.partitions.setdefault(partition, {})[key] = value
+    def set(self, key: str, value: dict, partition: int) -> bytes:
+        """Store the state; returns its encoding (the changelog record's value)."""
+        data = encode_value(value)
+        # orjson's result keeps the capacity it grew to (~7.6 KB of memory for a 2 KB post state): an exact copy
+        self.put(key, bytes(memoryview(data)), partition, self.clock())
+        return data
+
+    def put(self, key: str, data: bytes, partition: int, written_at_ms: int) -> None:
+        rows = self.partitions.get(partition)
+        if rows is None:
+            rows = self.partitions[partition] = collections.OrderedDict()
+        old = rows.pop(key, None)  # re-inserted at the end: the newest write
+        if old is not None:
+            self.size_bytes -= len(old[0])
+        rows[key] = (data, written_at_ms)
+        self.size_bytes += len(data)
+
+    def expired(self) -> list[tuple[int, str]]:
+        """Remove the keys not written for the retention; returns them as (partition, key)."""
+        if not self.retention_ms:
+            return []
+        cutoff = self.clock() - self.retention_ms
+        gone = []
+        for partition, rows in self.partitions.items():
+            while rows:
+                key, (data, written_at) = next(iter(rows.items()))
+                if written_at > cutoff:
+                    break
+                del rows[key]
+                self.size_bytes -= len(data)
+                gone.append((partition, key))
+        return gone
+
+    def expiry_due(self) -> bool:
+        """Whether `expired` would forget a key now (the oldest key of each partition is all it looks at)."""
+        if not self.retention_ms:
+            return False
+        cutoff = self.clock() - self.retention_ms
+        return any(rows and next(iter(rows.values()))[1] <= cutoff for rows in self.partitions.values())
 
     def drop(self, partition: int) -> None:
-        self.partitions.pop(partition, None)
+        rows = self.partitions.pop(partition, None)
+        if rows:
+            self.size_bytes -= sum(len(data) for data, _ in rows.values())
+
+    def replace(self, partition: int, rows: collections.OrderedDict[str, tuple[bytes, int]]) -> None:
+        self.drop(partition)
+        self.partitions[partition] = rows
+        self.size_bytes += sum(len(data) for data, _ in rows.values())
 
     def keys(self) -> int:
         return sum(len(p) for p in self.partitions.values())
 
+    def decoded(self) -> dict[int, dict[str, dict]]:
+        """Every partition's states as dicts (tests, debugging)."""
+        return {p: {k: orjson.loads(data) for k, (data, _) in rows.items()} for p, rows in self.partitions.items()}
 
-def make_tables(app_id: str) -> dict[str, Table]:
-    return {name: Table(name, changelog_topic(app_id, name)) for name in TABLES}
+
+def make_tables(app_id: str, retention_ms: dict[str, int] | None = None) -> dict[str, Table]:
+    """Every feature table; `retention_ms`: table name -> its retention (absent or 0: kept for ever)."""
+    retention_ms = retention_ms or {}
+    return {name: Table(name, changelog_topic(app_id, name), retention_ms.get(name, 0)) for name in TABLES}
 
 
 def restore(tables: list[Table], partitions: list[int], settings: Settings, bootstrap: str,
@@ -71,7 +150,8 @@ def restore(tables: list[Table], partitions: list[int], settings: Settings, boot
         return 0
     started = time.monotonic()
     by_topic = {t.changelog: t for t in tables}
-    fresh: dict[tuple[str, int], dict] = {(t.changelog, p): {} for t in tables for p in partitions}
+    fresh: dict[tuple[str, int], collections.OrderedDict] = {(t.changelog, p): collections.OrderedDict()
+                                                             for t in tables for p in partitions}
     conf = {**settings.kafka_client_config(), "bootstrap.servers": bootstrap, "group.id": f"{settings.app_id}-restore",
             "enable.auto.commit": False, "isolation.level": "read_committed", "enable.partition.eof": True,
             "auto.offset.reset": "earliest"}
@@ -93,17 +173,19 @@ def restore(tables: list[Table], partitions: list[int], settings: Settings, boot
                         raise KafkaException(err)
                     _log.warning("changelog read error", extra={"error": str(err)})
                     continue
-                states = fresh[(m.topic(), m.partition())]
+                rows = fresh[(m.topic(), m.partition())]
                 key = orjson.loads(m.key())
-                if m.value() is None:
-                    states.pop(key, None)
-                else:
-                    states[key] = orjson.loads(m.value())
+                rows.pop(key, None)  # a key written again goes to the end: rows stay in the order of writes
+                if m.value() is not None:
+                    kind, at_ms = m.timestamp()
+                    if kind == TIMESTAMP_NOT_AVAILABLE:
+                        at_ms = by_topic[m.topic()].clock()
+                    rows[key] = (m.value(), at_ms)
                 records += 1
     finally:
         consumer.close()
-    for (topic, p), states in fresh.items():
-        by_topic[topic].partitions[p] = states
+    for (topic, p), rows in fresh.items():
+        by_topic[topic].replace(p, rows)
     _log.info("tables restored", extra={"tables": sorted(by_topic), "partitions": sorted(partitions),
                                         "records": records, "seconds": round(time.monotonic() - started, 2)})
     return records

@@ -135,7 +135,8 @@ def run_worker(settings: Settings, name: str | None = None) -> int:
     name = name or settings.worker_name or f"{socket.gethostname()}-{os.getpid()}"
     pipe, scorer, decider, bans, outbox, wiring, bootstrap = build_worker(settings, name)
     metrics.init_labels(schema.VERDICTS, schema.InvalidMessage.REASONS,
-                        None if scorer.disabled else settings.text_model_outage_policy)
+                        None if scorer.disabled else settings.text_model_outage_policy, tables=list(pipe.tables))
+    wiring.observe_tables()
     probes = health.Health()
     probes.live_checks["ban_log_reader"] = bans.alive
     probes.ready_checks.update({"ban_log_read": lambda: bans.is_caught_up, "text_model_warm": lambda: scorer.answered,

@@ -95,6 +95,9 @@ class FakeWiring:
     def flush_states(self):
         self.steps.append("flush_states")
 
+    def expiry_due(self):
+        return False
+
     def crash(self, exc):
         self.steps.append("crash")
         self.crashes.append(exc)
@@ -244,3 +247,29 @@ def test_a_quiet_pipeline_commits_at_once_and_a_busy_one_within_the_interval():
 
     commits, took = asyncio.run(busy())
     assert commits == 1 and 0.04 <= took < 5
+
+
+def test_a_quiet_worker_checkpoints_when_table_keys_are_past_their_retention():
+    """No record processed, but keys to forget: one checkpoint writes their tombstones (without offsets)."""
+    class ExpiringWiring(FakeWiring):
+        due = True
+
+        def expiry_due(self):
+            return self.due
+
+        def flush_states(self):
+            super().flush_states()
+            self.due = False  # the flush forgot them
+
+    async def scenario():
+        steps = Steps()
+        cp = Checkpointer(FakeRunner(steps, {}), ExpiringWiring(steps), FakeOutbox(steps), FakeConsumer(steps),
+                          60.0, FakeWatch(steps), expiry_check_s=0.01)
+        task = asyncio.get_running_loop().create_task(cp.run_forever())
+        await asyncio.sleep(0.3)
+        task.cancel()
+        return cp, steps
+
+    cp, steps = asyncio.run(scenario())
+    assert cp.commits == 1 and steps.count("flush_states") == 1 and cp.outbox.commits == [({}, "generation-7")]
+    assert cp.dirty_since is None

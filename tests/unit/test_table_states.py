@@ -204,7 +204,7 @@ def test_the_changelog_writer_uses_the_table_partition_of_the_event_and_writes_a
     writer = ChangelogWriter(table, box)
     pending = object()
     writer("u1", {"n": 1}, event(partition=2), pending)
-    assert table.partitions == {2: {"u1": {"n": 1}}}
+    assert table.decoded() == {2: {"u1": {"n": 1}}}
     assert writer.read("u1", event(partition=2)) == {"n": 1}
     assert writer.read("u1", event(partition=0)) is None  # another partition's key
     assert box.records == [("app-features-user-changelog", orjson.dumps({"n": 1}), orjson.dumps("u1"), 2, pending)]
@@ -223,3 +223,47 @@ def test_table_states_over_a_changelog_writer_keep_partitions_apart():
     assert load_state("user", table.get("u1", 1)).posts.count == 2 and table.get("u1", 3) is None
     assert sorted((r[3], orjson.loads(r[2])) for r in box.records) == [(1, "u1"), (3, "u0")]
     assert all(r[4] == "checkpoint" for r in box.records)
+
+
+def test_expiry_forgets_the_cached_state_and_writes_a_tombstone_in_the_checkpoint():
+    now = [1_000_000]
+    table = Table("user", "app-features-user-changelog", retention_ms=60_000, clock=lambda: now[0])
+    box = FakeOutbox()
+    writer = ChangelogWriter(table, box)
+    states = TableStates("user", table, DEFAULT_LIMITS, write=writer, read=writer.read)
+    ctxs = posts(4, users=2)  # u0 and u1, two posts each
+    apply_post(states, "u0", event(partition=1, offset=0), ctxs[0])
+    states.flush("first")
+    now[0] += 30_000
+    apply_post(states, "u1", event(partition=1, offset=1), ctxs[1])
+    states.flush("second")
+    assert states.expire("second") == 0  # u0 is 30 s old
+    now[0] += 30_000
+    box.records.clear()
+    assert states.expire("third") == 1
+    assert box.records == [("app-features-user-changelog", None, orjson.dumps("u0"), 1, "third")]
+    assert table.decoded() == {1: {"u1": load_state("user", table.get("u1", 1)).to_dict()}}
+    # u0 was cached: a new post of u0 starts from an empty state, not from the cached one
+    apply_post(states, "u0", event(partition=1, offset=2), ctxs[2])
+    states.flush("fourth")
+    assert load_state("user", table.get("u0", 1)).posts.count == 1
+
+
+def test_a_key_written_in_the_checkpoint_is_not_expired_by_it():
+    now = [0]
+    table = Table("user", "c", retention_ms=1_000, clock=lambda: now[0])
+    box = FakeOutbox()
+    writer = ChangelogWriter(table, box)
+    states = TableStates("user", table, DEFAULT_LIMITS, write=writer, read=writer.read)
+    ctxs = posts(2, users=1)
+    apply_post(states, "u0", event(partition=0, offset=0), ctxs[0])
+    states.flush()
+    now[0] += 5_000
+    apply_post(states, "u0", event(partition=0, offset=1), ctxs[1])  # old, but written again in this checkpoint
+    states.flush()
+    assert states.expire() == 0 and load_state("user", table.get("u0", 0)).posts.count == 2
+
+
+def test_a_plain_dict_table_has_no_retention():
+    states = TableStates("user", {}, DEFAULT_LIMITS)
+    assert states.expire() == 0

@@ -1,5 +1,6 @@
-"""streams.tables without a broker: changelog naming and record encoding, the in-memory table partitions, and
-`restore` against a fake confluent-kafka Consumer (committed changelog records replace the partitions)."""
+"""streams.tables without a broker: changelog naming and record encoding, the in-memory table partitions and their
+retention, and `restore` against a fake confluent-kafka Consumer (committed changelog records replace the
+partitions, each key with its record's timestamp)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,13 @@ import collections
 
 import orjson
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    TIMESTAMP_CREATE_TIME,
+    TIMESTAMP_NOT_AVAILABLE,
+    KafkaError,
+    KafkaException,
+)
 
 from features.events import TABLES
 from modpipe.settings import Settings
@@ -30,14 +37,55 @@ def test_make_tables_gives_every_feature_table_its_changelog():
 
 def test_a_table_keeps_each_partitions_keys_apart():
     t = Table("user", "c")
-    t.set("u1", {"n": 1}, 0)
+    assert t.set("u1", {"n": 1}, 0) == encode_value({"n": 1})  # the changelog record's value
     t.set("u1", {"n": 5}, 3)
     t.set("u2", {"n": 2}, 3)
     assert t.get("u1", 0) == {"n": 1} and t.get("u1", 3) == {"n": 5} and t.get("u2", 0) is None
     assert t.get("u1", 7) is None and t.keys() == 3
     t.drop(3)
     t.drop(9)  # not held: nothing happens
-    assert t.partitions == {0: {"u1": {"n": 1}}} and t.keys() == 1
+    assert t.decoded() == {0: {"u1": {"n": 1}}} and t.keys() == 1
+    assert t.size_bytes == len(encode_value({"n": 1}))
+
+
+class Clock:
+    def __init__(self, now: int = 1_000_000):
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def test_a_key_not_written_for_the_retention_is_forgotten_and_a_write_makes_it_young():
+    clock = Clock()
+    t = Table("post", "c", retention_ms=1_000, clock=clock)
+    t.set("a", {"n": 1}, 0)
+    clock.now += 400
+    t.set("b", {"n": 2}, 0)
+    t.set("c", {"n": 3}, 1)
+    clock.now += 400
+    t.set("a", {"n": 4}, 0)  # written again: the newest of its partition now
+    clock.now += 599
+    assert not t.expiry_due() and t.expired() == []  # b and c are 999 ms old, a 599 ms (the first write of a is not what counts)
+    clock.now += 1
+    assert t.expiry_due() and sorted(t.expired()) == [(0, "b"), (1, "c")]
+    assert not t.expiry_due()  # written exactly the retention ago
+    assert t.decoded() == {0: {"a": {"n": 4}}, 1: {}} and t.size_bytes == len(encode_value({"n": 4}))
+    clock.now += 400
+    assert t.expired() == [(0, "a")] and t.keys() == 0 and t.size_bytes == 0
+
+
+def test_without_a_retention_nothing_is_forgotten():
+    clock = Clock()
+    t = Table("user", "c", clock=clock)
+    t.set("u", {"n": 1}, 0)
+    clock.now += 10**12
+    assert not t.expiry_due() and t.expired() == [] and t.keys() == 1
+
+
+def test_make_tables_gives_each_table_its_retention():
+    made = make_tables("app", {"post": 5_000, "user": 0})
+    assert made["post"].retention_ms == 5_000 and made["user"].retention_ms == 0 and made["ip"].retention_ms == 0
 
 
 class FakeError:
@@ -52,8 +100,12 @@ class FakeError:
 
 
 class FakeMessage:
-    def __init__(self, topic, partition, key=None, value=None, error=None):
+    def __init__(self, topic, partition, key=None, value=None, error=None, timestamp=(TIMESTAMP_CREATE_TIME, 5)):
         self._t, self._p, self._k, self._v, self._e = topic, partition, key, value, error
+        self._ts = timestamp
+
+    def timestamp(self):
+        return self._ts
 
     def topic(self):
         return self._t
@@ -75,8 +127,9 @@ def eof(topic, partition):
     return FakeMessage(topic, partition, error=FakeError(KafkaError._PARTITION_EOF))
 
 
-def record(topic, partition, key, value):
-    return FakeMessage(topic, partition, encode_key(key), None if value is None else encode_value(value))
+def record(topic, partition, key, value, at_ms=5):
+    return FakeMessage(topic, partition, encode_key(key), None if value is None else encode_value(value),
+                       timestamp=(TIMESTAMP_CREATE_TIME, at_ms))
 
 
 @pytest.fixture
@@ -118,8 +171,9 @@ def test_restore_replaces_the_partitions_with_what_their_changelogs_hold(fake_co
     ]
     n = restore([user, url], [1, 3], Settings.from_env({}), "b:9092")
     assert n == 5
-    assert user.partitions == {1: {"u1": {"n": 4}}, 2: {"kept": {"n": 7}}, 3: {}}
-    assert url.partitions == {1: {"x": {"n": 3}}, 3: {}}
+    assert user.decoded() == {1: {"u1": {"n": 4}}, 2: {"kept": {"n": 7}}, 3: {}}
+    assert url.decoded() == {1: {"x": {"n": 3}}, 3: {}}
+    assert user.size_bytes == len(encode_value({"n": 4})) + len(encode_value({"n": 7}))
     [consumer] = fake_consumer.made
     assert consumer.conf["isolation.level"] == "read_committed" and consumer.conf["enable.partition.eof"] is True
     assert consumer.conf["bootstrap.servers"] == "b:9092" and consumer.conf["enable.auto.commit"] is False
@@ -139,7 +193,7 @@ def test_a_missing_changelog_fails_the_restore_and_leaves_the_table_alone(fake_c
     fake_consumer.script = [[FakeMessage("c", 0, error=FakeError(KafkaError.UNKNOWN_TOPIC_OR_PART))]]
     with pytest.raises(KafkaException):
         restore([user], [0], Settings.from_env({}), "b")
-    assert user.partitions == {0: {"u": {"n": 1}}} and fake_consumer.made[0].closed
+    assert user.decoded() == {0: {"u": {"n": 1}}} and fake_consumer.made[0].closed
 
 
 def test_a_changelog_not_read_to_its_end_in_time_fails_the_restore(fake_consumer):
@@ -147,4 +201,27 @@ def test_a_changelog_not_read_to_its_end_in_time_fails_the_restore(fake_consumer
     fake_consumer.script = [[record("c", 0, "u", {"n": 1})]]  # then nothing, never the end
     with pytest.raises(TimeoutError):
         restore([user], [0], Settings.from_env({}), "b", timeout_s=0.05)
-    assert user.partitions == {} and fake_consumer.made[0].closed
+    assert user.decoded() == {} and fake_consumer.made[0].closed
+
+
+def test_a_restored_key_keeps_the_age_of_its_last_record(fake_consumer):
+    """A restart must not make every key young again: each restored key is as old as its last changelog record
+    (a record without a timestamp counts from the restore)."""
+    clock = Clock(now=96_000)
+    post = Table("post", "c", retention_ms=10_000, clock=clock)
+    fake_consumer.script = [[record("c", 0, "old", {"n": 1}, at_ms=85_000), record("c", 0, "new", {"n": 2}, at_ms=87_000),
+                             record("c", 0, "rewritten", {"n": 3}, at_ms=88_000),
+                             record("c", 0, "old", {"n": 4}, at_ms=90_000),  # written again: moves to the end
+                             FakeMessage("c", 0, encode_key("no-ts"), encode_value({"n": 5}),
+                                         timestamp=(TIMESTAMP_NOT_AVAILABLE, -1)),
+                             record("c", 0, "rewritten", None, at_ms=91_000),  # a tombstone: gone
+                             eof("c", 0)]]
+    restore([post], [0], Settings.from_env({}), "b")
+    assert list(post.decoded()[0]) == ["new", "old", "no-ts"]  # the order of their last writes
+    assert post.expired() == []  # "new" is 9 s old; "old" 11 s by its first record, 6 s by its last
+    clock.now = 97_000
+    assert post.expired() == [(0, "new")]
+    clock.now = 100_000
+    assert post.expired() == [(0, "old")]
+    clock.now = 96_000 + 10_000  # "no-ts" counts from the restore
+    assert post.expired() == [(0, "no-ts")] and post.keys() == 0

@@ -1,0 +1,81 @@
+"""Table retention on the real broker: a worker forgets post states past MODPIPE_POST_RETENTION_S with a tombstone
+in a committed transaction (also while no input arrives), a restarted worker does not bring them back, and a
+restored key keeps the age of its changelog record."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from confluent_kafka import Producer
+
+from loadgen.chaos import streaming_tables
+from loadgen.smoke import end_consumer
+from streams.tables import Table, encode_key, encode_value, restore
+from tests.fixtures.kafka import create_topics
+from tests.integration.test_streaming import collect_decisions, produce_posts
+
+pytestmark = pytest.mark.integration
+
+
+def wait_for(condition, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value or time.monotonic() > deadline:
+            assert value, f"not within {timeout_s:.0f} s: {what}"
+            return value
+        time.sleep(0.5)
+
+
+def test_post_states_past_their_retention_are_tombstoned_and_stay_gone_after_a_restart(local_stack, pipeline_settings,
+                                                                                       model_build):
+    stack = local_stack(workers=1, modpipe_post_retention_s=3)
+    settings, bootstrap = pipeline_settings, stack.bootstrap
+    consumer = end_consumer(settings, bootstrap, [stack.topics.decisions])
+    posts = produce_posts(settings, 40, "ret", model_build.heldout())
+    got = collect_decisions(consumer, set(posts), 120)
+    assert set(got) == set(posts), f"{len(set(posts) - set(got))} posts undecided"
+    users = {p["user_id"] for p in posts.values()}
+    assert set(posts) <= streaming_tables(settings, bootstrap)["post"].keys()  # each post's state was committed
+
+    # No more input: the worker checkpoints on its own to write the tombstones.
+    tables = wait_for(lambda: (t := streaming_tables(settings, bootstrap)) and not set(posts) & t["post"].keys() and t,
+                      60, "the post states tombstoned in the changelog")
+    assert users <= tables["user"].keys()  # the user table's retention (7 days by default) keeps its keys
+    metrics = wait_for(lambda: (m := stack.scrape()).get("modpipe_table_keys{table=post}") == 0 and m, 30,
+                       "the worker's post table empty")
+    assert metrics["modpipe_state_expired_total{table=post}"] >= len(posts)
+    assert metrics["modpipe_state_expired_total{table=user}"] == 0
+    user_keys = metrics["modpipe_table_keys{table=user}"]
+    assert user_keys >= 1 and metrics["modpipe_table_bytes{table=user}"] > 0
+
+    # A restart restores what the changelogs hold: the users, not the forgotten posts.
+    stack.workers[0].process.kill()
+    stack.start_worker(0)
+    stack.wait_workers_ready(120)
+    metrics = wait_for(lambda: (m := stack.scrape()).get("modpipe_table_keys{table=user}") == user_keys and m, 30,
+                       f"{user_keys} user keys restored")
+    assert metrics["modpipe_table_keys{table=post}"] == 0
+    later = produce_posts(settings, 10, "ret-later", model_build.heldout())
+    got = collect_decisions(consumer, set(later), 120)
+    consumer.close()
+    assert set(got) == set(later) and all(len(d) == 1 for d in got.values())
+
+
+def test_a_restored_key_is_as_old_as_its_changelog_record(bootstrap, pipeline_settings):
+    """The broker keeps the producer's timestamp of each changelog record; `restore` dates each key by its last
+    one, so a restart does not make old keys young."""
+    topic = f"{pipeline_settings.app_id}-features-post-changelog"
+    create_topics(bootstrap, [topic])
+    now_ms = int(time.time() * 1000)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for key, age_s in (("old", 30), ("young", 2), ("renewed", 40), ("renewed", 1)):
+        producer.produce(topic, encode_value({"k": key}), key=encode_key(key), partition=0,
+                         timestamp=now_ms - age_s * 1000)
+    assert producer.flush(30) == 0
+    post = Table("post", topic, retention_ms=10_000)
+    assert restore([post], [0], pipeline_settings, bootstrap) == 4
+    assert list(post.decoded()[0]) == ["old", "young", "renewed"]
+    assert post.expired() == [(0, "old")]
+    assert post.keys() == 2
