@@ -2,8 +2,10 @@
 runtime's tables.
 
 The per-event logic is the streaming logic: `features.events` prepares and routes, `features.state`
-applies, `features.vector.assemble` builds the map. Only storage differs (dicts here). `apply_event`
-is storage-agnostic and can also drive a single-process pipeline.
+applies, `features.vector.assemble` builds the map. Only storage differs (dicts here, which never forget a
+key: the streaming tables forget keys not written for their retention, streams/tables.py, so the two agree
+while no key goes unwritten that long). `apply_event` is storage-agnostic and can also drive a single-process
+pipeline.
 
 Events are (kind, raw_event) pairs, kind in features.events.EVENT_KINDS. A `decision` raw event is
 {post_id, user_id, ip, spam, created_at?, revision?}; or pass `decide(post, features) -> bool | None` to feed a

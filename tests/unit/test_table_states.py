@@ -225,12 +225,17 @@ def test_table_states_over_a_changelog_writer_keep_partitions_apart():
     assert all(r[4] == "checkpoint" for r in box.records)
 
 
-def test_expiry_forgets_the_cached_state_and_writes_a_tombstone_in_the_checkpoint():
-    now = [1_000_000]
-    table = Table("user", "app-features-user-changelog", retention_ms=60_000, clock=lambda: now[0])
+def states_with_retention(retention_ms: int, now: list[int]):
+    """A user table with a retention on the clock `now[0]`, its changelog outbox and its TableStates."""
+    table = Table("user", "app-features-user-changelog", retention_ms=retention_ms, clock=lambda: now[0])
     box = FakeOutbox()
     writer = ChangelogWriter(table, box)
-    states = TableStates("user", table, DEFAULT_LIMITS, write=writer, read=writer.read)
+    return table, box, TableStates("user", table, DEFAULT_LIMITS, write=writer, read=writer.read)
+
+
+def test_expiry_forgets_the_cached_state_and_writes_a_tombstone_in_the_checkpoint():
+    now = [1_000_000]
+    table, box, states = states_with_retention(60_000, now)
     ctxs = posts(4, users=2)  # u0 and u1, two posts each
     apply_post(states, "u0", event(partition=1, offset=0), ctxs[0])
     states.flush("first")
@@ -251,10 +256,7 @@ def test_expiry_forgets_the_cached_state_and_writes_a_tombstone_in_the_checkpoin
 
 def test_a_key_written_in_the_checkpoint_is_not_expired_by_it():
     now = [0]
-    table = Table("user", "c", retention_ms=1_000, clock=lambda: now[0])
-    box = FakeOutbox()
-    writer = ChangelogWriter(table, box)
-    states = TableStates("user", table, DEFAULT_LIMITS, write=writer, read=writer.read)
+    table, _, states = states_with_retention(1_000, now)
     ctxs = posts(2, users=1)
     apply_post(states, "u0", event(partition=0, offset=0), ctxs[0])
     states.flush()
