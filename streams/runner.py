@@ -66,7 +66,8 @@ class Runner:
         self.consumer.start(loop, self._deliver)
         self._tasks = [loop.create_task(self._run(), name="rounds"),
                        loop.create_task(self._run_awaiting(), name="awaiting-text"),
-                       loop.create_task(self.checkpoint.run_forever(), name="checkpoints")]
+                       loop.create_task(self.checkpoint.run_forever(), name="checkpoints"),
+                       loop.create_task(self.checkpoint.expire_forever(), name="expiry")]
         for task in self._tasks:
             task.add_done_callback(self._task_done)
         return self

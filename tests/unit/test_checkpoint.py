@@ -265,9 +265,11 @@ def test_a_quiet_worker_checkpoints_when_table_keys_are_past_their_retention():
         steps = Steps()
         cp = Checkpointer(FakeRunner(steps, {}), ExpiringWiring(steps), FakeOutbox(steps), FakeConsumer(steps),
                           60.0, FakeWatch(steps), expiry_check_s=0.01)
-        task = asyncio.get_running_loop().create_task(cp.run_forever())
+        tasks = [asyncio.get_running_loop().create_task(cp.run_forever()),
+                 asyncio.get_running_loop().create_task(cp.expire_forever())]
         await asyncio.sleep(0.3)
-        task.cancel()
+        for task in tasks:
+            task.cancel()
         return cp, steps
 
     cp, steps = asyncio.run(scenario())
