@@ -161,11 +161,11 @@ SETTINGS_SPEC: dict[str, Spec] = {
                                   "The same for the post table, whose states hold a decision snapshot (~9 KB "
                                   "each) and are hot only for the minutes after the post: 20,000 of them grew a "
                                   "worker by ~120 MiB in the soak run.", int),
-    "post_retention_s": Spec("MODPIPE_POST_RETENTION_S", "86400",
+    "post_retention_s": Spec("MODPIPE_POST_RETENTION_S", "21600",
                              "How long the post table keeps a post not written since (its reports, labels and "
                              "decision snapshot; a later report or ban cannot decide it again). Memory per worker "
-                             "~ posts/s x this x ~2 KB; 0: for ever.", float),
-    "feature_retention_s": Spec("MODPIPE_FEATURE_RETENTION_S", "604800",
+                             "~ posts/s it owns x this x 2 KB (docs/features.md, Retention); 0: for ever.", float),
+    "feature_retention_s": Spec("MODPIPE_FEATURE_RETENTION_S", "259200",
                                 "How long the user, url, domain and ip tables keep a key not written since (its "
                                 "counts start again from zero after). 0: for ever.", float),
     # -- review console (`modpipe console`)

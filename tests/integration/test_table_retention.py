@@ -42,7 +42,7 @@ def test_post_states_past_their_retention_are_tombstoned_and_stay_gone_after_a_r
     # No more input: the worker checkpoints on its own to write the tombstones.
     tables = wait_for(lambda: (t := streaming_tables(settings, bootstrap)) and not set(posts) & t["post"].keys() and t,
                       60, "the post states tombstoned in the changelog")
-    assert users <= tables["user"].keys()  # the user table's retention (7 days by default) keeps its keys
+    assert users <= tables["user"].keys()  # the user table's retention (3 days by default) keeps its keys
     metrics = wait_for(lambda: (m := stack.scrape()).get("modpipe_table_keys{table=post}") == 0 and m, 30,
                        "the worker's post table empty")
     assert metrics["modpipe_state_expired_total{table=post}"] >= len(posts)
