@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from prometheus_client import Counter, Gauge, Histogram
 
 # Up to a minute: a backlog (a burst, a restart) shows as seconds of queueing, not as one +Inf bucket.
@@ -56,6 +58,9 @@ CHECKPOINT_DURATION = Histogram(
     "modpipe_checkpoint_duration_seconds",
     "One checkpoint: waiting for the rounds in flight, writing the changed states, committing the transaction.",
     buckets=_LATENCY_BUCKETS)
+MEMORY_LIMIT = Gauge("modpipe_memory_limit_bytes",
+                     "Memory limit of the worker's cgroup (a pod's limit); +Inf when there is none. Beside the "
+                     "process collector's process_resident_memory_bytes: how close the tables are to it.")
 CONSUMER_LAG = Gauge("modpipe_consumer_lag_messages", "Records behind the end of each assigned partition.",
                      ["topic", "partition"])
 
@@ -76,3 +81,25 @@ def init_labels(verdicts, dead_letter_reasons, outage_policy: str | None, tables
             DEGRADED_DECISIONS.labels(outage_policy)
 
 
+
+
+# cgroup v1 writes "no limit" as the largest page-aligned signed 64-bit number
+_V1_UNLIMITED = 2**63 - 4096
+
+
+def cgroup_memory_limit(root: Path = Path("/sys/fs/cgroup")) -> float:
+    """The memory limit of this process's cgroup in bytes (cgroup v2 `memory.max`, else v1
+    `memory/memory.limit_in_bytes`); +Inf when unlimited or unknown."""
+    for path in (root / "memory.max", root / "memory" / "memory.limit_in_bytes"):
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text == "max":
+            return float("inf")
+        try:
+            value = int(text)
+        except ValueError:
+            continue
+        return float("inf") if value >= _V1_UNLIMITED else float(value)
+    return float("inf")

@@ -137,6 +137,7 @@ def run_worker(settings: Settings, name: str | None = None) -> int:
     metrics.init_labels(schema.VERDICTS, schema.InvalidMessage.REASONS,
                         None if scorer.disabled else settings.text_model_outage_policy, tables=list(pipe.tables))
     wiring.observe_tables()
+    metrics.MEMORY_LIMIT.set(metrics.cgroup_memory_limit())
     probes = health.Health()
     probes.live_checks["ban_log_reader"] = bans.alive
     probes.ready_checks.update({"ban_log_read": lambda: bans.is_caught_up, "text_model_warm": lambda: scorer.answered,

@@ -44,8 +44,9 @@ SETTING_ENVS = {spec.env for spec in SETTINGS_SPEC.values()}
 WORKLOAD_KINDS = ("StatefulSet", "Deployment", "Job")
 BARE_IMAGES = {"modpipe", "modpipe-model"}  # the names the base uses; every overlay maps them
 
-# Series that alert rules may use besides streams/metrics.py: Triton's own, and Prometheus' `up`.
-SYNTHETIC_SERIES = {"up"}
+# Series that alert rules may use besides streams/metrics.py: Triton's own, Prometheus' `up`, and the
+# resident memory of prometheus_client's process collector (every worker exports it).
+SYNTHETIC_SERIES = {"up", "process_resident_memory_bytes"}
 
 
 # -- rendering --------------------------------------------------------------------------------------
