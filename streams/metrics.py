@@ -81,8 +81,6 @@ def init_labels(verdicts, dead_letter_reasons, outage_policy: str | None, tables
             DEGRADED_DECISIONS.labels(outage_policy)
 
 
-
-
 # cgroup v1 writes "no limit" as the largest page-aligned signed 64-bit number
 _V1_UNLIMITED = 2**63 - 4096
 

@@ -13,15 +13,16 @@ what faust wrote (the key and the state as JSON, changelog `<app id>-features-<t
 `modpipe chaos` and `features.offline` read them the same way.
 
 Memory. A state is held as the very bytes of its changelog record, not as the decoded dict: a post's state (its
-decision snapshot included) is ~2 KB of JSON and took ~4.7 KB of the worker's memory as a dict (both measured,
-docs/operations.md). The decoded states a stage is working with live in `table_states.TableStates`' bounded cache.
+decision snapshot included) is ~2 KB of JSON, and 120,000 of them took ~1.6 KB of memory each as bytes against
+~4.7 KB each as dicts (docs/benchmarks.md, Soak). The decoded states a stage is working with live in
+`table_states.TableStates`' bounded cache.
 
 Retention. A table with a retention forgets a key that was not written for that long (wall-clock time of the
 write; a restored key keeps the timestamp of its changelog record, so a restart does not make it young again).
 Each partition keeps its keys in the order they were last written, so `expired` pops them from the front without
 a scan; the caller writes a tombstone for each into the open transaction, so a restore forgets them too. Without
-it the post table grows by one state per post for ever (a soak run grew a worker by ~100 MiB every 10 minutes at
-25 posts/s). Forgetting is what a late event sees: a report on a post forgotten already finds no snapshot to
+it the post table grows by one state per post for ever (a soak run at 25 posts/s grew a worker by ~14 MiB a
+minute). Forgetting is what a late event sees: a report on a post forgotten already finds no snapshot to
 decide the post again from, and counts start from zero for a user or URL not seen for the retention.
 """
 
@@ -81,7 +82,7 @@ class Table:
     def set(self, key: str, value: dict, partition: int) -> bytes:
         """Store the state; returns its encoding (the changelog record's value)."""
         data = encode_value(value)
-        # orjson's result keeps the capacity it grew to (~7.6 KB of memory for a 2 KB post state): an exact copy
+        # an exact-size copy: orjson's own result took ~7.6 KB of memory per 2 KB post state (measured), the copy ~1.6
         self.put(key, bytes(memoryview(data)), partition, self.clock())
         return data
 
