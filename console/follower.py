@@ -31,7 +31,7 @@ class Follower(threading.Thread):
                        settings.topic("labels"): self._label}
         self.consumer = Consumer({**settings.kafka_consumer_config(), "bootstrap.servers": bootstrap,
                                   "group.id": f"modpipe-console-{uuid.uuid4().hex[:8]}",
-                                  "enable.auto.commit": False, "receive.message.max.bytes": 200_000_000})
+                                  "enable.auto.commit": False})
         self.skipped = 0
         self._halt = threading.Event()
 

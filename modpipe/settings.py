@@ -13,6 +13,8 @@ from pathlib import Path
 
 from modpipe import log
 
+RECEIVE_MESSAGE_MAX_BYTES = 1_000_000_000  # every client's; why: Settings.kafka_client_config
+
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
@@ -371,9 +373,14 @@ class Settings:
 
     def kafka_client_config(self) -> dict:
         """librdkafka settings shared by every confluent-kafka client we create. Its log lines go to the
-        `librdkafka` logger (structured, served when the client polls) instead of raw `%N|...` lines on stderr."""
+        `librdkafka` logger (structured, served when the client polls) instead of raw `%N|...` lines on stderr.
+
+        `receive.message.max.bytes`: the embedded broker (noida-db) answers a fetch with every record it
+        chose, past fetch.max.bytes (a table restore got 101.7 MB after a broker restart); past librdkafka's
+        100 MB default the client rejects the response and retries the same fetch for ever (docs/faults.md).
+        Apache Kafka keeps responses within fetch.max.bytes (50 MB), so there the limit is never reached."""
         conf = {"bootstrap.servers": self.bootstrap_servers, "security.protocol": self.security_protocol,
-                "logger": log.kafka_client_logger()}
+                "logger": log.kafka_client_logger(), "receive.message.max.bytes": RECEIVE_MESSAGE_MAX_BYTES}
         if self.sasl_mechanism:
             conf.update({"sasl.mechanism": self.sasl_mechanism, "sasl.username": self.sasl_username,
                          "sasl.password": self.sasl_password})

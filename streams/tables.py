@@ -155,11 +155,7 @@ def restore(tables: list[Table], partitions: list[int], settings: Settings, boot
                                                              for t in tables for p in partitions}
     conf = {**settings.kafka_client_config(), "bootstrap.servers": bootstrap, "group.id": f"{settings.app_id}-restore",
             "enable.auto.commit": False, "isolation.level": "read_committed", "enable.partition.eof": True,
-            "auto.offset.reset": "earliest",
-            # A restarted embedded broker answered one restore fetch with 101.7 MB, past the client's 100 MB
-            # default, and the restore retried for ever (docs/faults.md). Apache Kafka keeps responses within
-            # fetch.max.bytes (50 MB), so there this limit is never reached.
-            "receive.message.max.bytes": 1_000_000_000}
+            "auto.offset.reset": "earliest"}
     consumer = Consumer(conf)
     records = 0
     try:

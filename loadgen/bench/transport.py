@@ -37,6 +37,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from loadgen.bench.metering import CpuMeter, group_cpu_seconds
 from loadgen.bench.transport_report import BASELINE, add_ratios, checks_ok, percentile, top_own_time
+from modpipe.settings import RECEIVE_MESSAGE_MAX_BYTES
 
 RECORDS_PER_INPUT, PARTITIONS, OUT_TOPICS, VALUE_BYTES, LINGER_MS = 10, 4, 3, 300, 5
 TICK_S = 0.005  # paced passes: inputs are handed out in rounds this far apart (about one fetch's)
@@ -279,10 +280,9 @@ def produce_inputs(bootstrap: str, names: Names, n_in: int) -> None:
 
 def count_records(bootstrap: str, topics: tuple[str, ...], isolation: str, expected: int, limit_s: float = 60.0) -> int:
     """Records a fresh consumer with this isolation level reads from the topics' beginnings to their ends."""
-    # noida-db sends all of a fetch's records in one response, over fetch.max.bytes: allow up to 1 GB
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"count-{uuid.uuid4().hex}",
                          "isolation.level": isolation, "enable.auto.commit": False,
-                         "receive.message.max.bytes": 1_000_000_000})
+                         "receive.message.max.bytes": RECEIVE_MESSAGE_MAX_BYTES})
     tps = [TopicPartition(t, p) for t in topics for p in range(PARTITIONS)]
     ends = [consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in tps]
     consumer.assign([TopicPartition(tp.topic, tp.partition, OFFSET_BEGINNING) for tp in tps])

@@ -19,8 +19,7 @@ def read_to_end(settings: Settings, bootstrap: str, topics: list[str], timeout_s
     consumer = Consumer({**settings.kafka_consumer_config(), "isolation.level": isolation, "bootstrap.servers": bootstrap,
                          "group.id": f"modpipe-readback-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
                          "auto.offset.reset": "earliest", "enable.partition.eof": False,
-                         # noida-db answers a fetch with more than fetch.max.bytes when a partition is large
-                         "receive.message.max.bytes": 1_000_000_000, "fetch.max.bytes": 50_000_000,
+                         "fetch.max.bytes": 50_000_000,
                          "max.partition.fetch.bytes": 10_000_000})
     try:
         remaining: dict[tuple[str, int], int] = {}

@@ -3,7 +3,7 @@
 import pytest
 
 from modpipe.decision.verdict import ThresholdDecider, verdict_for
-from modpipe.settings import Settings, SettingsError
+from modpipe.settings import RECEIVE_MESSAGE_MAX_BYTES, Settings, SettingsError
 from streams.stack import histogram_quantile
 
 
@@ -34,7 +34,18 @@ def test_kafka_client_config_passes_security_through():
     assert conf.pop("logger").name == "librdkafka"
     assert conf == {"bootstrap.servers": "b1:9093,b2:9093", "security.protocol": "SASL_SSL",
                     "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "u", "sasl.password": "p",
-                    "ssl.ca.location": "/ca.pem"}
+                    "ssl.ca.location": "/ca.pem", "receive.message.max.bytes": RECEIVE_MESSAGE_MAX_BYTES}
+
+
+def test_every_client_accepts_fetch_responses_past_100_mb():
+    # librdkafka's default (100 MB) rejects the embedded broker's oversized fetch responses, and the client
+    # then retries the same fetch for ever; librdkafka itself must accept the limit with its fetch defaults.
+    from confluent_kafka import Consumer, Producer
+
+    conf = Settings.from_env({}).kafka_client_config()
+    assert conf["receive.message.max.bytes"] >= 1_000_000_000
+    Consumer({**conf, "bootstrap.servers": "127.0.0.1:1", "group.id": "g"}).close()
+    Producer({**conf, "bootstrap.servers": "127.0.0.1:1"}).flush(0)
 
 
 def test_kafka_consumer_config_reads_committed_records_only():
