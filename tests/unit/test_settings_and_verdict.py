@@ -42,9 +42,10 @@ def test_every_client_accepts_fetch_responses_past_100_mb():
     # then retries the same fetch for ever; librdkafka itself must accept the limit with its fetch defaults.
     from confluent_kafka import Consumer, Producer
 
-    conf = Settings.from_env({}).kafka_client_config()
+    settings = Settings.from_env({})
+    conf = settings.kafka_client_config()
     assert conf["receive.message.max.bytes"] >= 1_000_000_000
-    Consumer({**conf, "bootstrap.servers": "127.0.0.1:1", "group.id": "g"}).close()
+    Consumer({**settings.kafka_consumer_config(), "bootstrap.servers": "127.0.0.1:1", "group.id": "g"}).close()
     Producer({**conf, "bootstrap.servers": "127.0.0.1:1"}).flush(0)
 
 
