@@ -208,6 +208,7 @@ class Runner:
         if any(sorted(p) != numbers for p in by_stage.values()):
             _log.warning("stage partitions are not co-assigned", extra={"stages": by_stage})
         stage_tables = [self.wiring.pipe.tables[t] for stage in by_stage for t in fe.STAGES[stage]]
+        _log.info("partitions assigned; restoring tables", extra={"partitions": len(tps), "stage_partitions": numbers})
         await loop.run_in_executor(None, tables.restore, stage_tables, numbers, self.settings, self.bootstrap)
         self.wiring.assigned(tps)
         for topic in self.handlers:

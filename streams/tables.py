@@ -46,6 +46,7 @@ from modpipe import log
 from modpipe.settings import Settings
 
 _log = log.get(__name__)
+RESTORE_PROGRESS_S = 15.0  # a restore still reading after this long says where it stands, and again after each
 
 
 def changelog_topic(app_id: str, table: str) -> str:
@@ -137,6 +138,15 @@ class Table:
         return {p: {k: orjson.loads(data) for k, (data, _) in rows.items()} for p, rows in self.partitions.items()}
 
 
+def _positions(consumer: Consumer, tps: list[tuple[str, int]]) -> list[dict]:
+    """Where the restore stands in each of `tps`: its position and the partition's log start and end."""
+    out = []
+    for tp in consumer.position([TopicPartition(t, p) for t, p in tps]):
+        low, high = consumer.get_watermark_offsets(tp, cached=True)
+        out.append({"topic": tp.topic, "partition": tp.partition, "position": tp.offset, "low": low, "high": high})
+    return out
+
+
 def make_tables(app_id: str, retention_ms: dict[str, int] | None = None) -> dict[str, Table]:
     """Every feature table; `retention_ms`: table name -> its retention (absent or 0: kept for ever)."""
     retention_ms = retention_ms or {}
@@ -161,9 +171,15 @@ def restore(tables: list[Table], partitions: list[int], settings: Settings, boot
     try:
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for topic, p in fresh])
         left = set(fresh)
+        report_at = started + RESTORE_PROGRESS_S
         while left:
             if time.monotonic() - started > timeout_s:
                 raise TimeoutError(f"changelogs not read to their end within {timeout_s:.0f} s: {sorted(left)[:4]}")
+            if time.monotonic() >= report_at:  # a restore that does not end must be visible, not silent
+                report_at += RESTORE_PROGRESS_S
+                _log.warning("changelog restore still reading", extra={
+                    "seconds": round(time.monotonic() - started), "records": records, "partitions_left": len(left),
+                    "behind": _positions(consumer, sorted(left)[:4])})
             for m in consumer.consume(1000, 0.05):
                 err = m.error()
                 if err is not None:

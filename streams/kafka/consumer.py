@@ -45,6 +45,7 @@ REBALANCE_CALLBACK_TIMEOUT_S = 660.0
 # committed offset and starts its fetcher, and a partition paused before it started is not woken by a seek.
 ASSIGNMENT_GRACE_S = START_GRACE_S
 LAG_EVERY_S = 5.0  # how often modpipe_consumer_lag_messages is brought up to date
+UNASSIGNED_WARN_S = 30.0  # a worker the group has not given an assignment for this long says so, and again
 
 
 def empty_backoff(empty_in_a_row: int) -> float:
@@ -79,8 +80,8 @@ class GroupConsumer:
         self._group_metadata = None
         self._committed: dict[TP, int] = {}  # at the last assignment (-1001: none)
         self.stopping = False  # set when the worker stops: polling ends, no assignment is taken on
-        self._next: dict[TP, int] = {}
-        self._assigned_at = 0.0  # per partition, the offset after the last record handed over (poll thread)
+        self._next: dict[TP, int] = {}  # per partition, the offset after the last record handed over (poll thread)
+        self._assigned_at = 0.0  # monotonic time of the last assignment; 0: none yet
         self.on_failure: Callable[[Exception], None] | None = None  # called on the loop when polling fails
 
     def start(self, loop: asyncio.AbstractEventLoop, deliver: Callable[[list[Record]], None]) -> GroupConsumer:
@@ -152,10 +153,15 @@ class GroupConsumer:
         empty = 0
         paused = False
         lag_due = time.monotonic()
+        unassigned_warn_at = time.monotonic() + UNASSIGNED_WARN_S
         try:
             while not self._stop.is_set():
                 while self._commands:
                     self._commands.popleft()(consumer)
+                if not self._assigned_at and time.monotonic() >= unassigned_warn_at:
+                    _log.warning("no assignment from the group yet", extra={  # joining should take seconds
+                        "seconds": round(time.monotonic() - unassigned_warn_at + UNASSIGNED_WARN_S)})
+                    unassigned_warn_at += UNASSIGNED_WARN_S
                 if time.monotonic() >= lag_due:
                     lag_due = time.monotonic()
                     self._report_lag(consumer)
