@@ -4,6 +4,7 @@ restored key keeps the age of its changelog record."""
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
@@ -11,6 +12,9 @@ from confluent_kafka import Producer
 
 from loadgen.chaos import streaming_tables
 from loadgen.smoke import end_consumer
+from modpipe.services.broker import EmbeddedBroker
+from modpipe.services.process import free_port
+from streams import tables as tables_module
 from streams.tables import Table, encode_key, encode_value, restore
 from tests.fixtures.kafka import create_topics
 from tests.integration.test_streaming import collect_decisions, produce_posts
@@ -79,3 +83,33 @@ def test_a_restored_key_is_as_old_as_its_changelog_record(bootstrap, pipeline_se
     assert list(post.decoded()[0]) == ["old", "young", "renewed"]
     assert post.expired() == [(0, "old")]
     assert post.keys() == 2
+
+
+
+def test_a_restore_that_cannot_reach_the_end_says_where_it_stands_and_gives_up(pipeline_settings, tmp_path,
+                                                                               monkeypatch, caplog):
+    """A broker that stops answering (SIGSTOP) keeps a changelog restore from reaching its end offsets: the
+    restore logs where it stands at each interval instead of hanging silently, and fails after its timeout (the
+    worker then stops and its restart tries again); once the broker answers, the same restore completes."""
+    monkeypatch.setattr(tables_module, "RESTORE_PROGRESS_S", 0.5)
+    broker = EmbeddedBroker(tmp_path / "broker", free_port()).start()
+    try:
+        topic = f"{pipeline_settings.app_id}-features-user-changelog"
+        create_topics(broker.bootstrap, [topic])
+        producer = Producer({"bootstrap.servers": broker.bootstrap})
+        producer.produce(topic, encode_value({"k": "v"}), key=encode_key("u1"), partition=0)
+        assert producer.flush(30) == 0
+        broker.process.signal(signal.SIGSTOP)
+        user = Table("user", topic)
+        with caplog.at_level("WARNING", logger="streams.tables"), \
+                pytest.raises(TimeoutError, match="not read to their end"):
+            restore([user], [0], pipeline_settings, broker.bootstrap, timeout_s=2.5)
+        reports = [r for r in caplog.records if r.getMessage() == "changelog restore still reading"]
+        assert len(reports) >= 3 and {r.partitions_left for r in reports} == {1}
+        assert reports[-1].behind[0]["topic"] == topic and reports[-1].behind[0]["partition"] == 0
+        broker.process.signal(signal.SIGCONT)
+        assert restore([user], [0], pipeline_settings, broker.bootstrap, timeout_s=60.0) == 1
+        assert user.decoded() == {0: {"u1": {"k": "v"}}}
+    finally:
+        broker.process.signal(signal.SIGCONT)
+        broker.stop()

@@ -307,3 +307,35 @@ def test_a_fatal_error_stops_polling_and_is_reported_on_the_loop(fake_consumer):
     gc, failures = asyncio.run(scenario())
     assert gc.failure is not None and not gc.alive()
     assert len(failures) == 1 and failures[0][1]
+
+
+def test_a_consumer_without_an_assignment_says_so_until_it_gets_one(fake_consumer, monkeypatch, caplog):
+    monkeypatch.setattr(kc, "UNASSIGNED_WARN_S", 0.05)
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+
+        async def on_assigned(tps):
+            pass
+
+        gc = GroupConsumer({"group.id": "g"}, ["posts"], on_assigned=on_assigned, on_revoked=on_assigned,
+                           on_lost=on_assigned)
+        gc.start(loop, lambda records: None)
+        warned = lambda: [r for r in caplog.records if r.getMessage() == "no assignment from the group yet"]  # noqa: E731
+        await until(lambda: len(warned()) >= 2)  # again after each interval, not once
+
+        def assign(c):
+            c.assigned = [PartitionStub("posts", 0)]
+            c.on_assign(c, c.assigned)
+
+        fake_consumer[0].script.append(assign)
+        await until(lambda: not fake_consumer[0].script)
+        await asyncio.sleep(0.05)
+        seen = len(warned())
+        await asyncio.sleep(0.2)  # four intervals with an assignment
+        await loop.run_in_executor(None, gc.close)
+        return seen, len(warned())
+
+    with caplog.at_level("WARNING", logger="streams.kafka.consumer"):
+        seen, after = asyncio.run(scenario())
+    assert seen >= 2 and after == seen
