@@ -299,7 +299,6 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
                                "outage_policy": settings.text_model_outage_policy,
                                "outage_s": settings.text_model_outage_s, "broker_signal": broker_signal},
                     "plan": [dataclasses.asdict(f) for f in plan], "faults": []}
-    ok = False
     try:
         with LocalStack(settings, workers=workers) as stack:
             ensure_loadgen_topics(settings, stack.bootstrap)
@@ -368,6 +367,9 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
             settled_s = time.monotonic() - t0
             collector.stop()
             report["lag_after"] = stack.group_lag()  # input records not committed by the group (None: unknown)
+            if done < stats.posts or report["lag_after"] != 0:
+                # Not settled: before they are stopped, the live workers say where they are (their logs).
+                report["stacks_dumped"] = dump_stacks([w.process for w in stack.workers])
             report["workers_alive"] = sum(w.process.alive() for w in stack.workers)
             report["restarts"] = {name: policy.total for name, policy in stack.restarts.items()}
             for w in stack.workers:  # what they hold is in the changelogs; stopped, nothing changes under the read
@@ -403,17 +405,29 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
                     _log.exception("chaos: the feature comparison failed")
                     report["features"] = {"equal": False, "error": repr(exc)[:500], "tables": {}, "examples": []}
                 report["features"]["seconds"] = round(time.monotonic() - t, 1)
-        ok = True
+        d = report["decisions"]
+        report["ok"] = (not report["produce_error"] and d["lost"] == 0 and d["degraded_not_redecided"] == 0
+                        and d["duplicate_decisions"] == 0 and d["duplicates_with_another_verdict"] == 0
+                        and report.get("features", {"equal": True})["equal"])
     finally:
-        if ok and not keep_state:
+        # A failed run keeps its logs: they are all there is to read about it afterwards.
+        if report.get("ok") and not keep_state:
             shutil.rmtree(state_root, ignore_errors=True)
         else:
+            report["state_kept"] = str(state_root)
             _log.warning("chaos: state and logs kept", extra={"path": str(state_root)})
-    d = report["decisions"]
-    report["ok"] = (not report["produce_error"] and d["lost"] == 0 and d["degraded_not_redecided"] == 0
-                    and d["duplicate_decisions"] == 0 and d["duplicates_with_another_verdict"] == 0
-                    and report.get("features", {"equal": True})["equal"])
     return report
+
+
+def dump_stacks(processes: Iterable, wait_s: float = 2.0) -> list[str]:
+    """Ask each live worker process for its threads' and tasks' stacks (`modpipe.log.STACK_DUMP_SIGNAL`); they
+    land in its log. Returns the names of those asked."""
+    asked = [p for p in processes if p.alive()]
+    for p in asked:
+        p.signal(log.STACK_DUMP_SIGNAL)
+    if asked:
+        time.sleep(wait_s)  # the dump is written by the process itself
+    return [p.name for p in asked]
 
 
 def run_decisions(settings: Settings, bootstrap: str, topic: str, run_id: str, isolation: str) -> list[dict]:
@@ -516,5 +530,9 @@ def format_text(report: dict) -> str:
         for ex in f["examples"]:
             lines.append(f"  {ex['table']}[{ex['key']}] {ex['fields']}: streaming {ex['streaming']} "
                          f"offline {ex['offline']}")
+    if report.get("stacks_dumped"):
+        lines.append("not settled: stacks dumped into the logs of " + ", ".join(report["stacks_dumped"]))
+    if report.get("state_kept"):
+        lines.append(f"state and logs kept in {report['state_kept']}")
     lines.append("OK" if report["ok"] else "FAILED")
     return "\n".join(lines)

@@ -381,7 +381,8 @@ def register_clients(sub: argparse._SubParsersAction) -> None:
                    help="seconds to wait after the traffic for every decision and a quiet broker (default 600)")
     p.add_argument("--no-feature-check", action="store_true",
                    help="skip the comparison of the feature tables with features.offline")
-    p.add_argument("--keep-state", action="store_true", help="keep the run's broker data, tables and logs")
+    p.add_argument("--keep-state", action="store_true",
+                   help="keep the run's broker data, tables and logs also when it passes (a failed run keeps them)")
     p.add_argument("--json", action="store_true", help="print one JSON object (no progress bars)")
     p.set_defaults(func=_chaos)
 

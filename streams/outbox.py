@@ -87,6 +87,7 @@ class Outbox:
     def __init__(self, settings: Settings, bootstrap: str, *, linger_ms: float, transactional_id: str | None = None,
                  transaction_timeout_ms: int = 60_000):
         self.transactional = transactional_id is not None
+        self.transactional_id = transactional_id
         extra = {"transactional.id": transactional_id, "transaction.timeout.ms": transaction_timeout_ms} \
             if self.transactional else {}
         self.producer = Producer({**extra,

@@ -133,6 +133,7 @@ GC_THRESHOLDS = (50_000, 20, 100)
 def run_worker(settings: Settings, name: str | None = None) -> int:
     """Run one worker until SIGTERM / SIGINT (exit 0) or a failure (exit 1: its supervisor restarts it)."""
     name = name or settings.worker_name or f"{socket.gethostname()}-{os.getpid()}"
+    log.dump_stacks_on_signal()  # from here on `kill -USR1` shows where the worker is (docs/operations.md)
     pipe, scorer, decider, bans, outbox, wiring, bootstrap = build_worker(settings, name)
     metrics.init_labels(schema.VERDICTS, schema.InvalidMessage.REASONS,
                         None if scorer.disabled else settings.text_model_outage_policy, tables=list(pipe.tables))
@@ -180,8 +181,10 @@ async def _serve(settings: Settings, name: str, bootstrap: str, pipe, scorer: Te
     bans.on_failure = lambda exc: loop.call_soon_threadsafe(crash, exc)
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    log.dump_tasks_on_signal(loop)
     # init_transactions: fences this worker's previous incarnation and aborts what it left open
     await loop.run_in_executor(None, outbox.start, loop)
+    _log.info("transactions initialised; joining the group", extra={"transactional_id": outbox.transactional_id})
     runner = Runner(settings, bootstrap, wiring, outbox, make_handlers(wiring, settings, scorer, decider),
                     consumer_config(settings, bootstrap, name))
     runner.consumer.on_failure = crash

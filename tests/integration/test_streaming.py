@@ -177,3 +177,30 @@ def test_topics_are_idempotent_and_refuse_wrong_partition_count(pipeline_setting
     wrong = pipeline_settings.__class__(**{**pipeline_settings.__dict__, "partitions": 3})
     with pytest.raises(TopicConfigError, match="wrong partition count"):
         ensure_topics(wrong, bootstrap)
+
+
+def test_a_worker_asked_for_its_stacks_writes_them_and_keeps_deciding(local_stack, pipeline_settings):
+    """`kill -USR1` on a running worker (docs/operations.md): its log gets every thread's stack (the group
+    consumer's poll thread among them) and its asyncio tasks' awaits (the runner's rounds and checkpoints),
+    and the worker goes on deciding."""
+    from modpipe import log
+
+    stack = local_stack(workers=1)
+    worker = stack.workers[0].process
+    before = worker.log_path.read_text(errors="replace")
+    worker.signal(log.STACK_DUMP_SIGNAL)
+    deadline = time.monotonic() + 20
+    tasks = None
+    while time.monotonic() < deadline and tasks is None:
+        time.sleep(0.2)
+        for line in worker.log_path.read_text(errors="replace")[len(before):].splitlines():
+            if line.startswith("{") and orjson.loads(line)["msg"] == "stack dump: asyncio tasks":
+                tasks = {t["task"]: t["awaiting"] for t in orjson.loads(line)["tasks"]}
+    dump = worker.log_path.read_text(errors="replace")[len(before):]
+    assert tasks is not None, dump[-3000:]
+    assert {"rounds", "checkpoints"} <= tasks.keys(), tasks
+    assert any("streams/runner.py" in frame for frame in tasks["rounds"]), tasks["rounds"]
+    assert "most recent call first" in dump and "streams/kafka/consumer.py" in dump, dump[-3000:]
+    assert worker.alive()
+    result = run_smoke(pipeline_settings, stack.bootstrap, 50, timeout_s=120, progress=False)
+    assert result["lost"] == 0 and result["duplicates"] == 0
