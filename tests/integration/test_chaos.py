@@ -40,3 +40,31 @@ def test_chaos_kills_workers_triton_and_the_broker_and_nothing_is_lost_or_counte
     assert f["tables"]["post"]["keys"] == d["sent"] and f["tables"]["user"]["keys"] > 20, detail
     assert report["lag_after"] == 0, detail  # every input record the broker holds committed by the group
     assert report["ok"] and proc.returncode == 0, detail
+
+
+def test_a_transaction_left_open_is_reported_as_holding_readers_back(bootstrap, tmp_path):
+    """What a chaos run that did not settle reports (`held_back_by_open_transactions`): a partition whose
+    last stable offset a transaction still open holds behind its high watermark, and nothing once it ends."""
+    import uuid
+
+    from confluent_kafka import Producer
+
+    from loadgen.chaos import held_back
+    from modpipe.settings import Settings
+    from tests.fixtures.kafka import create_topics
+
+    settings = Settings.from_env(state_dir=tmp_path, bootstrap_servers=bootstrap)
+    topic = f"held-back-{uuid.uuid4().hex[:8]}"
+    create_topics(bootstrap, [topic], partitions=settings.partitions)
+    plain = Producer({"bootstrap.servers": bootstrap})
+    plain.produce(topic, b"committed", partition=0)
+    assert plain.flush(30) == 0
+    txn = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"held-back-{uuid.uuid4().hex[:8]}"})
+    txn.init_transactions(30)
+    txn.begin_transaction()
+    for value in (b"open-1", b"open-2"):
+        txn.produce(topic, value, partition=1)
+    assert txn.flush(30) == 0
+    assert held_back(settings, bootstrap, [topic]) == {f"{topic}:1": [0, 2]}
+    txn.commit_transaction(30)
+    assert held_back(settings, bootstrap, [topic]) == {}
