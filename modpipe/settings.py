@@ -146,6 +146,11 @@ SETTINGS_SPEC: dict[str, Spec] = {
     "static_membership": Spec("MODPIPE_STATIC_MEMBERSHIP", "on",
                               "`on`: a worker's group.instance.id is <app id>-<worker name>, so a restarted worker "
                               "takes its partitions back without a rebalance; `off`: dynamic membership."),
+    "group_rejoin_s": Spec("MODPIPE_GROUP_REJOIN_S", "20",
+                           "A worker the group has not answered (no assignment, not even an empty one) for this "
+                           "long after it joined or gave its partitions up closes its consumer and joins again "
+                           "with a new one: a join request whose answer was lost is otherwise waited on for "
+                           "max.poll.interval.ms (15 min); `0`: never, only a warning every 30 s.", float),
     "producer_linger_ms": Spec("MODPIPE_PRODUCER_LINGER_MS", "1",
                                "librdkafka linger.ms of the worker's producer (decisions, stage bundles, dead "
                                "letters): each round is already one record per partition.", float),
@@ -262,6 +267,7 @@ class Settings:
     local_hops: str
     commit_interval_ms: float
     fetch_pause_ms: float
+    group_rejoin_s: float
     static_membership: str
     producer_linger_ms: float
     worker_name: str
@@ -331,6 +337,8 @@ class Settings:
             raise SettingsError("MODPIPE_COMMIT_INTERVAL_MS must be > 0")
         if self.fetch_pause_ms < 0:
             raise SettingsError("MODPIPE_FETCH_PAUSE_MS must be >= 0")
+        if self.group_rejoin_s < 0:
+            raise SettingsError("MODPIPE_GROUP_REJOIN_S must be >= 0 (0: never)")
         if self.text_model not in ("on", "off"):
             raise SettingsError("MODPIPE_TEXT_MODEL must be `on` or `off`")
         if self.local_hops not in ("on", "off"):

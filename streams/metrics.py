@@ -49,6 +49,9 @@ DEGRADED_DECISIONS = Counter("modpipe_degraded_decisions_total",
 BATCHES_IN_FLIGHT = Gauge("modpipe_batches_in_flight", "Batches sent to Triton and not yet decided.")
 ASSIGNED_PARTITIONS = Gauge("modpipe_assigned_partitions", "Partitions of our input topics assigned to this worker.",
                             ["topic"])
+GROUP_REJOINS = Counter("modpipe_group_rejoins_total",
+                        "Times the worker's consumer was replaced because the group left it without an "
+                        "assignment for MODPIPE_GROUP_REJOIN_S.")
 BAN_LOG_READER_UP = Gauge("modpipe_ban_log_reader_up",
                           "1 while the worker's ban log reader runs; 0 once it failed (the worker stops).")
 BAN_LOG_CAUGHT_UP = Gauge("modpipe_ban_log_caught_up",

@@ -16,6 +16,12 @@ where Kafka waits fetch.wait.max.ms) would otherwise make librdkafka fetch in a 
 MODPIPE_FETCH_PAUSE_MS (not after a backlog's worth, BACKLOG_RECORDS); after one that brought nothing, for a
 backoff that grows while the partitions stay idle. While the wiring has more queued than it can take, the
 partitions are paused too (back-pressure), and polling goes on, so rebalances are still served.
+
+A join the group never answers is left: librdkafka waits on a JoinGroup request for max.poll.interval.ms
+(15 min here, so that a restore can run inside the assignment callback), and the embedded broker has been
+seen leaving two members that joined together without an answer (docs/faults.md). A consumer that has had
+no assignment for `rejoin_after_s` since it subscribed or gave its partitions up is closed and replaced by a
+new one (MODPIPE_GROUP_REJOIN_S). It owns no partitions then, so nothing is in flight to commit or fence.
 """
 
 from __future__ import annotations
@@ -45,7 +51,8 @@ REBALANCE_CALLBACK_TIMEOUT_S = 660.0
 # committed offset and starts its fetcher, and a partition paused before it started is not woken by a seek.
 ASSIGNMENT_GRACE_S = START_GRACE_S
 LAG_EVERY_S = 5.0  # how often modpipe_consumer_lag_messages is brought up to date
-UNASSIGNED_WARN_S = 30.0  # a worker the group has not given an assignment for this long says so, and again
+UNASSIGNED_WARN_S = 30.0  # with rejoining off, a consumer without an assignment says so this often
+CLOSE_TIMEOUT_S = 10.0  # a consumer left for a new one is closed on a thread of its own, waited on this long
 
 
 def empty_backoff(empty_in_a_row: int) -> float:
@@ -61,7 +68,8 @@ class GroupConsumer:
 
     def __init__(self, conf: dict, topics: list[str], *,
                  on_assigned: Callable[[list[TP]], Coroutine], on_revoked: Callable[[list[TP]], Coroutine],
-                 on_lost: Callable[[list[TP]], Coroutine], batch_size: int = 500, fetch_pause_s: float = 0.0):
+                 on_lost: Callable[[list[TP]], Coroutine], batch_size: int = 500, fetch_pause_s: float = 0.0,
+                 rejoin_after_s: float = 20.0):
         self.conf = {**conf, "enable.auto.commit": False, "enable.auto.offset.store": False,
                      "isolation.level": "read_committed", "partition.assignment.strategy": "range",
                      "auto.offset.reset": "earliest"}
@@ -82,16 +90,46 @@ class GroupConsumer:
         self.stopping = False  # set when the worker stops: polling ends, no assignment is taken on
         self._next: dict[TP, int] = {}  # per partition, the offset after the last record handed over (poll thread)
         self._assigned_at = 0.0  # monotonic time of the last assignment; 0: none yet
+        self.rejoin_after_s = rejoin_after_s  # 0: never rejoin, only warn
+        self._unassigned_since: float | None = None  # monotonic; None while the group's answer stands
+        self.rejoins = 0  # consumers replaced because the group did not answer
         self.on_failure: Callable[[Exception], None] | None = None  # called on the loop when polling fails
 
     def start(self, loop: asyncio.AbstractEventLoop, deliver: Callable[[list[Record]], None]) -> GroupConsumer:
         self._loop, self._deliver = loop, deliver
-        self.consumer = Consumer(self.conf)
-        self.consumer.subscribe(self.topics, on_assign=self._assign_cb, on_revoke=self._revoke_cb,
-                                on_lost=self._lost_cb)
+        self.consumer = self._subscribe()
         self._thread = threading.Thread(target=self._run, name="group-consumer", daemon=True)
         self._thread.start()
         return self
+
+    def _subscribe(self) -> Consumer:
+        consumer = Consumer(self.conf)
+        consumer.subscribe(self.topics, on_assign=self._assign_cb, on_revoke=self._revoke_cb, on_lost=self._lost_cb)
+        self._unassigned_since = time.monotonic()
+        return consumer
+
+    def _rejoin(self, old: Consumer, waited_s: float) -> Consumer:
+        """Leave a join the group has not answered and join again with a new consumer (poll thread)."""
+        self.rejoins += 1
+        metrics.GROUP_REJOINS.inc()
+        _log.warning("no assignment from the group: joining again with a new consumer",
+                     extra={"seconds": round(waited_s), "rejoins": self.rejoins})
+        # close() may itself wait on the unanswered request; the new consumer does not wait for it (with
+        # static membership the new member takes the instance id over, fencing the old one)
+        self.consumer = None  # an answer reaching the old one now (or later) is not acted on
+        closer = threading.Thread(target=self._close_quietly, args=(old,), name="group-consumer-close", daemon=True)
+        closer.start()
+        closer.join(CLOSE_TIMEOUT_S)
+        self._commands.clear()  # seeks were for partitions the old consumer no longer has
+        self.consumer = self._subscribe()
+        return self.consumer
+
+    @staticmethod
+    def _close_quietly(consumer: Consumer) -> None:
+        try:
+            consumer.close()
+        except Exception as exc:  # noqa: BLE001 - it is being left anyway
+            _log.warning("closing the unanswered consumer failed", extra={"error": str(exc)})
 
     def alive(self) -> bool:
         return self.failure is None and self._thread is not None and (self._thread.is_alive() or self._stop.is_set())
@@ -134,7 +172,10 @@ class GroupConsumer:
         # A resume seeks only partitions that delivered a record (or were sought) since this assignment: a
         # committed offset below the log start would be reset forward by librdkafka and sought back at every
         # resume. Until then the fetchers start on their own, in the grace period (ASSIGNMENT_GRACE_S).
+        if consumer is not self.consumer:  # a consumer left by _rejoin
+            return
         self._assigned_at = time.monotonic()
+        self._unassigned_since = None
         self._committed = {TP(tp.topic, tp.partition): tp.offset for tp in consumer.committed(partitions, timeout=30)}
         self._next.clear()
         if self.stopping:
@@ -143,25 +184,42 @@ class GroupConsumer:
         self._call_on_loop(self.on_assigned, partitions)
 
     def _revoke_cb(self, consumer, partitions) -> None:
+        if consumer is not self.consumer:  # a consumer left by _rejoin
+            return
         self._call_on_loop(self.on_revoked, partitions)
+        self._unassigned_since = time.monotonic()
 
     def _lost_cb(self, consumer, partitions) -> None:
+        if consumer is not self.consumer:  # a consumer left by _rejoin
+            return
         self._call_on_loop(self.on_lost, partitions)
+        self._unassigned_since = time.monotonic()
+
+    def _waiting_too_long(self, now: float) -> float | None:
+        """Seconds the group has left this consumer without an assignment, once that calls for action:
+        past `rejoin_after_s` (or UNASSIGNED_WARN_S with rejoining off); None otherwise."""
+        since = self._unassigned_since
+        if since is None or self.stopping:
+            return None
+        return now - since if now - since >= (self.rejoin_after_s or UNASSIGNED_WARN_S) else None
 
     def _run(self) -> None:
         consumer = self.consumer
         empty = 0
         paused = False
         lag_due = time.monotonic()
-        unassigned_warn_at = time.monotonic() + UNASSIGNED_WARN_S
         try:
             while not self._stop.is_set():
                 while self._commands:
                     self._commands.popleft()(consumer)
-                if not self._assigned_at and time.monotonic() >= unassigned_warn_at:
-                    _log.warning("no assignment from the group yet", extra={  # joining should take seconds
-                        "seconds": round(time.monotonic() - unassigned_warn_at + UNASSIGNED_WARN_S)})
-                    unassigned_warn_at += UNASSIGNED_WARN_S
+                waited = self._waiting_too_long(time.monotonic())
+                if waited is not None:
+                    if self.rejoin_after_s:
+                        consumer = self._rejoin(consumer, waited)
+                        empty, paused = 0, False
+                    else:  # joining should take seconds
+                        _log.warning("no assignment from the group yet", extra={"seconds": round(waited)})
+                        self._unassigned_since = time.monotonic()
                 if time.monotonic() >= lag_due:
                     lag_due = time.monotonic()
                     self._report_lag(consumer)

@@ -319,7 +319,7 @@ def test_a_consumer_without_an_assignment_says_so_until_it_gets_one(fake_consume
             pass
 
         gc = GroupConsumer({"group.id": "g"}, ["posts"], on_assigned=on_assigned, on_revoked=on_assigned,
-                           on_lost=on_assigned)
+                           on_lost=on_assigned, rejoin_after_s=0)  # rejoining off: warnings only
         gc.start(loop, lambda records: None)
         warned = lambda: [r for r in caplog.records if r.getMessage() == "no assignment from the group yet"]  # noqa: E731
         await until(lambda: len(warned()) >= 2)  # again after each interval, not once
@@ -339,3 +339,57 @@ def test_a_consumer_without_an_assignment_says_so_until_it_gets_one(fake_consume
     with caplog.at_level("WARNING", logger="streams.kafka.consumer"):
         seen, after = asyncio.run(scenario())
     assert seen >= 2 and after == seen
+    assert len(fake_consumer) == 1  # warned, never replaced
+
+
+def test_a_join_the_group_leaves_unanswered_is_left_for_a_new_consumer(fake_consumer):
+    """The embedded broker once left two joining members without an answer; librdkafka would wait on it for
+    max.poll.interval.ms. After `rejoin_after_s` without an assignment the consumer is replaced, an answer
+    reaching the replaced one is ignored, and the wait starts again at each revocation."""
+    events: list = []
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+
+        async def on_assigned(tps):
+            events.append(("assigned", tps))
+
+        async def on_revoked(tps):
+            events.append(("revoked", tps))
+
+        gc = GroupConsumer({"group.id": "g", "group.instance.id": "g-w0"}, ["posts"], on_assigned=on_assigned,
+                           on_revoked=on_revoked, on_lost=on_revoked, rejoin_after_s=0.15)
+        rejoins_before = kc.metrics.GROUP_REJOINS._value.get()
+        started = time.monotonic()
+        gc.start(loop, lambda records: None)
+        await until(lambda: len(fake_consumer) == 2)
+        waited = time.monotonic() - started
+        first, second = fake_consumer
+        assert ("close",) in first.calls and second.topics == ["posts"] and second.conf == first.conf
+
+        def assign(c):
+            c.assigned = [PartitionStub("posts", 0)]
+            c.on_assign(c, c.assigned)
+
+        second.script.append(assign)
+        await until(lambda: events)
+        first.on_assign(first, [PartitionStub("posts", 1)])  # the old join's answer, late: not ours
+        first.on_revoke(first, [PartitionStub("posts", 1)])
+        await asyncio.sleep(0.4)  # well past rejoin_after_s, assigned: no new consumer
+        assigned_count = len(fake_consumer)
+
+        def revoke(c):
+            c.on_revoke(c, c.assigned)
+            c.assigned = []
+
+        second.script.append(revoke)
+        await until(lambda: len(fake_consumer) == 3)  # unanswered again after the revocation
+        await loop.run_in_executor(None, gc.close)
+        return gc, waited, assigned_count, kc.metrics.GROUP_REJOINS._value.get() - rejoins_before
+
+    gc, waited, assigned_count, counted = asyncio.run(scenario())
+    assert waited >= 0.15
+    assert events == [("assigned", [TP("posts", 0)]), ("revoked", [TP("posts", 0)])]
+    assert assigned_count == 2
+    assert gc.rejoins == 2 and counted == 2
+    assert gc.group_metadata() == "group-metadata"
