@@ -53,6 +53,7 @@ import orjson
 
 from features.events import TABLES
 from modpipe import log
+from modpipe.services.group_lag import end_offsets
 from modpipe.settings import Settings
 
 _log = log.get(__name__)
@@ -236,34 +237,16 @@ def input_events(settings: Settings, bootstrap: str, topics: dict[str, str]) -> 
 
 def watermarks(settings: Settings, bootstrap: str, topics: list[str]) -> int:
     """Sum of the high watermarks of `topics`: changes while anything is still being produced."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer({**settings.kafka_client_config(), "bootstrap.servers": bootstrap,
-                         "group.id": f"modpipe-chaos-wm-{uuid.uuid4().hex[:8]}"})
-    try:
-        return sum(consumer.get_watermark_offsets(TopicPartition(t, p), timeout=10)[1]
-                   for t in topics for p in range(settings.partitions))
-    finally:
-        consumer.close()
+    return sum(end_offsets(settings, bootstrap, topics).values())
 
 
 def held_back(settings: Settings, bootstrap: str, topics: list[str]) -> dict[str, list[int]]:
     """Partitions whose last stable offset is behind their high watermark, as `{"topic:p": [stable, high]}`:
     a transaction still open there holds every `read_committed` reader (the next stage, the group's
     commits, this run's checks) at its first record. Settled, none is."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    ends = {}
-    for isolation in ("read_committed", "read_uncommitted"):
-        consumer = Consumer({**settings.kafka_client_config(), "bootstrap.servers": bootstrap,
-                             "isolation.level": isolation, "group.id": f"modpipe-chaos-lso-{uuid.uuid4().hex[:8]}"})
-        try:
-            ends[isolation] = {f"{t}:{p}": consumer.get_watermark_offsets(TopicPartition(t, p), timeout=10)[1]
-                               for t in topics for p in range(settings.partitions)}
-        finally:
-            consumer.close()
-    return {tp: [stable, ends["read_uncommitted"][tp]] for tp, stable in ends["read_committed"].items()
-            if stable < ends["read_uncommitted"][tp]}
+    stable = end_offsets(settings, bootstrap, topics, "read_committed")
+    high = end_offsets(settings, bootstrap, topics)
+    return {f"{t}:{p}": [at, high[(t, p)]] for (t, p), at in stable.items() if at < high[(t, p)]}
 
 
 # --------------------------------------------------------------------------- the run

@@ -9,6 +9,22 @@ import uuid
 from modpipe.settings import Settings
 
 
+def end_offsets(settings: Settings, bootstrap: str, topics: list[str],
+                isolation: str = "read_uncommitted") -> dict[tuple[str, int], int]:
+    """The end offset of each partition of `topics` as a reader of that isolation level sees it: the high
+    watermark (`read_uncommitted`), or the last stable offset (`read_committed`), which an open transaction
+    holds back at its first record."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**settings.kafka_client_config(), "bootstrap.servers": bootstrap,
+                         "isolation.level": isolation, "group.id": f"modpipe-ends-{uuid.uuid4().hex[:8]}"})
+    try:
+        return {(t, p): consumer.get_watermark_offsets(TopicPartition(t, p), timeout=10)[1]
+                for t in topics for p in range(settings.partitions)}
+    finally:
+        consumer.close()
+
+
 def uncommitted_input(settings: Settings, bootstrap: str, topics: list[str], group: str | None = None,
                       per_partition: dict | None = None, wait_s: float = 2.0) -> int:
     """Records in `topics` that the consumer group (default: the workers') has not committed yet: those a
