@@ -273,7 +273,7 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
     )
     from modpipe.textmodel.artifacts import resolve_model
     from simulation.simulator import Simulation
-    from streams.stack import LocalStack
+    from streams.stack import LocalStack, dump_stacks
 
     if settings.bootstrap_servers or settings.triton_url:
         raise ValueError("chaos kills the processes of the embedded stack: unset KAFKA_BOOTSTRAP_SERVERS and TRITON_URL")
@@ -424,17 +424,6 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
             report["state_kept"] = str(state_root)
             _log.warning("chaos: state and logs kept", extra={"path": str(state_root)})
     return report
-
-
-def dump_stacks(processes: Iterable, wait_s: float = 2.0) -> list[str]:
-    """Ask each live worker process for its threads' and tasks' stacks (`modpipe.log.STACK_DUMP_SIGNAL`); they
-    land in its log. Returns the names of those asked."""
-    asked = [p for p in processes if p.alive()]
-    for p in asked:
-        p.signal(log.STACK_DUMP_SIGNAL)
-    if asked:
-        time.sleep(wait_s)  # the dump is written by the process itself
-    return [p.name for p in asked]
 
 
 def run_decisions(settings: Settings, bootstrap: str, topic: str, run_id: str, isolation: str) -> list[dict]:

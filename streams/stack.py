@@ -13,6 +13,7 @@ import os
 import sys
 import time
 import urllib.request
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from modpipe import log
 from modpipe.services.broker import EmbeddedBroker
-from modpipe.services.process import ManagedProcess, free_port, port_free
+from modpipe.services.process import ManagedProcess, ServiceError, free_port, port_free
 from modpipe.settings import Settings
 from streams.health import READY_PATH
 from streams.topics import TopicNames, ensure_topics
@@ -137,12 +138,19 @@ class LocalStack:
     def wait_workers_ready(self, timeout: float = 90.0) -> None:
         """Ready = every worker's /readyz passes (ban log read, paths warm, partitions assigned) and the group
         has every input partition assigned."""
-        for w in self.workers:
-            w.process.wait_ready(lambda w=w: worker_ready(w.metrics_port), timeout)
-        wanted = len(self.topics.inputs()) * self.settings.partitions
-        live = [w for w in self.workers if w.process.alive()]
-        if live:
-            live[0].process.wait_ready(lambda: self.assigned_partitions() >= wanted, timeout)
+        try:
+            for w in self.workers:
+                w.process.wait_ready(lambda w=w: worker_ready(w.metrics_port), timeout)
+            wanted = len(self.topics.inputs()) * self.settings.partitions
+            live = [w for w in self.workers if w.process.alive()]
+            if live:
+                live[0].process.wait_ready(lambda: self.assigned_partitions() >= wanted, timeout)
+        except ServiceError:
+            asked = dump_stacks([w.process for w in self.workers])  # where a worker that is not ready waits
+            if asked:
+                _log.warning("workers not ready: their stacks are in their logs", extra={
+                    "workers": asked, "logs": str(self.settings.state_dir / "logs")})
+            raise
 
     def assigned_partitions(self) -> int:
         return int(sum(v for k, v in self.scrape().items() if k.startswith("modpipe_assigned_partitions")))
@@ -342,3 +350,14 @@ class StatusLine:
 
 def logs_dir(settings: Settings) -> Path:
     return settings.state_dir / "logs"
+
+
+def dump_stacks(processes: Iterable, wait_s: float = 2.0) -> list[str]:
+    """Ask each live worker process for its threads' and tasks' stacks (`modpipe.log.STACK_DUMP_SIGNAL`); they
+    land in its log. Returns the names of those asked."""
+    asked = [p for p in processes if p.alive()]
+    for p in asked:
+        p.signal(log.STACK_DUMP_SIGNAL)
+    if asked:
+        time.sleep(wait_s)  # the dump is written by the process itself
+    return [p.name for p in asked]

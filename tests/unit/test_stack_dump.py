@@ -1,5 +1,6 @@
 """`kill -USR1` on a worker (modpipe.log): every thread's stack, also of a thread stuck in a call that never
-returns to Python, and every asyncio task's chain of awaits, from one signal; and the chaos run's use of it."""
+returns to Python, and every asyncio task's chain of awaits, from one signal; and how the local stack and the
+chaos run ask for it."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ import sys
 import time
 from pathlib import Path
 
-from loadgen.chaos import dump_stacks
+import pytest
+
 from modpipe import log
+from modpipe.services.process import ServiceError
+from streams.stack import dump_stacks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -105,8 +109,26 @@ class FakeProcess:
         self.signals.append(sig)
 
 
-def test_chaos_asks_only_live_workers_for_their_stacks():
+def test_only_live_workers_are_asked_for_their_stacks():
     live, dead = FakeProcess("worker-0", True), FakeProcess("worker-1", False)
     assert dump_stacks([live, dead], wait_s=0) == ["worker-0"]
     assert live.signals == [log.STACK_DUMP_SIGNAL] and dead.signals == []
     assert dump_stacks([dead], wait_s=0) == []
+
+
+class NeverReady(FakeProcess):
+    def wait_ready(self, check, timeout):
+        raise ServiceError(f"{self.name} not ready after {timeout} s")
+
+
+def test_a_stack_whose_workers_are_not_ready_asks_them_for_their_stacks_before_it_gives_up(monkeypatch):
+    from modpipe.settings import Settings
+    from streams import stack as stack_module
+
+    monkeypatch.setattr(stack_module.time, "sleep", lambda s: None)
+    stack = stack_module.LocalStack(Settings.from_env({}), workers=2)
+    live, dead = NeverReady("worker-0", True), NeverReady("worker-1", False)
+    stack.workers = [stack_module.WorkerProcess(p.name, 0, p) for p in (live, dead)]
+    with pytest.raises(ServiceError, match="worker-0 not ready"):
+        stack.wait_workers_ready(timeout=1)
+    assert live.signals == [log.STACK_DUMP_SIGNAL] and dead.signals == []
