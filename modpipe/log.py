@@ -82,6 +82,14 @@ def dump_tasks_on_signal(loop: asyncio.AbstractEventLoop, stream=sys.stderr) -> 
     faulthandler.register(STACK_DUMP_SIGNAL, file=stream, all_threads=True, chain=True)
 
 
+def stop_dumping_tasks(loop: asyncio.AbstractEventLoop, stream=sys.stderr) -> None:
+    """Before `loop` closes: removing its handler (closing the loop does) leaves the signal's default action,
+    which ends the process; faulthandler alone answers it from here on."""
+    faulthandler.unregister(STACK_DUMP_SIGNAL)
+    loop.remove_signal_handler(STACK_DUMP_SIGNAL)
+    faulthandler.register(STACK_DUMP_SIGNAL, file=stream, all_threads=True)
+
+
 def await_chain(coro) -> list[str]:
     """Where a coroutine waits: `file:line in function` for it and each coroutine it awaits, innermost last
     (the innermost one's line is the `await` of a future: an executor call, a lock, a sleep)."""

@@ -203,5 +203,6 @@ async def _serve(settings: Settings, name: str, bootstrap: str, pipe, scorer: Te
     await loop.run_in_executor(None, outbox.close)
     await scorer.close()
     _log.info("worker stopped", extra={"failed": bool(crashed), "checkpoints": runner.checkpoint.commits})
+    log.stop_dumping_tasks(loop)  # a USR1 after this still dumps stacks, and does not kill the exiting worker
     return 1 if crashed else 0
 

@@ -76,6 +76,36 @@ def test_one_signal_dumps_threads_and_tasks_also_while_the_loop_is_blocked():
     assert waiter[0]["awaiting"][-1].endswith("in wait"), waiter  # asyncio.Event.wait, innermost
 
 
+# A process whose loop stops answering the signal before it closes, as the worker's does at the end.
+AFTER_THE_LOOP = """
+import asyncio, time
+from modpipe import log
+log.dump_stacks_on_signal()
+
+async def main():
+    log.dump_tasks_on_signal(asyncio.get_running_loop())
+    log.stop_dumping_tasks(asyncio.get_running_loop())
+
+asyncio.run(main())
+print("closed", flush=True)
+time.sleep(1.5)
+print("done", flush=True)
+"""
+
+
+def test_after_the_loop_has_closed_the_signal_still_dumps_stacks_and_does_not_kill():
+    proc = subprocess.Popen([sys.executable, "-c", AFTER_THE_LOOP], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "closed"
+        os.kill(proc.pid, log.STACK_DUMP_SIGNAL)
+        assert proc.stdout.readline().strip() == "done", proc.stderr.read()  # without it: killed by the signal
+        assert proc.wait(30) == 0
+    finally:
+        proc.kill()
+    assert "most recent call first" in proc.stderr.read()
+
+
 def test_await_chain_lists_each_awaiting_coroutine_innermost_last():
     async def inner(fut):
         await fut
