@@ -44,7 +44,7 @@ def member(conf: dict, name: str, args, report: dict, stop: threading.Event) -> 
         assignments.append(-len(partitions))
 
     def subscribe() -> Consumer:
-        consumer = Consumer(conf)
+        consumer = Consumer({**conf, "isolation.level": "read_committed"})  # as the workers read
         consumer.subscribe(list(TOPICS), on_assign=on_assign, on_revoke=on_revoke)
         return consumer
 
@@ -71,8 +71,7 @@ def trial(index: int, args) -> dict:
             future.result(30)
         conf = {"bootstrap.servers": broker.bootstrap, "group.id": f"probe-{index}", "session.timeout.ms": 10_000,
                 "heartbeat.interval.ms": 2_000, "max.poll.interval.ms": 900_000, "enable.auto.commit": False,
-                "partition.assignment.strategy": "range", "isolation.level": "read_committed",
-                "logger": _quiet}
+                "partition.assignment.strategy": "range", "logger": _quiet}
         report: dict = {}
         stop = threading.Event()
         threads = [threading.Thread(target=member, args=(conf, name, args, report, stop)) for name in ("a", "b")]
