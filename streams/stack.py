@@ -149,7 +149,7 @@ class LocalStack:
             asked = dump_stacks([w.process for w in self.workers])  # where a worker that is not ready waits
             if asked:
                 _log.warning("workers not ready: their stacks are in their logs", extra={
-                    "workers": asked, "logs": str(self.settings.state_dir / "logs")})
+                    "workers": asked, "logs": str(logs_dir(self.settings))})
             raise
 
     def assigned_partitions(self) -> int:
