@@ -217,7 +217,9 @@ def test_an_empty_fetch_pauses_the_assignment_for_a_moment(fake_consumer):
         return fake
 
     fake = asyncio.run(scenario())
-    cycle = [c[0] for c in fake.calls if c[0] in ("pause", "resume")]
+    # the poll thread may pause the empty assignment it saw before the partition was assigned (a resume of
+    # nothing calls nothing): the cycle is the one of the assigned partition
+    cycle = [c[0] for c in fake.calls if c[0] in ("pause", "resume") and c[1]]
     assert cycle[:6] == ["pause", "resume"] * 3
 
 
