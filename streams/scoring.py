@@ -1,4 +1,5 @@
-"""Scoring a batch of posts with the text model: tokenize once, one Triton request, probabilities back.
+"""Scoring a batch of posts with the text model: tokenize once, one Triton request, probabilities back, through
+the build's lexical stack (modpipe/textmodel/lexical.py) into the probability the build serves.
 
 Plain classes, no Kafka: the decision batcher hands `TextScorer` texts and gets probabilities.
 
@@ -91,6 +92,7 @@ class TextScorer:
         # further, a longer one would feed positions the model never learnt.
         self.tokenizer = BatchTokenizer.for_build(build, min(max_seq_len or build.max_seq_len, build.max_seq_len))
         self.model_version = build.version
+        self.stack = None if disabled else build.stack()  # lexical.StackedScorer, or None: transformer alone
         self.cache = TextCache(build.version, cache_texts)
         self.triton_url = triton_url
         self.model_name = model_name
@@ -112,12 +114,19 @@ class TextScorer:
         return self._failing_since is not None and time.monotonic() - self._failing_since >= self.outage_s
 
     async def spam_probabilities(self, texts: Sequence[str], wait: bool = False) -> np.ndarray:
-        """One probability per text: repeats from the cache, the rest in one Triton request. Raises
-        `TextModelUnavailable` during an outage unless `wait` (or the policy is `wait`)."""
+        """One served probability per text: the transformer's (repeats from the cache, the rest in one Triton
+        request) through the build's lexical stack when it has one. Raises `TextModelUnavailable` during an
+        outage unless `wait` (or the policy is `wait`)."""
         if not texts:
             return np.zeros(0, dtype=np.float64)
         if self.disabled:
             return np.full(len(texts), np.nan)
+        proba = await self._model_probabilities(texts, wait)
+        # The word model reads the whole text (the cache key only the transformer's window), so it runs for
+        # every text, repeats included; it costs ~0.1 ms per post against the transformer's milliseconds.
+        return proba if self.stack is None else self.stack.spam_proba(texts, proba)
+
+    async def _model_probabilities(self, texts: Sequence[str], wait: bool) -> np.ndarray:
         ids, mask = self.tokenizer(texts)
         if self.cache.capacity <= 0:  # off: every text computed, repeats included
             return await self._score(ids, mask, len(texts), wait)

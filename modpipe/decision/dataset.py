@@ -61,15 +61,13 @@ class TextProbabilities:
         return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
 
     def ensure(self, texts: Iterable[str]) -> None:
-        from modpipe.textmodel.evaluate import onnx_spam_proba
-        from modpipe.textmodel.tokenize import BatchTokenizer
+        from modpipe.textmodel.evaluate import served_spam_proba
 
         missing = sorted({t for t in texts if self._key(t) not in self.cache})
         if not missing:
             return
         _log.info("scoring texts with the text model in process", extra={"texts": len(missing)})
-        probs = onnx_spam_proba(self.build.onnx, BatchTokenizer.for_build(self.build), missing,
-                                threads=self.threads, desc="text model")
+        probs = served_spam_proba(self.build, missing, threads=self.threads, desc="text model")
         self.cache.update({self._key(t): round(float(p), 6) for t, p in zip(missing, probs, strict=True)})
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")

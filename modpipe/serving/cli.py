@@ -99,19 +99,23 @@ def _classify(args: argparse.Namespace) -> int:
     texts = list(args.texts)
     if texts == ["-"]:
         texts = [line.rstrip("\n") for line in sys.stdin]
-    tok = None
+    tok = stack = None
     if not args.ensemble:
         from modpipe.textmodel.artifacts import resolve_model
         build = resolve_model(settings)
         # the served model's own limit: the same truncation as the server-side tokenizer (ensemble)
         tok = BatchTokenizer.for_build(build)
+        stack = build.stack()  # what the worker does: the transformer's probability through the lexical stack
     with triton_endpoint(settings) as url, \
             SyncTextModelClient(url, settings.triton_model, settings.triton_timeout_s) as client:
         probs = []
         for start in range(0, len(texts), settings.max_batch):
             part = texts[start:start + settings.max_batch]
-            probs.extend(client.spam_probabilities_text(part) if tok is None
-                         else client.spam_probabilities(*tok(part)))
+            if tok is None:  # the ensemble applies the build's lexical stack itself
+                probs.extend(client.spam_probabilities_text(part))
+            else:
+                model = client.spam_probabilities(*tok(part))
+                probs.extend(model if stack is None else stack.spam_proba(part, model))
     for text, p in zip(texts, probs, strict=True):
         label = LABELS[SPAM_INDEX] if p >= 0.5 else LABELS[1 - SPAM_INDEX]
         if args.json:

@@ -133,19 +133,28 @@ class TextModelClient:
         return spam_probability(await self.logits(input_ids, attention_mask))
 
     async def spam_probabilities_text(self, texts: Sequence[str]) -> np.ndarray:
-        """Raw texts through the ensemble (tokenized on the server)."""
+        """Raw texts through the ensemble (tokenized on the server): the served probability, the build's
+        lexical stack included."""
+        return (await self._ensemble(texts, "spam_probability")).reshape(-1).astype(np.float64)
+
+    async def model_probabilities_text(self, texts: Sequence[str]) -> np.ndarray:
+        """Raw texts through the ensemble: the transformer's probability alone (softmax of its logits), what
+        `spam_probabilities` gives for the client's own tokenization."""
+        return spam_probability(await self._ensemble(texts, "logits"))
+
+    async def _ensemble(self, texts: Sequence[str], output: str) -> np.ndarray:
         texts = list(texts)
         if not texts:
-            return np.zeros(0, dtype=np.float64)
+            return np.zeros((0, 2 if output == "logits" else 1), dtype=np.float32)
         chunks = []
         for start in range(0, len(texts), MAX_BATCH):
             part = np.array([t.encode("utf-8") for t in texts[start:start + MAX_BATCH]], dtype=np.object_)
             part = part.reshape(-1, 1)
             inp = grpcclient.InferInput("text", list(part.shape), "BYTES")
             inp.set_data_from_numpy(part)
-            chunks.append(self._infer(self.ensemble_name, [inp], ["spam_probability"]))
+            chunks.append(self._infer(self.ensemble_name, [inp], [output]))
         results = await asyncio.gather(*chunks)
-        return np.concatenate([r[0].reshape(-1) for r in results]).astype(np.float64)
+        return np.concatenate([r[0] for r in results])
 
 
 class SyncTextModelClient:
@@ -172,6 +181,9 @@ class SyncTextModelClient:
 
     def spam_probabilities_text(self, texts: Sequence[str]) -> np.ndarray:
         return self._run(self._async.spam_probabilities_text(texts))
+
+    def model_probabilities_text(self, texts: Sequence[str]) -> np.ndarray:
+        return self._run(self._async.model_probabilities_text(texts))
 
     def close(self) -> None:
         if not self._loop.is_closed():

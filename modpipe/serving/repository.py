@@ -10,8 +10,8 @@
 
 A variant is a list of groups; a model directory of a later group is laid over the same model's directory
 of an earlier one (its files replace theirs). Weights never enter git. `assemble()` copies a variant's
-templates into a directory, links (or copies) the build's weights (`model.onnx`, `torch/`, `tokenizer.json`)
-into the version directories, and writes the build's identity into each config's `parameters`
+templates into a directory, links (or copies) the build's weights (`model.onnx`, `torch/`, `tokenizer.json`,
+`lexical_head.json` with `modpipe/textmodel/lexical.py` for spam_postprocess) into the version directories, and writes the build's identity into each config's `parameters`
 (build_version, build_path, max_seq_len, tail_tokens), which clients read back through Triton's model-config
 API.
 """
@@ -27,6 +27,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 import modpipe
+from modpipe.textmodel import lexical
 from modpipe.textmodel.artifacts import TORCH_DIR, TORCH_FILES, ModelBuild
 
 # Env override of where the templates live (e.g. a deployment that ships them elsewhere).
@@ -175,6 +176,13 @@ def assemble(dest: Path, build: ModelBuild, variant: str = "cpu", model_name: st
         elif name == TOKENIZER_MODEL:
             _set_params(config, **identity)
             _place(build.tokenizer, version / "tokenizer.json", link)
+        elif name == POSTPROCESS_MODEL and (build.path / lexical.HEAD_FILE).exists():
+            # the build's lexical stack: its head, the normalizer it reads text through, and the one
+            # implementation of it (lexical.py has no modpipe imports, so it runs in Triton's stub as it is)
+            _set_params(config, build_version=build.version)
+            _place(build.path / lexical.HEAD_FILE, version / lexical.HEAD_FILE, link)
+            _place(build.tokenizer, version / "tokenizer.json", link)
+            _place(Path(lexical.__file__), version / "lexical.py", link=False)
         elif config.platform == "ensemble":
             for step in config.ensemble_scheduling.step:
                 if step.model_name == TEXT_MODEL:

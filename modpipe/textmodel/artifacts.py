@@ -8,7 +8,9 @@ A build directory (``$MODPIPE_CACHE_DIR/models/<key>/``) holds:
 - ``model.int8.onnx``     dynamically quantized variant, evaluated beside fp32
 - ``tokenizer.json``      the fast (WordPiece, uncased) tokenizer
 - ``served.json``         {"version", "precision", "max_seq_len", "tail_tokens", "labels", "profile",
-                          "built_at"}
+                          "built_at", "threshold", "stack", ...}
+- ``lexical_head.json``   the word model and the stack's coefficients (lexical.py): the served probability is
+                          the transformer's stacked with it (builds without the file serve the transformer's)
 - ``metrics.json``        evaluation of the served model and the TF-IDF + linear SVM baseline, per data set
 - ``split.json``          how the data was split (seed, sizes, hashes of each split's texts)
 - ``heldout.jsonl``       the test-split texts {"text", "label", "dataset"}; drawn on by smoke tests and the demo
@@ -22,6 +24,7 @@ A build directory (``$MODPIPE_CACHE_DIR/models/<key>/``) holds:
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +78,10 @@ class ModelBuild:
         """Tokens of a long text's end kept in the window (0: only its start; builds before head + tail)."""
         return int(self.served.get("tail_tokens", 0))
 
+    def stack(self):
+        """The lexical stack the build serves (`lexical.StackedScorer`), or None for a build without one."""
+        return _load_stack(self.path)
+
     def heldout(self) -> list[dict]:
         """Test-split texts as {"text", "label": "spam"|"ham", "dataset"} (labels stored as 0/1 or names)."""
         path = self.path / "heldout.jsonl"
@@ -85,6 +92,13 @@ class ModelBuild:
             if not isinstance(row["label"], str):
                 row["label"] = LABELS[int(row["label"])]
         return rows
+
+
+@functools.lru_cache(maxsize=4)
+def _load_stack(path: Path):
+    from modpipe.textmodel.lexical import StackedScorer
+
+    return StackedScorer.load(str(path))
 
 
 def models_root(settings: Settings) -> Path:

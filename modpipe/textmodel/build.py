@@ -236,6 +236,32 @@ def build(settings: Settings, profile_name: str = "full", base: Path | None = No
     return final
 
 
+def lexical_stack(out: Path, splits: dict, window: BatchTokenizer, normalizer, fp_budget: float):
+    """Fit the lexical head on the train split and the stack on the validation split (lexical.py), choose the
+    stack's served threshold for the false-positive budget the way the transformer's was chosen
+    (train.choose_shift), fold it into the stack's intercept and save the head into the build."""
+    import numpy as np
+
+    from modpipe.textmodel import evaluate, lexical, train
+
+    norm = normalizer.normalize_str if normalizer is not None else (lambda text: text)
+    tr, val = splits["train"], splits["validation"]
+    head = lexical.fit_head([norm(e.text) for e in tr], [e.label for e in tr])
+    val_proba = evaluate.onnx_spam_proba(out / "model.onnx", window, [e.text for e in val], desc="validation stack")
+    labels = np.array([e.label for e in val])
+    stacked = lexical.fit_stack(head, [norm(e.text) for e in val], labels, val_proba, normalize=norm)
+    groups, plain = train.validation_groups(val)
+    decision = stacked.decision(val_proba, stacked.margins([e.text for e in val]))
+    shift, info = train.choose_shift(decision, labels, groups, plain, fp_budget)
+    stacked.intercept += shift
+    stacked.info["threshold"] = info
+    stacked.save(str(out))
+    _log.info("lexical stack", extra={"terms": len(head.vocabulary), "model_logit": stacked.model_coef,
+                                      "lexical_margin": stacked.lexical_coef, "intercept": stacked.intercept,
+                                      "shift": shift})
+    return stacked
+
+
 def _build_into(out: Path, settings: Settings, profile: Profile, base: Path | None, base_dir: Path, base_hash: str,
                 seed: int, key: str, data_hashes: dict, t_start: float, device: str = "cpu",
                 base_layers: int = 0, extra: Path | None = None) -> None:
@@ -243,7 +269,7 @@ def _build_into(out: Path, settings: Settings, profile: Profile, base: Path | No
     import torch
     from tokenizers import Tokenizer
 
-    from modpipe.textmodel import card, convert, data, evaluate, export, hostile, train
+    from modpipe.textmodel import card, convert, data, evaluate, export, hostile, lexical, train
     from modpipe.textmodel.tokenize import BatchTokenizer, collapse_punctuation_runs, prepare
 
     timings: dict[str, float] = {}
@@ -325,6 +351,10 @@ def _build_into(out: Path, settings: Settings, profile: Profile, base: Path | No
     shutil.copy2(fp32 if precision == "fp32" else int8, out / "model.onnx")
     t = lap("precision_s", t)
 
+    stacked = lexical_stack(out, splits, window, normalizer=Tokenizer.from_file(str(out / "tokenizer.json")).normalizer,
+                            fp_budget=cfg.fp_budget)
+    t = lap("lexical_head_s", t)
+
     served = {
         "version": f"{profile.name}-{key}",
         "precision": precision,
@@ -344,6 +374,10 @@ def _build_into(out: Path, settings: Settings, profile: Profile, base: Path | No
         "threshold": {"served": 0.5, **result.bias_calibration},
         # what the build was never trained on (`modpipe model eval --ood` reads these packages)
         "ood_sources": data.ood_hashes(settings.cache_dir),
+        # what is served: the transformer's probability stacked with a word model's margin (lexical.py)
+        "stack": {"file": lexical.HEAD_FILE, "terms": len(stacked.head.vocabulary),
+                  "model_logit": round(stacked.model_coef, 4), "lexical_margin": round(stacked.lexical_coef, 4),
+                  "intercept": round(stacked.intercept, 4), **stacked.info},
     }
     if extra is not None:
         served["extra_data"] = {"path": str(extra), "sha256": data_hashes[data.EXTRA],
@@ -354,8 +388,10 @@ def _build_into(out: Path, settings: Settings, profile: Profile, base: Path | No
 
     baseline = evaluate.Baseline().fit(splits["train"])
     datasets = evaluate.evaluate(out / "model.onnx", window, splits["train"],
-                                 splits["test"], baseline)
-    metrics = {"split": "test", "served_precision": precision, "model": f"model.onnx ({precision})",
+                                 splits["test"], baseline, stacked)
+    metrics = {"split": "test", "served_precision": precision,
+               "model": f"model.onnx ({precision}) stacked with the lexical head",
+               "transformer": f"model.onnx ({precision}) alone",
                "baseline": evaluate.Baseline.DESCRIPTION, "datasets": datasets}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     t = lap("eval_s", t)

@@ -11,13 +11,24 @@ def _metrics_table(datasets: dict) -> str:
     rows = ["| data set | system | " + " | ".join(METRIC_KEYS) + " | confusion (tn/fp/fn/tp) |",
             "|---|---|" + "---|" * len(METRIC_KEYS) + "---|"]
     for ds, entry in datasets.items():
-        for system in ("model", "baseline"):
+        for system in (s for s in ("model", "transformer", "baseline") if s in entry):
             m = entry[system]
             vals = " | ".join("-" if m[k] is None else f"{m[k]:.4f}" for k in METRIC_KEYS)
             c = m["confusion"]
             rows.append(f"| {ds} (n={m['n']}, spam={m['spam']}) | {system} | {vals} | "
                         f"{c['tn']}/{c['fp']}/{c['fn']}/{c['tp']} |")
     return "\n".join(rows)
+
+
+def _stack_text(served: dict) -> str:
+    stack = served.get("stack")
+    if not stack:
+        return "None: this build serves the transformer's probability alone."
+    return (f"`{stack['file']}` (`modpipe/textmodel/lexical.py`): TF-IDF of word 1-2 grams ({stack['terms']:,} terms) "
+            f"and a linear SVM fitted on the train split, read as `tokenizer.json` normalises the text; served "
+            f"probability = sigmoid({stack['model_logit']} x model logit + {stack['lexical_margin']} x lexical margin "
+            f"{stack['intercept']:+}), the coefficients fitted on the validation split by logistic regression, the "
+            f"intercept including the served threshold's shift: {json.dumps(stack.get('threshold', {}))}.")
 
 
 def _register_rows() -> str:
@@ -120,6 +131,9 @@ classification head (pre-classifier 384x384 + ReLU + dropout 0.2 + linear 384x2)
 - Out-of-domain sources this build was never trained on (`modpipe model eval --ood`), sha256:
   {json.dumps(served.get('ood_sources', {}))}.
 
+## The served probability: the transformer stacked with a lexical head
+{_stack_text(served)}
+
 ## Export and precision
 - ONNX opset {export['opset']} (legacy TorchScript exporter), dynamic batch and sequence axes. ONNX Runtime vs
   PyTorch on {export['check']['texts']} held-out texts: max |logit diff| = {export['check']['max_abs_diff']:.2e}
@@ -133,7 +147,8 @@ classification head (pre-classifier 384x384 + ReLU + dropout 0.2 + linear 384x2)
 - **Served: {served['precision']}** — {served['precision_reason']}
 
 ## Test metrics (test split, served model vs baseline)
-Baseline: {metrics['baseline']}, trained on the same train split. Model: `model.onnx` run with ONNX Runtime,
+Baseline: {metrics['baseline']}, trained on the same train split. Model: {metrics['model']} (`model`, what
+is served{'; `transformer`: the ONNX model alone' if served.get('stack') else ''}), run with ONNX Runtime,
 threshold 0.5 on the spam probability.
 
 {_metrics_table(metrics['datasets'])}

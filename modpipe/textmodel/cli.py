@@ -120,7 +120,7 @@ def evaluate_build(path: Path, settings: Settings) -> dict:
 
     build = artifacts_build(path)
     train, test = build_splits(build.path, settings)
-    datasets = evaluate.evaluate(build.onnx, BatchTokenizer.for_build(build), train, test)
+    datasets = evaluate.evaluate(build.onnx, BatchTokenizer.for_build(build), train, test, stack=build.stack())
     served = build.served
     return {"model_dir": str(build.path), "version": served["version"], "precision": served["precision"],
             "profile": served.get("profile"), "split": "test", "baseline": evaluate.Baseline.DESCRIPTION,

@@ -1,4 +1,5 @@
-"""Evaluation of an ONNX build (ONNX Runtime, per-batch padding) beside a TF-IDF + LinearSVC baseline."""
+"""Evaluation of a build (ONNX Runtime, per-batch padding; the lexical stack on top) beside a TF-IDF + LinearSVC
+baseline."""
 
 from __future__ import annotations
 
@@ -62,6 +63,15 @@ def onnx_spam_proba(onnx_path: Path, tok: BatchTokenizer, texts: Sequence[str], 
     return out
 
 
+def served_spam_proba(build, texts: Sequence[str], desc: str | None = None, threads: int = 2) -> np.ndarray:
+    """The probability a build serves: the transformer's, through the build's lexical stack when it has one
+    (lexical.py; builds before it serve the transformer alone)."""
+    texts = list(texts)
+    proba = onnx_spam_proba(build.onnx, BatchTokenizer.for_build(build), texts, threads=threads, desc=desc)
+    stack = build.stack()
+    return proba if stack is None else stack.spam_proba(texts, proba)
+
+
 class Baseline:
     """TF-IDF (word 1-2 grams, sublinear tf) + LinearSVC (C=1), trained on the same train split."""
 
@@ -91,29 +101,34 @@ def by_dataset(examples: list[Example]) -> dict[str, list[int]]:
 
 
 def evaluate(onnx_path: Path, tok: BatchTokenizer, train: list[Example], test: list[Example],
-             baseline: Baseline | None = None) -> dict:
-    """Per data set: the ONNX model and the baseline side by side on `test`."""
-    prob = onnx_spam_proba(onnx_path, tok, [e.text for e in test], desc="eval model")
+             baseline: Baseline | None = None, stack=None) -> dict:
+    """Per data set on `test`: the served model, the transformer alone when a lexical `stack` serves it
+    (lexical.StackedScorer), and the baseline, side by side."""
+    texts = [e.text for e in test]
+    transformer = onnx_spam_proba(onnx_path, tok, texts, desc="eval model")
+    systems = {"model": transformer if stack is None else stack.spam_proba(texts, transformer)}
+    if stack is not None:
+        systems["transformer"] = transformer
     baseline = baseline or Baseline().fit(train)
-    margin = baseline.decision([e.text for e in test])
+    margin = baseline.decision(texts)
     labels = [e.label for e in test]
     result = {}
     for ds, idx in by_dataset(test).items():
         y = [labels[i] for i in idx]
-        result[ds] = {"model": classification_metrics(y, prob[idx], 0.5),
+        result[ds] = {**{name: classification_metrics(y, p[idx], 0.5) for name, p in systems.items()},
                       "baseline": classification_metrics(y, margin[idx], 0.0)}
     return result
 
 
 def format_table(datasets: dict) -> str:
     lines = []
-    header = f"{'dataset':<14}{'system':<10}" + "".join(f"{k:>10}" for k in METRIC_KEYS) + "   confusion (tn fp fn tp)"
+    header = f"{'dataset':<14}{'system':<12}" + "".join(f"{k:>10}" for k in METRIC_KEYS) + "   confusion (tn fp fn tp)"
     lines.append(header)
     lines.append("-" * len(header))
     for ds, entry in datasets.items():
-        for system in ("model", "baseline"):
+        for system in (s for s in ("model", "transformer", "baseline") if s in entry):
             m = entry[system]
             vals = "".join(f"{m[k]:>10.4f}" if m[k] is not None else f"{'-':>10}" for k in METRIC_KEYS)
             c = m["confusion"]
-            lines.append(f"{ds:<14}{system:<10}{vals}   {c['tn']} {c['fp']} {c['fn']} {c['tp']}")
+            lines.append(f"{ds:<14}{system:<12}{vals}   {c['tn']} {c['fp']} {c['fn']} {c['tp']}")
     return "\n".join(lines)

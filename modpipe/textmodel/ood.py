@@ -17,7 +17,6 @@ import numpy as np
 
 from modpipe.textmodel import data, evaluate
 from modpipe.textmodel.data import Example
-from modpipe.textmodel.tokenize import BatchTokenizer
 
 OOD_SEED = 0
 FP_TARGET = 0.02  # overall false-positive rate on out-of-domain legitimate text
@@ -43,7 +42,7 @@ def report(build, train: list[Example], test: list[Example], cache_dir, before=N
         rate = "recall" if label else "fp"
         entry = {"texts": len(rows), **stats[name], "label": "spam" if label else "ham"}
         for system, b in systems.items():
-            p = evaluate.onnx_spam_proba(b.onnx, BatchTokenizer.for_build(b), rows, desc=f"ood {name} {system}")
+            p = evaluate.served_spam_proba(b, rows, desc=f"ood {name} {system}")
             flags[label][system].append(p >= 0.5)
             entry[f"{system}_{rate}"] = _rate(p >= 0.5)
         margin = baseline.decision(rows)
@@ -54,7 +53,7 @@ def report(build, train: list[Example], test: list[Example], cache_dir, before=N
     overall.update({f"{system}_spam_recall": _rate(np.concatenate(f)) if f else None
                     for system, f in flags[1].items()})
     spam = [e for e in test if e.label == 1]
-    p = evaluate.onnx_spam_proba(build.onnx, BatchTokenizer.for_build(build), [e.text for e in spam], desc="spam")
+    p = evaluate.served_spam_proba(build, [e.text for e in spam], desc="spam")
     margin = baseline.decision([e.text for e in spam])
     recall = {ds: {"spam": len(idx), "model": _rate(p[idx] >= 0.5), "baseline": _rate(margin[idx] >= 0.0)}
               for ds, idx in evaluate.by_dataset(spam).items()}

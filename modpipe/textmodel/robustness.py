@@ -13,7 +13,6 @@ import numpy as np
 
 from modpipe.textmodel import attacks, evaluate
 from modpipe.textmodel.data import Example
-from modpipe.textmodel.tokenize import BatchTokenizer
 
 ATTACK_SEED = 1123  # default seed of the test-time attacks
 ATTACK_RATE = 1.0  # share of a text's words (>= 3 letters) each attack rewrites: spammers disguise every word
@@ -35,8 +34,7 @@ def _per_dataset(test: list[Example], score: np.ndarray, threshold: float) -> di
 
 def model_report(build, test: list[Example], sets: dict[str, list[str]]) -> dict:
     """Per form, per data set (and "all"): the build's metrics; gaps to clean accuracy; clean-ham FP rate."""
-    tok = BatchTokenizer.for_build(build)
-    forms = {form: _per_dataset(test, evaluate.onnx_spam_proba(build.onnx, tok, texts, desc=f"attack {form}"), 0.5)
+    forms = {form: _per_dataset(test, evaluate.served_spam_proba(build, texts, desc=f"attack {form}"), 0.5)
              for form, texts in sets.items()}
     return {"model_dir": str(build.path), "version": build.served.get("version"), "forms": forms,
             **summary(forms)}

@@ -203,7 +203,7 @@ def subset(examples: list[Example], fraction: float, seed: int) -> list[Example]
     return out
 
 
-def _groups(val_examples: list[Example]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+def validation_groups(val_examples: list[Example]) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """({data set with spam: mask}, mask of the examples the false-positive budget is about: the
     validation-only registers when there are any, else every ham-only data set)."""
     from modpipe.textmodel.corpora import validation_only
@@ -222,7 +222,7 @@ def validation_score(model, val_seqs, val_examples: list[Example], batch_size: i
     rate on the validation-only registers (reported)."""
     prob = predict_proba(model, val_seqs, batch_size, device=device, bf16=bf16)
     labels = np.array([e.label for e in val_examples])
-    groups, plain = _groups(val_examples)
+    groups, plain = validation_groups(val_examples)
     scores = {ds: spam_f1(labels[m], prob[m]) for ds, m in groups.items()}
     scores["mean_f1"] = float(np.mean([scores[d] for d in groups]))
     if plain.any():
@@ -412,7 +412,7 @@ def calibrate_bias(model, val_seqs, val_examples: list[Example], device: str = "
     prob = np.clip(predict_proba(model, val_seqs, device=device), 1e-7, 1 - 1e-7)
     margin = np.log(prob / (1 - prob))
     labels = np.array([e.label for e in val_examples])
-    groups, plain = _groups(val_examples)
+    groups, plain = validation_groups(val_examples)
     chosen, info = choose_shift(margin, labels, groups, plain, fp_budget)
     if chosen:
         with torch.no_grad():

@@ -62,6 +62,23 @@ def test_build_recorded_its_export_check_and_precision(build):
         assert served["demo_quality"] is True and "demo-quality" in card.lower()
 
 
+def test_build_serves_a_lexical_stack_fitted_on_validation(build):
+    """The build's served probability is the transformer's stacked with a word model (lexical.py): the file
+    is there, the stack leans on both scores, and its threshold keeps the validation-only registers within
+    the false-positive budget."""
+    from modpipe.textmodel import lexical
+
+    stack = build.served["stack"]
+    assert (build.path / stack["file"]).exists() and stack["file"] == lexical.HEAD_FILE
+    assert stack["terms"] > 10_000 and stack["fitted_on"].startswith("validation split")
+    assert stack["model_logit"] > 0 and stack["lexical_margin"] > 0
+    threshold = stack["threshold"]
+    assert threshold["budget_met"] and threshold["val_registers_fp_after"] <= threshold["fp_budget"]
+    loaded = build.stack()
+    assert loaded is not None and len(loaded.head.vocabulary) == stack["terms"]
+    assert "stacked with a lexical head" in (build.path / "MODEL_CARD.md").read_text()
+
+
 def test_split_and_heldout_are_consistent(build):
     from modpipe.textmodel import data
 
@@ -88,7 +105,8 @@ def test_eval_reproduces_recorded_metrics(build, evaluated):
     recorded = json.loads((build.path / "metrics.json").read_text())["datasets"]
     assert set(evaluated["datasets"]) == TESTED
     for ds, entry in evaluated["datasets"].items():
-        for system in ("model", "baseline"):
+        assert set(entry) == set(recorded[ds]) == {"model", "transformer", "baseline"}
+        for system in entry:
             for k in ("accuracy", "precision", "recall", "f1", "roc_auc"):
                 assert entry[system][k] == pytest.approx(recorded[ds][system][k], abs=2e-3), (ds, system, k)
 

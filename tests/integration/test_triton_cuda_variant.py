@@ -75,7 +75,7 @@ def test_cuda_variant_agrees_with_the_onnx_path(cuda_server, model_build, texts)
     with SyncTextModelClient(cuda_server.grpc_url, timeout_s=120) as client:
         logits = client.logits(ids, mask)
         one_by_one = np.concatenate([client.logits(*tok([t])) for t in texts[:6]])
-        ensemble = client.spam_probabilities_text(texts)  # server-side tokenization, then spam_text
+        ensemble = client.model_probabilities_text(texts)  # server-side tokenization, then spam_text
     assert logits.shape == expected.shape == (len(texts), 2)
     got, want = spam_probability(logits), spam_probability(expected)
     assert np.max(np.abs(got - want)) <= AGREEMENT, np.max(np.abs(got - want))

@@ -120,8 +120,21 @@ def test_empty_batch_and_big_batch(client, tok, labelled, model_build):
 
 def test_ensemble_matches_client_side_tokenization(client, tok, labelled, model_build):
     texts = labelled[0][:10] + labelled[1][:10] + EDGE_TEXTS
-    np.testing.assert_allclose(client.spam_probabilities_text(texts), client.spam_probabilities(*tok(texts)),
+    np.testing.assert_allclose(client.model_probabilities_text(texts), client.spam_probabilities(*tok(texts)),
                                atol=batch_tolerance(model_build))
+
+
+def test_ensemble_serves_the_builds_lexical_stack(client, tok, labelled, model_build):
+    """spam_postprocess applies the build's lexical stack to the text (lexical.py copied beside it): the
+    ensemble's probability is the worker's (the transformer's from spam_text, stacked on the client), and it
+    is not the transformer's alone."""
+    stack = model_build.stack()
+    assert stack is not None, f"build {model_build.version} has no {model_build.path / 'lexical_head.json'}"
+    texts = labelled[0][:10] + labelled[1][:10] + EDGE_TEXTS
+    model = client.spam_probabilities(*tok(texts))
+    served = client.spam_probabilities_text(texts)
+    np.testing.assert_allclose(served, stack.spam_proba(texts, model), atol=max(batch_tolerance(model_build), 1e-5))
+    assert np.max(np.abs(served - model)) > 0.01, "the ensemble served the transformer's probability alone"
 
 
 def test_server_side_tokenizer_applies_the_builds_normalizer(client, tok, model_build):
@@ -131,7 +144,7 @@ def test_server_side_tokenizer_applies_the_builds_normalizer(client, tok, model_
         pytest.skip("this build's tokenizer has no punctuation-run rules (demo profile)")
     long, cut = "WIN!!!!!!!!!!!! " + "=" * 60 + " claim your prize....... now", "WIN!!! === claim your prize... now"
     np.testing.assert_array_equal(tok([long])[0], tok([cut])[0])
-    np.testing.assert_allclose(client.spam_probabilities_text([long]), client.spam_probabilities(*tok([cut])),
+    np.testing.assert_allclose(client.model_probabilities_text([long]), client.spam_probabilities(*tok([cut])),
                                atol=batch_tolerance(model_build))
 
 
@@ -142,7 +155,7 @@ def test_server_side_tokenizer_folds_hostile_text(client, tok, model_build):
     hostile = "ｗｉｎ a 𝐟𝐫𝐞𝐞 iPhonе: C L A I M c\u200ba\u200bs\u200bh now"  # Cyrillic е in iPhonе
     clean = "win a free iPhone: CLAIM cash now"
     np.testing.assert_array_equal(tok([hostile])[0], tok([clean])[0])
-    np.testing.assert_allclose(client.spam_probabilities_text([hostile, clean]),
+    np.testing.assert_allclose(client.model_probabilities_text([hostile, clean]),
                                client.spam_probabilities(*tok([clean, clean])), atol=batch_tolerance(model_build))
 
 
@@ -153,7 +166,7 @@ def test_server_side_tokenizer_keeps_the_builds_head_and_tail(client, tok, model
     texts = [body + "Thanks, see you on Monday. Bob", body + "To be removed from our list click here and reply REMOVE"]
     ids, mask = tok(texts)
     assert ids.shape[1] == model_build.max_seq_len
-    served = client.spam_probabilities_text(texts)
+    served = client.model_probabilities_text(texts)
     np.testing.assert_allclose(served, client.spam_probabilities(ids, mask), atol=batch_tolerance(model_build))
     ends_differ = not np.array_equal(ids[0], ids[1])
     assert ends_differ == (model_build.tail_tokens > 0)

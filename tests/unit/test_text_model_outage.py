@@ -41,7 +41,7 @@ class FlakyClient:
 
 def scorer(policy: str, outage_s: float = 0.3) -> tuple[TextScorer, FlakyClient]:
     build = types.SimpleNamespace(tokenizer=get_model_path() / "tokenizer.json", max_seq_len=32, tail_tokens=0,
-                                  version="test-v1")
+                                  stack=lambda: None, version="test-v1")
     s = TextScorer(build, "unused:0", "spam_text", outage_s=outage_s, outage_policy=policy, cache_texts=0)
     s._client = client = FlakyClient()
     return s, client

@@ -13,6 +13,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from modpipe.serving import repository, tensorrt
+from modpipe.textmodel import lexical
 from modpipe.textmodel.artifacts import INPUT_NAMES, OUTPUT_NAME, ModelBuild
 
 ROOT = Path(__file__).resolve().parents[2] / "triton_models"
@@ -120,6 +121,21 @@ def test_assemble_cpu_links_weights_and_writes_identity(tmp_path, fake_build):
     assert params["max_seq_len"].string_value == "96"
     tokenizer_params = parse(repo / "spam_tokenizer" / "config.pbtxt").parameters
     assert tokenizer_params["max_seq_len"].string_value == "96" and tokenizer_params["tail_tokens"].string_value == "32"
+
+
+def test_assemble_gives_spam_postprocess_the_builds_lexical_stack(tmp_path, fake_build):
+    """With a lexical_head.json the postprocess step gets it, the tokenizer whose normalizer it reads text
+    through, and lexical.py itself (copied: the repository may be shipped); without one, nothing."""
+    plain = repository.assemble(tmp_path / "plain", fake_build, variant="cpu")
+    assert not (plain / "spam_postprocess" / "1" / "lexical.py").exists()
+    (fake_build.path / "lexical_head.json").write_text("{}")
+    repo = repository.assemble(tmp_path / "repo", fake_build, variant="tensorrt", link=False)
+    version = repo / "spam_postprocess" / "1"
+    assert (version / "lexical_head.json").read_text() == "{}" and (version / "tokenizer.json").read_text() == "{}"
+    assert (version / "lexical.py").read_text() == Path(lexical.__file__).read_text()
+    assert not (version / "lexical.py").is_symlink()
+    inputs = {i.name for i in parse(repo / "spam_postprocess" / "config.pbtxt").input}
+    assert inputs == {"logits", "text"}
 
 
 def test_assemble_renames_text_model_and_ensemble_follows(tmp_path, fake_build):
