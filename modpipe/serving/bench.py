@@ -9,6 +9,9 @@ One run measures, on the same held-out texts (the build's heldout.jsonl, a fixed
   CPU (same model file and thread count as the cpu variant) or PyTorch on a device (the build's `torch/`
   weights, fp16 on a GPU: what the cuda variant runs).
 
+- the build's lexical stack in process on one thread (what the worker adds to Triton's answer), as texts/s
+  and as a share of the ceiling's time per text.
+
 Tokenization happens before the clock starts, in both cases, so the ratios isolate serving cost. `--gpu`
 is the GPU section's preset: request sizes 1/64/256, 1/2/8/32 in flight, PyTorch's ceiling on CUDA.
 """
@@ -179,6 +182,23 @@ def ratios(triton_rows: list[dict], ort_rows: list[dict]) -> dict:
     return out
 
 
+def bench_stack(build: ModelBuild, texts: Sequence[str]) -> dict | None:
+    """The build's lexical stack in process (what the worker adds after Triton's answer, on one thread): texts/s
+    over the same texts, best of 3. None for a build without one."""
+    stack = build.stack()
+    if stack is None:
+        return None
+    model = np.full(len(texts), 0.5)
+    stack.spam_proba(texts[:8], model[:8])
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        stack.spam_proba(texts, model)
+        best = min(best, time.perf_counter() - t0)
+    return {"texts": len(texts), "texts_per_s": round(len(texts) / best, 1),
+            "us_per_text": round(best / len(texts) * 1e6, 1), "terms": len(stack.head.vocabulary)}
+
+
 def run(url: str, build: ModelBuild, model_name: str, n_texts: int = 256,
         batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, inflight: int | Sequence[int] = 2, include_ort: bool = True,
         ort_threads: int = 2, progress: bool = True, ceiling: str = "ort", torch_device: str = "auto") -> dict:
@@ -205,6 +225,11 @@ def run(url: str, build: ModelBuild, model_name: str, n_texts: int = 256,
             ceiling_rows = bench_torch(build, tok, texts, batch_sizes, bar.update, torch_device, ort_threads)
         else:
             ceiling_rows = []
+    stack = bench_stack(build, texts)
+    out_ratios = ratios(triton_rows, ceiling_rows)
+    if stack is not None and out_ratios.get("best_ceiling_texts_per_s"):
+        # its time per text as a share of the transformer's (the best in-process ceiling)
+        stack["share_of_ceiling_time"] = round(out_ratios["best_ceiling_texts_per_s"] / stack["texts_per_s"], 4)
     return {
         "model": version, "build_path": str(build.path), "url": url, "texts": n_texts,
         "batch_sizes": list(batch_sizes), "inflight": inflights, "ort_threads": ort_threads, "ceiling": ceiling,
@@ -212,7 +237,7 @@ def run(url: str, build: ModelBuild, model_name: str, n_texts: int = 256,
         "tokens_per_text": {"mean": round(float(np.mean(lengths)), 1), "p50": float(np.median(lengths)),
                             "max": int(max(lengths))},
         "tokenize_texts_per_s": round(n_texts / tokenize_s, 1) if tokenize_s else None,
-        "triton": triton_rows, "ceiling_rows": ceiling_rows, "ratios": ratios(triton_rows, ceiling_rows),
+        "triton": triton_rows, "ceiling_rows": ceiling_rows, "ratios": out_ratios, "stack": stack,
     }
 
 
@@ -235,4 +260,10 @@ def format_table(report: dict) -> str:
     r = report["ratios"]
     lines.append(f"  best triton {r['best_triton_texts_per_s']} texts/s vs best ceiling {r['best_ceiling_texts_per_s']}: "
                  f"{r['best_triton_vs_best_ceiling']}")
+    stack = report.get("stack")
+    if stack:
+        lines.append(f"lexical stack, in process on one thread ({stack['terms']:,} terms): {stack['texts_per_s']} texts/s, "
+                     f"{stack['us_per_text']} us/text"
+                     + (f" = {stack['share_of_ceiling_time']:.1%} of the best ceiling's time per text"
+                        if stack.get("share_of_ceiling_time") else ""))
     return "\n".join(lines)

@@ -256,6 +256,8 @@ def test_bench_model_json_small(triton_env):
         assert row["mean_width"] == limit if row["padding"] == "fixed" else row["mean_width"] <= limit
     assert report["ratios"]["per_batch"]["8"]["triton_vs_ceiling"] > 0
     assert report["model"]["model"] == "spam_text"
+    stack = report["stack"]  # the build's lexical stack, timed on the same texts
+    assert stack["texts"] == 16 and stack["texts_per_s"] > 0 and stack["share_of_ceiling_time"] > 0
 
 
 def test_server_stops_with_no_orphan(model_build, tmp_path, triton_server):
