@@ -8,6 +8,7 @@ import signal
 import sys
 import time
 
+from modpipe import log
 from modpipe.settings import Settings
 
 
@@ -53,6 +54,7 @@ def _up(args) -> int:
     # SIGINT ignored, and Python then never raises KeyboardInterrupt: Ctrl-C from a supervisor is lost
     signal.signal(signal.SIGTERM, _raise_stop)
     signal.signal(signal.SIGINT, _raise_stop)
+    log.dump_stacks_on_signal()  # `kill -USR1` shows where the supervisor waits, as for a worker
     print("starting broker, Triton and workers (logs in "
           f"{settings.state_dir / 'logs'}) ...", file=sys.stderr, flush=True)
     try:

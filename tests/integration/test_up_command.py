@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from modpipe import log
 from modpipe.services.process import free_port
 
 pytestmark = pytest.mark.integration
@@ -162,7 +163,15 @@ def test_up_restarts_what_dies_and_keeps_deciding(tmp_path, settings_env, model_
         assert wanted <= got, f"{len(wanted - got)} of 20 posts undecided after the restarts"
         children = descendants(proc.pid)
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=90)
+        try:
+            proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(log.STACK_DUMP_SIGNAL)  # its threads' stacks, into the output read below
+            time.sleep(2)
+            worker_log = tmp_path / "logs" / "worker-0.log"
+            tail = worker_log.read_text().splitlines()[-15:] if worker_log.exists() else []
+            pytest.fail("`modpipe up` did not stop within 90 s of Ctrl-C; its last output (stacks included):\n"
+                        + "".join(lines[-80:]) + "\nworker-0.log:\n" + "\n".join(tail))
         assert proc.returncode == 0
     finally:
         if proc.poll() is None:
