@@ -38,8 +38,10 @@ def _worker(args) -> int:
     return run_worker(Settings.from_env(), args.name)
 
 
-class _Stop(Exception):
-    pass
+class _Stop(BaseException):
+    """SIGTERM / SIGINT to `modpipe up`. A BaseException, like KeyboardInterrupt: the supervisor's loop guards
+    its status line and restarts with `except Exception` (a slow broker must not crash the stack), and a
+    signal landing inside one of those was swallowed there, so `up` went on running after Ctrl-C."""
 
 
 def _raise_stop(*_):

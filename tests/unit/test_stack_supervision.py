@@ -83,3 +83,35 @@ def test_a_restart_that_fails_is_tried_again_later(monkeypatch):
     events = stack.supervise(now=1.0)
     assert calls == [1] and "did not start (port 9092 is already in use)" in events[0]
     assert stack.restarts["broker"].next_at is not None  # scheduled again, with a longer delay
+
+
+def test_a_stop_signal_inside_the_status_line_or_a_restart_is_not_swallowed(monkeypatch):
+    """`modpipe up` raises its stop from the SIGINT/SIGTERM handler wherever the main thread is. The status
+    line's group lag and the restarts catch `Exception` (a slow broker must not crash the stack); a stop
+    raised inside them must still end `up`."""
+    import types
+
+    from modpipe.services import group_lag
+    from streams import cli
+
+    def slow_broker(*args, **kwargs):
+        cli._raise_stop()  # the signal arrives while the lag query waits on the broker
+
+    monkeypatch.setattr(group_lag, "uncommitted_input", slow_broker)
+    stack = LocalStack.__new__(LocalStack)
+    stack.settings, stack.bootstrap = None, "127.0.0.1:1"
+    stack.topics = types.SimpleNamespace(inputs=lambda: ["posts"])
+    try:
+        stack.group_lag()
+    except cli._Stop:
+        pass
+    else:
+        raise AssertionError("the stop was swallowed by the status line's guard")
+    # and any `except Exception` guard, e.g. supervise()'s around a restart
+    try:
+        try:
+            cli._raise_stop()
+        except Exception:  # noqa: BLE001 - what the guards do
+            raise AssertionError("the stop was swallowed by an `except Exception`") from None
+    except cli._Stop:
+        pass
