@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -20,12 +21,24 @@ class ServiceError(RuntimeError):
 
 
 _handed_out: set[int] = set()  # ports free_port returned in this process
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_SPACING = 16  # room above each port for the local stack's base + index worker ports
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now, and never one this process was given before: once the probing socket
-    is closed the kernel may hand out the same port again, and a Triton given it for both HTTP and gRPC
-    does not start (seen once in 20 chaos runs)."""
+def _listen_range() -> tuple[int, int]:
+    """Ports the kernel never gives an outgoing connection: those below its ephemeral range.
+
+    A listener on an ephemeral port can lose it between our check and its bind to any client
+    connection (Kafka clients open many); a worker died of EADDRINUSE that way in CI."""
+    try:
+        low = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default; macOS's range starts higher still
+    return 10000, low - _SPACING
+
+
+def _kernel_port(host: str) -> int:
+    """A port the kernel offers for bind(0): used where no range below the ephemeral one is left."""
     for _ in range(1000):
         with socket.socket() as s:
             s.bind((host, 0))
@@ -34,6 +47,24 @@ def free_port(host: str = "127.0.0.1") -> int:
             _handed_out.add(port)
             return port
     raise ServiceError(f"no free port on {host} that was not handed out already")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now, below the kernel's ephemeral range, and never one this process was
+    given before or just below: once a probing socket is closed the kernel may hand out the same port
+    again (a Triton given it for both HTTP and gRPC does not start), and base + index ports must not
+    run into the next one handed out."""
+    low, high = _listen_range()
+    if high <= low:
+        return _kernel_port(host)
+    for _ in range(1000):
+        port = random.randrange(low, high)
+        if any(abs(port - given) < _SPACING for given in _handed_out):
+            continue
+        if port_free(port, host):
+            _handed_out.add(port)
+            return port
+    raise ServiceError(f"no free port on {host} in {low}-{high} that was not handed out already")
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
