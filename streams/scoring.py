@@ -123,7 +123,8 @@ class TextScorer:
             return np.full(len(texts), np.nan)
         proba = await self._model_probabilities(texts, wait)
         # The word model reads the whole text (the cache key only the transformer's window), so it runs for
-        # every text, repeats included; it costs ~0.1 ms per post against the transformer's milliseconds.
+        # every text, repeats included; `modpipe bench model` measured ~0.3 ms per text against the
+        # transformer's ~10 ms on the same CPU (docs/benchmarks.md).
         return proba if self.stack is None else self.stack.spam_proba(texts, proba)
 
     async def _model_probabilities(self, texts: Sequence[str], wait: bool) -> np.ndarray:

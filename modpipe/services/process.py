@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import random
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -85,6 +88,29 @@ def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
         return False
 
 
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _stop_with(parent: int) -> Callable[[], None] | None:
+    """A pre-exec hook that has the kernel SIGTERM the child when `parent` dies, SIGKILL included.
+
+    Children run in their own session (so that stop() reaches their whole group), which also takes
+    them out of reach of a terminal's Ctrl-C; without this a killed `modpipe up` leaves its broker,
+    Triton and workers running and holding their ports. The kernel sends the signal when the thread
+    that forked exits, so only children started from the main thread get it (an executor thread that
+    restarts a broker would take the broker with it when the pool winds down). Linux only."""
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def hook() -> None:  # runs in the child between fork and exec: no locks, no imports
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the line above
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return hook
+
+
 class ManagedProcess:
     """Runs `argv` in a new session so that stopping it also stops everything it spawned."""
 
@@ -102,7 +128,7 @@ class ManagedProcess:
         logf = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed in stop()
         self._logf = logf
         self.proc = subprocess.Popen(self.argv, stdout=logf, stderr=subprocess.STDOUT, env=self.env,
-                                     cwd=self.cwd, start_new_session=True)
+                                     cwd=self.cwd, start_new_session=True, preexec_fn=_stop_with(os.getpid()))
         _log.info("started", extra={"service": self.name, "pid": self.proc.pid, "log": str(self.log_path)})
         return self
 
