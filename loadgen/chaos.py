@@ -380,7 +380,7 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
             report["workers_alive"] = sum(w.process.alive() for w in stack.workers)
             report["restarts"] = {name: policy.total for name, policy in stack.restarts.items()}
             for w in stack.workers:  # what they hold is in the changelogs; stopped, nothing changes under the read
-                w.process.stop(timeout=20)
+                w.stop()
             ours = run_decisions(settings, stack.bootstrap, stack.topics.decisions, run_id, "read_committed")
             at_least_once = run_decisions(settings, stack.bootstrap, stack.topics.decisions, run_id,
                                           "read_uncommitted")

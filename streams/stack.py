@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import time
 import urllib.request
@@ -68,6 +69,9 @@ class Restarts:
         self.next_at = None
         self.started_at = now
 
+# A worker stops in well under a second (its shutdown grace for Triton batches is MODPIPE_SHUTDOWN_GRACE_S)
+WORKER_STOP_S = 20.0
+
 
 @dataclass
 class WorkerProcess:
@@ -79,6 +83,11 @@ class WorkerProcess:
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
+    def stop(self, timeout: float = WORKER_STOP_S) -> int | None:
+        """SIGTERM (the worker commits what it finished and leaves the group); one that has not exited after
+        `timeout` writes its stacks to its log before it is SIGKILLed."""
+        return self.process.stop(timeout, dump_signal=log.STACK_DUMP_SIGNAL)
+
 
 class LocalStack:
     def __init__(self, settings: Settings, workers: int = 1, extra_env: dict[str, str] | None = None):
@@ -89,6 +98,7 @@ class LocalStack:
         self.triton = None
         self.bootstrap = settings.bootstrap_servers
         self.triton_url = settings.triton_url
+        self.killed_at_stop: list[str] = []  # workers that had to be SIGKILLed by the last stop()
         self.workers: list[WorkerProcess] = []
         self.topics = TopicNames.from_settings(settings)
         self.restarts: dict[str, Restarts] = {}
@@ -177,7 +187,7 @@ class LocalStack:
         self.triton.start()
 
     def _restart_worker(self, index: int) -> None:
-        self.workers[index].process.stop()
+        self.workers[index].stop()
         self.start_worker(index)
 
     def supervise(self, now: float | None = None) -> list[str]:
@@ -232,8 +242,11 @@ class LocalStack:
         return states
 
     def stop(self) -> None:
+        self.killed_at_stop = []
         for w in self.workers:
-            w.process.stop(timeout=20)
+            running = w.process.alive()
+            if w.stop() == -signal.SIGKILL and running:  # not one a test had SIGKILLed already
+                self.killed_at_stop.append(w.name)
         if self.triton is not None:
             self.triton.stop()
         if self.broker is not None:

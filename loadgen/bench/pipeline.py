@@ -315,7 +315,7 @@ def pipeline_passes(settings: Settings, stack, warmup: list[Event], saturation: 
 
     # the same saturation pass with the text cache on (fresh workers, an empty cache)
     for w in stack.workers:
-        w.process.stop(timeout=20)
+        w.stop()
     stack.extra_env["MODPIPE_TEXT_CACHE_SIZE"] = str(TEXT_CACHE_ON)
     for i in range(len(stack.workers)):
         stack.start_worker(i)

@@ -132,7 +132,7 @@ def run(settings: Settings, n_posts: int = DEFAULT_POSTS, workers: int | None = 
             finally:
                 decisions.close()
             for w in stack.workers:  # the seed gets the machine to itself (with its Triton)
-                w.process.stop(timeout=20)
+                w.stop()
             _log.info("bench: seed")
             groups = {"triton": stack.triton.pid} if stack.triton is not None else {}
             cpu = CpuMeter(groups)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import random
@@ -89,6 +90,7 @@ def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
 
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+DUMP_WAIT_S = 2.0  # how long a process that hung at stop gets to write its stacks before SIGKILL
 
 
 def _stop_with(parent: int) -> Callable[[], None] | None:
@@ -167,8 +169,9 @@ class ManagedProcess:
             except ProcessLookupError:
                 pass
 
-    def stop(self, timeout: float = 10.0) -> int | None:
-        """SIGTERM the whole group, SIGKILL whatever is left after `timeout`."""
+    def stop(self, timeout: float = 10.0, dump_signal: int | None = None) -> int | None:
+        """SIGTERM the whole group, SIGKILL whatever is left after `timeout`. A process that answers
+        `dump_signal` with its stacks (the workers) is sent it first, so its log says where it hung."""
         if self.proc is None:
             return None
         if self.proc.poll() is None:
@@ -176,7 +179,12 @@ class ManagedProcess:
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                _log.warning("did not stop in time, killing", extra={"service": self.name})
+                _log.warning("did not stop in time, killing", extra={"service": self.name, "timeout_s": timeout,
+                                                                      "log": str(self.log_path)})
+                if dump_signal is not None:
+                    self.signal(dump_signal)
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        self.proc.wait(DUMP_WAIT_S)  # the process writes its own dump
         # Children may outlive the leader; the group id is the leader's pid.
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)

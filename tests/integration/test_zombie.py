@@ -227,7 +227,7 @@ def test_a_worker_frozen_past_its_session_gets_nothing_past_a_read_committed_rea
         uncommitted = uncommitted_input(settings, stack.bootstrap, stack.topics.inputs(), per_partition=behind)
         assert all(w.process.alive() for w in stack.workers), [w.process.tail(20) for w in stack.workers]
         for w in stack.workers:  # what they hold is committed; stopped, nothing changes under the reads
-            w.process.stop(timeout=20)
+            w.stop()
 
         committed = [(m, orjson.loads(m.value()))
                      for m in read_all(settings, stack.bootstrap, [stack.topics.decisions])]

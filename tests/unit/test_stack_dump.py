@@ -162,3 +162,35 @@ def test_a_stack_whose_workers_are_not_ready_asks_them_for_their_stacks_before_i
     with pytest.raises(ServiceError, match="worker-0 not ready"):
         stack.wait_workers_ready(timeout=1)
     assert live.signals == [log.STACK_DUMP_SIGNAL] and dead.signals == []
+
+
+# A process that ignores SIGTERM (a worker hung in its shutdown) and answers the dump signal.
+DEAF_TO_SIGTERM = """
+import signal, sys, time
+from modpipe import log
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+log.dump_stacks_on_signal()
+
+def hung_in_shutdown():
+    print("up", flush=True)
+    time.sleep(60)
+
+hung_in_shutdown()
+"""
+
+
+def test_a_worker_that_does_not_stop_in_time_writes_its_stacks_before_it_is_killed(tmp_path):
+    from modpipe.services.process import ManagedProcess
+    from streams.stack import WorkerProcess
+
+    log_path = tmp_path / "worker.log"
+    proc = ManagedProcess("deaf", [sys.executable, "-c", DEAF_TO_SIGTERM], log_path, cwd=ROOT).start()
+    deadline = time.monotonic() + 20
+    while "up" not in log_path.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    started = time.monotonic()
+    rc = WorkerProcess("deaf", 0, proc).stop(timeout=1.0)
+    assert rc == -9  # SIGTERM was ignored: it had to be killed
+    assert time.monotonic() - started < 10
+    text = log_path.read_text()
+    assert "in hung_in_shutdown" in text, text  # faulthandler's dump names the function it hung in
