@@ -103,10 +103,13 @@ def _stop_with(parent: int) -> Callable[[], None] | None:
     restarts a broker would take the broker with it when the pool winds down). Linux only."""
     if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
         return None
-    libc = ctypes.CDLL(None, use_errno=True)
+    # looked up here, not in the child: dlsym takes the loader's lock, which another thread may hold at fork
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    prctl.argtypes, prctl.restype = [ctypes.c_int, ctypes.c_ulong], ctypes.c_int
+    pdeathsig, sigterm = _PR_SET_PDEATHSIG, int(signal.SIGTERM)
 
     def hook() -> None:  # runs in the child between fork and exec: no locks, no imports
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        prctl(pdeathsig, sigterm)
         if os.getppid() != parent:  # the parent died before the line above
             os.kill(os.getpid(), signal.SIGTERM)
 

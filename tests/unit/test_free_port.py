@@ -32,7 +32,7 @@ def test_real_ports_are_distinct_spaced_and_below_the_ephemeral_range():
     low, _ = (int(x) for x in process._EPHEMERAL_RANGE.read_text().split())
     ports = sorted(process.free_port() for _ in range(50))
     assert all(10000 <= p < low - process._SPACING for p in ports)
-    assert all(b - a >= process._SPACING for a, b in zip(ports, ports[1:]))
+    assert all(b - a >= process._SPACING for a, b in zip(ports, ports[1:], strict=False))
     assert all(process.port_free(p) for p in ports)
 
 
