@@ -36,6 +36,7 @@ from collections.abc import Callable
 
 from modpipe import log
 from streams import metrics
+from streams.waiting import wait_at_most
 
 _log = log.get(__name__)
 
@@ -105,11 +106,8 @@ class Checkpointer:
             if self.dirty_since is None:
                 continue
             left = self.dirty_since + self.interval_s - loop.time()
-            if left > 0:
-                try:  # early when quiet: nothing in flight means nothing to wait for
-                    await asyncio.wait_for(self.wiring.idle(), left)
-                except asyncio.TimeoutError:
-                    pass
+            if left > 0:  # early when quiet: nothing in flight means nothing to wait for
+                await wait_at_most(self.wiring.idle(), left)
             await self.commit()
 
     async def expire_forever(self) -> None:

@@ -32,6 +32,7 @@ from streams.outbox import Outbox, Pending
 from streams.scoring import TextModelUnavailable, TextScorer
 from streams.stages import ReadyPost, Redecision, decision_items
 from streams.topics import TopicNames
+from streams.waiting import wait_at_most
 
 _log = log.get(__name__)
 
@@ -184,9 +185,7 @@ class DecisionBatcher:
             if left <= 0:
                 return
             self._more.clear()
-            try:
-                await asyncio.wait_for(self._more.wait(), left)
-            except asyncio.TimeoutError:
+            if not await wait_at_most(self._more.wait(), left):
                 return
 
     async def _decide(self, batch: list[ReadyPost]) -> None:

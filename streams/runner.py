@@ -24,6 +24,7 @@ from streams import metrics, tables
 from streams.checkpoint import Checkpointer, FreezeWatch
 from streams.kafka.consumer import GroupConsumer
 from streams.kafka.records import TP, Record
+from streams.waiting import wait_at_most
 
 _log = log.get(__name__)
 
@@ -226,9 +227,7 @@ class Runner:
         """Start no more rounds; wait up to `grace_s` for those in flight, then commit them. Returns whether the
         last checkpoint committed (False: its input is processed again by the partitions' next owner)."""
         await self._cancel_tasks()
-        try:
-            await asyncio.wait_for(self.wiring.idle(), grace_s)
-        except asyncio.TimeoutError:
+        if not await wait_at_most(self.wiring.idle(), grace_s):
             _log.warning("rounds still in flight at shutdown: not committed", extra={"rounds": self.wiring.open_rounds})
             self.committing_on_revoke = False
             return False

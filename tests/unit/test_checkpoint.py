@@ -275,3 +275,40 @@ def test_a_quiet_worker_checkpoints_when_table_keys_are_past_their_retention():
     cp, steps = asyncio.run(scenario())
     assert cp.commits == 1 and steps.count("flush_states") == 1 and cp.outbox.commits == [({}, "generation-7")]
     assert cp.dirty_since is None
+
+
+class EventWiring(FakeWiring):
+    """Rounds in flight until the test sets `rounds_done`."""
+
+    def __init__(self, steps: Steps):
+        super().__init__(steps)
+        self.rounds_done = asyncio.Event()
+
+    async def idle(self):
+        self.steps.append("idle")
+        await self.rounds_done.wait()
+
+
+def test_a_stop_that_comes_as_the_rounds_complete_still_ends_the_checkpoint_task():
+    """A worker's stop cancels this task. If its rounds complete in the same pass of the loop as the
+    cancellation (a busy worker told to stop), the cancellation must still end the task: Python 3.11's
+    asyncio.wait_for returned the inner result there and swallowed it, the task went back to waiting for
+    the next checkpoint, and the worker's stop waited for it until it was SIGKILLed."""
+    async def scenario():
+        steps = Steps()
+        wiring = EventWiring(steps)
+        cp = Checkpointer(FakeRunner(steps, {("posts", 0): 1}), wiring, FakeOutbox(steps), FakeConsumer(steps),
+                          60.0, FakeWatch(steps))
+        task = asyncio.get_running_loop().create_task(cp.run_forever())
+        cp.processed()
+        for _ in range(3):  # the task is now waiting for the rounds, the interval not yet over
+            await asyncio.sleep(0)
+        assert steps == ["idle"]
+        wiring.rounds_done.set()
+        task.cancel()
+        await asyncio.wait({task}, timeout=2)
+        # read here: asyncio.run cancels whatever is left when it returns
+        return task.done() and task.cancelled(), steps
+
+    ended, steps = asyncio.run(scenario())
+    assert ended, steps
