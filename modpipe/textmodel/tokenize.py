@@ -82,7 +82,10 @@ class BatchTokenizer:
         return encode_ids(self._tok, texts, self.max_len, self.tail)
 
     def __call__(self, texts: Sequence[str], pad_to_max: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        seqs = self.ids(texts)
+        return self.pad(self.ids(texts), pad_to_max)
+
+    def pad(self, seqs: Sequence[Sequence[int]], pad_to_max: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(input_ids, attention_mask) of token id sequences, padded to the longest (or to `max_len`)."""
         width = self.max_len if pad_to_max else max((len(s) for s in seqs), default=1)
         width = max(width, 1)
         ids = np.full((len(seqs), width), self.pad_id, dtype=np.int64)
