@@ -30,13 +30,15 @@ def test_cache_key_changes_with_each_input(change):
     assert B.cache_key(**{**KEY_ARGS, **change}) != B.cache_key(**KEY_ARGS)
 
 
-def test_full_profile_is_one_recipe_on_every_cpu():
-    full, demo = B.PROFILES["full"], B.PROFILES["demo"]
-    # issue #13: the step budget ends the full build; bf16 autocast only where a CPU has it made other weights
-    assert not full.train.bf16
-    assert full.train.max_train_seconds >= 90 * 60  # a safety net outside CI's whole budget, never the end
-    assert full.train.max_train_seconds + full.post_train_reserve_s <= full.build_budget_s
-    assert full.train.max_seq_len == 128 and demo.train.max_seq_len == 64 and demo.build_budget_s <= 3 * 60
+@pytest.mark.parametrize("name", ["full", "demo"])
+def test_cpu_profiles_are_one_recipe_on_every_cpu(name):
+    profile = B.PROFILES[name]
+    # issue #13: the step budget ends a build; bf16 autocast only where a CPU has it made other weights, and a
+    # wall-clock cap ended the demo build at 67 of its 90 steps on a slow CPU
+    assert not profile.train.bf16
+    assert profile.train.max_train_seconds >= 90 * 60  # a safety net outside CI's whole budget, never the end
+    assert profile.train.max_train_seconds + profile.post_train_reserve_s <= profile.build_budget_s
+    assert B.PROFILES["full"].train.max_seq_len == 128 and B.PROFILES["demo"].train.max_seq_len == 64
 
 
 def test_gpu_profile_reads_longer_texts_and_trains_the_embeddings():
