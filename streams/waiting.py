@@ -16,6 +16,22 @@ from collections.abc import Awaitable
 async def wait_at_most(awaitable: Awaitable, timeout: float) -> bool:
     """Await `awaitable` for up to `timeout` seconds: True when it finished (its exception, if any, is raised),
     False when the time ran out (it is cancelled). A cancellation of the caller always propagates."""
+    task = asyncio.current_task()
+    if not hasattr(task, "cancelling"):  # Python 3.10: no count of cancellation requests to read back
+        return await _wait_at_most_by_wait(awaitable, timeout)
+    try:
+        await asyncio.wait_for(awaitable, max(0.0, timeout))
+    except asyncio.TimeoutError:
+        return False
+    # wait_for returned the inner result although this task was cancelled: the request is still counted
+    # (nothing uncancelled it), so honour it here. The asyncio.wait version below cannot lose it either,
+    # but it halved `modpipe bench features`' steady rate in the checkpoint loop and the batcher.
+    if task.cancelling():
+        raise asyncio.CancelledError
+    return True
+
+
+async def _wait_at_most_by_wait(awaitable: Awaitable, timeout: float) -> bool:
     inner = asyncio.ensure_future(awaitable)
     try:
         done, _ = await asyncio.wait({inner}, timeout=max(0.0, timeout))
