@@ -15,7 +15,9 @@ from collections.abc import Awaitable
 
 async def wait_at_most(awaitable: Awaitable, timeout: float) -> bool:
     """Await `awaitable` for up to `timeout` seconds: True when it finished (its exception, if any, is raised),
-    False when the time ran out (it is cancelled). A cancellation of the caller always propagates."""
+    False when the time ran out (it is cancelled). A cancellation of the caller always propagates. (On 3.11 a
+    task that swallows a CancelledError must call `uncancel()`, or its later waits here raise again; every task
+    that waits here lets its CancelledError end it.)"""
     task = asyncio.current_task()
     if not hasattr(task, "cancelling"):  # Python 3.10: no count of cancellation requests to read back
         return await _wait_at_most_by_wait(awaitable, timeout)
