@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 
 from loadgen.smoke import end_consumer
-from modpipe.services.process import free_port, port_open
+from modpipe.services.process import free_port
 from tests.integration.test_streaming import collect_decisions, produce_posts
 from tests.unit.test_deploy_manifests import alert_rules, dashboard_queries, promql_series
 
@@ -39,16 +39,26 @@ def prometheus(tmp_path):
                                  f"--web.listen-address=127.0.0.1:{port}"],
                                 stdout=subprocess.DEVNULL, stderr=open(tmp_path / "prometheus.log", "wb"))
         procs.append(proc)
-        deadline = time.monotonic() + 30
-        while not port_open("127.0.0.1", port):
+        url = f"http://127.0.0.1:{port}"
+        # It listens before its storage is open and answers 503 to queries until then: wait for /-/ready.
+        deadline = time.monotonic() + 60
+        while not ready(url):
             assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "prometheus.log").read_text()
             time.sleep(0.2)
-        return f"http://127.0.0.1:{port}"
+        return url
 
     yield start
     for proc in procs:
         proc.terminate()
         proc.wait(10)
+
+
+def ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/-/ready", timeout=5) as r:
+            return r.status == 200
+    except OSError:  # refused while it starts, or HTTPError 503 while its storage opens
+        return False
 
 
 def query(url: str, expr: str) -> dict:
