@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from features.events import BANS, PREPARE, normalize_ip, parse_ts, prepare_decision, routes
-from features.state import DEFAULT_LIMITS, Limits, ban_features, load_state, new_state
+from features.state import DEFAULT_LIMITS, Limits, ban_features, load_state, mark_post, new_state
 from features.vector import assemble
 
 
@@ -33,6 +33,8 @@ def apply_event(kind: str, ctx: dict, store: Store) -> dict[str, Any]:
     """Apply one prepared event to every table it touches, then the follow-ups it produces.
 
     Returns the merged `Update.features` (non-empty for posts: the table counts of `assemble`)."""
+    if kind == "post":
+        ctx = dict(ctx)  # takes the re-send mark of its first table (features.state.mark_post)
     queue = [(table, key, kind, ctx) for table, key in routes(kind, ctx)]
     counts: dict[str, Any] = {}
     while queue:
@@ -40,6 +42,8 @@ def apply_event(kind: str, ctx: dict, store: Store) -> dict[str, Any]:
         state = store.get(table, key)
         update = state.apply(k, c)
         store.put(table, key, state)
+        if c is ctx and k == "post":
+            mark_post(ctx, update.changed)
         counts.update(update.features)
         queue.extend(update.followups)  # after the direct routes: a post's own features never see them
     if kind == "post":

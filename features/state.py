@@ -12,8 +12,10 @@ Exactness vs memory (documented per structure; defaults in `Limits`):
 * `DedupCounter` keeps the ids of the `dedup_ids` most recent events (ordered by (event time, id)) and a
   high-water mark = the largest evicted (time, id). An event at or below the mark is taken as already
   counted. Re-deliveries are therefore never double counted (exact); a genuinely new event is missed
-  only if it arrives behind `dedup_ids` newer events of the same key - far later than upstream lateness or
-  a re-send reorders events in practice.
+  only if it arrives behind `dedup_ids` newer events of the same key. For posts only the first table on a
+  post's route judges by ids, in the order of one input partition; the tables after it count what it
+  decided (`count_post`), so a stage hop that holds a key's posts back (a partition that stood still)
+  costs no counts.
 * `DistinctSet` stores members exactly up to `distinct` members, then saturates (count stays = cap).
 * `SlidingWindow` keeps post times within 24 h + `window_grace_ms` of the newest one and at most
   `window_entries`: windowed counts are exact for posts at most that grace late, and None (not a wrong
@@ -111,6 +113,32 @@ class DedupCounter:
             c._ids = {e[1] for e in c.recent}
             c.hwm = d.get("hwm")
         return c
+
+
+# A post's item carries whether it is a re-send, decided by the first table on its route (events.routes):
+# set by `mark_post` after that table, read by `count_post` in the tables after it.
+RESENT = "resent"
+
+
+def mark_post(ctx: dict, counted: bool) -> None:
+    """After a post was applied to a table on its route: the first such table decides, for the rest."""
+    ctx.setdefault(RESENT, not counted)
+
+
+def count_post(counter: DedupCounter, ctx: dict) -> bool:
+    """Count a post in `counter`; True when counted.
+
+    The first table on the post's route (no RESENT mark yet: the user table, for a post with a user) tells
+    a re-send by its ids; it reads the posts of a key in the order of one input partition, so a re-send
+    shows up there soon after the original. The tables after it count what that table decided, without
+    ids: the stage hops on the way can hold a key's posts back for longer than any id window (a partition
+    whose worker stood still for a minute) but never deliver an item twice (each hop is one transaction)."""
+    resent = ctx.get(RESENT)
+    if resent is None:
+        return counter.add(ctx["post_id"], ctx["ts"])
+    if not resent:
+        counter.count += 1
+    return not resent
 
 
 class DistinctSet:
@@ -314,8 +342,8 @@ class UserState(_State):
         self.reports = DedupCounter(limits.dedup_ids)
 
     def apply_post(self, ctx: dict) -> Update:
-        pid, ts = ctx["post_id"], ctx["ts"]
-        changed = self.posts.add(pid, ts)
+        ts = ctx["ts"]
+        changed = count_post(self.posts, ctx)
         if changed:  # one gate for every per-user post count: they are exactly-once together
             self.window.add(ts)
             if ctx["url_key"]:
@@ -372,7 +400,7 @@ class UrlState(_State):
         self.comments = DedupCounter(limits.dedup_ids)
 
     def apply_post(self, ctx: dict) -> Update:
-        changed = self.posts.add(ctx["post_id"], ctx["ts"])
+        changed = count_post(self.posts, ctx)
         if changed and ctx["user_id"]:
             self.posters.add(ctx["user_id"])
         return Update(changed, {
@@ -413,7 +441,7 @@ class DomainState(_State):
         self.bans: list[list] = []  # [ts, key] of bans already applied: a redelivered ban is a no-op
 
     def apply_post(self, ctx: dict) -> Update:
-        changed = self.posts.add(ctx["post_id"], ctx["ts"])
+        changed = count_post(self.posts, ctx)
         if changed and ctx.get("host"):
             self.recent.append([ctx["post_id"], ctx["host"]])
             del self.recent[:-self.limits.recent_posts]
@@ -457,7 +485,7 @@ class IpState(_State):
         self.spam = SpamMarks(limits.spam_marks)
 
     def apply_post(self, ctx: dict) -> Update:
-        changed = self.posts.add(ctx["post_id"], ctx["ts"])
+        changed = count_post(self.posts, ctx)
         if changed and ctx["user_id"]:
             self.users.add(ctx["user_id"])
         return Update(changed, {"ip_posts": self.posts.count, "ip_distinct_users": self.users.count,

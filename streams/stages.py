@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from features import events as fe
-from features.state import Limits, ban_features
+from features.state import RESENT, Limits, ban_features, mark_post
 from features.vector import assemble
 from streams.table_states import TableStates
 
@@ -99,13 +99,18 @@ class Stage:
         out = StageOutputs()
         kind, ctx = item["kind"], item["ctx"]
         done = []  # (states, key, op, changed): recorded once the whole item succeeded
+        marks = kind == "post" and RESENT not in ctx  # this stage holds the post's first table
         try:
             for table, key in item["to"]:
                 states = self.states[table]
                 state = states.state(key, event)
-                done.append((states, key, ("apply", kind, ctx), False))
+                # a post's ctx takes its re-send mark below: a rebuild redoes the op with the ctx this table saw
+                op = ("apply", kind, dict(ctx) if kind == "post" else ctx)
+                done.append((states, key, op, False))
                 update = state.apply(kind, ctx)
-                done[-1] = (states, key, ("apply", kind, ctx), update.changed)
+                done[-1] = (states, key, op, update.changed)
+                if kind == "post":
+                    mark_post(ctx, update.changed)
                 if table == fe.POST and kind != "post":
                     request = state.redecision(self.redecide_reports)
                     if request:
@@ -123,6 +128,8 @@ class Stage:
         except Exception:
             for states, key, _, _ in done:  # back to the state before this item (earlier items kept)
                 states.rebuild(key, event)
+            if marks:
+                ctx.pop(RESENT, None)
             raise
         for states, key, op, changed in done:
             states.done(key, event, op, changed)

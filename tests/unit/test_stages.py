@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from features import events as fe
 from features.offline import compute, prepare_decision_event
-from features.state import DEFAULT_LIMITS, load_state
+from features.state import DEFAULT_LIMITS, RESENT, Limits, load_state
 from streams.stages import Stage, decision_items, event_items, post_item
 from tests.unit.test_features_offline import make_events, with_redeliveries
 
@@ -25,11 +25,13 @@ class Event:
 class Harness:
     """Every stage of one partition, a FIFO queue between them, and the decision feedback."""
 
-    def __init__(self, decide=None, redecide_reports: int = 0):
+    def __init__(self, decide=None, redecide_reports: int = 0, limits: Limits = DEFAULT_LIMITS):
         self.tables = {t: {} for t in fe.TABLES}
         self.bans: dict = {}
-        self.stages = {name: Stage(name, self.tables, DEFAULT_LIMITS, is_banned=self.is_banned,
+        self.stages = {name: Stage(name, self.tables, limits, is_banned=self.is_banned,
                                    redecide_reports=redecide_reports) for name in fe.STAGES}
+        self.held: list = []  # items `hold` kept back, as a partition whose worker stands still does
+        self.hold = lambda stage, item: False
         self.queue: collections.deque = collections.deque()
         self.features: dict[str, dict] = {}
         self.decide = decide
@@ -55,6 +57,9 @@ class Harness:
     def settle(self) -> None:
         while self.queue:
             stage, _pkey, item = self.queue.popleft()
+            if self.hold(stage, item):
+                self.held.append((stage, _pkey, item))
+                continue
             self.hops[stage] += 1
             out = self.stages[stage].apply(item, Event())
             self.stages[stage].flush()
@@ -145,12 +150,61 @@ def test_a_failed_item_leaves_no_trace_and_sends_nothing():
     link_hop = item["route"].pop(0)
     item["to"] = link_hop[2]
     good = {**item, "counts": {}, "route": [list(h) for h in item["route"]]}
-    event = Event()
-    stage.apply(good, event)
     bad = {**item, "ctx": {**item["ctx"], "post_id": "q"}, "counts": {}, "route": [list(h) for h in item["route"]],
            "to": [["url", item["to"][0][1]], ["ip", "10.0.0.1"]]}  # not a table of this stage
+    event = Event()
+    stage.apply(good, event)
     with pytest.raises(Exception):  # noqa: B017 - whatever breaks, the url state must come back
         stage.apply(bad, event)
     stage.flush()
     url_state = load_state("url", tables["url"][item["to"][0][1]])
     assert url_state.posts.count == 1  # p counted, q (failed half-way) not
+    assert RESENT in good["ctx"] and RESENT not in bad["ctx"]  # tried again, q's first table decides afresh
+
+
+def test_a_post_held_back_behind_more_posts_than_the_id_window_still_counts_once():
+    """Two users post from one ip; the ip-stage hop of u1's post stands still while u2's posts (more than
+    the tables remember ids of) go through, then arrives. The ip table counts it, as features.offline does,
+    and a re-send of it, which the user table tells apart, is counted nowhere."""
+    limits = Limits(dedup_ids=4)
+
+    def post(pid: str, user: str, minute: int) -> dict:
+        return {"post_id": pid, "user_id": user, "ip": "10.0.0.9", "url": "http://a.com/x", "text": pid,
+                "created_at": f"2026-01-01T00:{minute:02d}:00Z"}
+
+    events = [("post", post("late", "u1", 0)), *(("post", post(f"p{i}", "u2", i + 1)) for i in range(10))]
+    h = Harness(limits=limits)
+    h.hold = lambda stage, item: stage == "ip" and item["ctx"]["post_id"] == "late"
+    for kind, raw in events:
+        h.send(kind, raw)
+    assert len(h.held) == 1 and "late" not in h.features
+    h.hold = lambda stage, item: False
+    h.queue.extend(h.held)
+    h.settle()
+    h.send("post", post("late", "u1", 0))  # sent again upstream
+
+    offline = compute(events, limits=limits)
+    assert h.features["p9"]["ip_posts"] == offline.features["p9"]["ip_posts"] - 1 == 10  # before `late` came
+    for table, key in ((fe.IP, "10.0.0.9"), (fe.USER, "u1"), (fe.USER, "u2"), (fe.DOMAIN, "a.com")):
+        streaming = load_state(table, h.tables[table][key])
+        assert streaming.posts.count == offline.store.get(table, key).posts.count, (table, key)
+    assert load_state(fe.IP, h.tables[fe.IP]["10.0.0.9"]).posts.count == 11
+
+
+def test_a_rebuild_redoes_a_post_as_its_first_table_saw_it():
+    """An item fails after an earlier post of the same batch went through the user table: the rebuild redoes
+    that post without the re-send mark it took afterwards, so the user table still knows its id."""
+    tables = {t: {} for t in fe.TABLES}
+    stage = Stage("user", tables, DEFAULT_LIMITS, is_banned=lambda key: False)
+    raw = {"post_id": "p", "user_id": "u", "ip": "10.0.0.1", "text": "x", "created_at": "2026-01-01T00:00:00Z"}
+    event = Event()
+    _, _, first = post_item(raw, 0)
+    stage.apply(first, event)
+    _, _, other = post_item({**raw, "post_id": "q"}, 0)
+    with pytest.raises(Exception):  # noqa: B017 - the ip table is not on this stage
+        stage.apply({**other, "to": [["user", "u"], ["ip", "10.0.0.1"]]}, event)
+    _, _, again = post_item(raw, 0)  # p sent again upstream, in the same batch
+    stage.apply(again, event)
+    stage.flush()
+    assert again["ctx"][RESENT] is True
+    assert load_state(fe.USER, tables[fe.USER]["u"]).posts.count == 1
