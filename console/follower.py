@@ -17,7 +17,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from console.index import DecisionIndex
 from modpipe import log, schema
-from modpipe.services.fetching import paced_fetches
+from modpipe.services.fetching import PACED_CONSUMER_CONFIG, paced_fetches
 from modpipe.settings import Settings
 
 _log = log.get(__name__)
@@ -31,7 +31,7 @@ class Follower(threading.Thread):
                        settings.topic("labels"): self._label}
         self.consumer = Consumer({**settings.kafka_consumer_config(), "bootstrap.servers": bootstrap,
                                   "group.id": f"modpipe-console-{uuid.uuid4().hex[:8]}",
-                                  "enable.auto.commit": False})
+                                  "enable.auto.commit": False, **PACED_CONSUMER_CONFIG})
         self.skipped = 0
         self._halt = threading.Event()
 

@@ -304,7 +304,7 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
     try:
         with LocalStack(settings, workers=workers) as stack:
             ensure_loadgen_topics(settings, stack.bootstrap)
-            collector = DecisionCollector(end_consumer(settings, stack.bootstrap, [stack.topics.decisions]),
+            collector = DecisionCollector(end_consumer(settings, stack.bootstrap, [stack.topics.decisions], paced=True),
                                           f"{run_id}-", pause_s=settings.fetch_pause_ms / 1000)
             collector.start()
             stats = ProduceStats()

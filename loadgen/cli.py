@@ -44,7 +44,7 @@ def run_loadgen(settings: Settings, bootstrap: str, *, rate: float, duration_s: 
         texts = resolve_model(settings).heldout()
     run_id = run_id or f"lg{uuid.uuid4().hex[:8]}"
     ensure_loadgen_topics(settings, bootstrap)
-    collector = DecisionCollector(end_consumer(settings, bootstrap, [settings.topic("decisions")]), f"{run_id}-",
+    collector = DecisionCollector(end_consumer(settings, bootstrap, [settings.topic("decisions")], paced=True), f"{run_id}-",
                                   pause_s=settings.fetch_pause_ms / 1000)
     collector.start()
     sampler = LagSampler(settings, bootstrap, lag_interval_s)

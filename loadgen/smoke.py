@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from loadgen.posts import labelled_posts, malformed_records
 from modpipe import log, schema
+from modpipe.services.fetching import PACED_CONSUMER_CONFIG
 from modpipe.settings import Settings
 from modpipe.textmodel.artifacts import resolve_model
 from streams.topics import TopicNames
@@ -25,10 +26,12 @@ from streams.topics import TopicNames
 _log = log.get(__name__)
 
 
-def end_consumer(settings: Settings, bootstrap: str, topics: list[str]) -> Consumer:
-    """A group-less consumer positioned at the current end of `topics`: it sees only this run's records."""
+def end_consumer(settings: Settings, bootstrap: str, topics: list[str], paced: bool = False) -> Consumer:
+    """A group-less consumer positioned at the current end of `topics`: it sees only this run's records.
+    `paced`: for `fetching.paced_fetches` (its configuration adds end-of-partition events)."""
     conf = {**settings.kafka_consumer_config(), "bootstrap.servers": bootstrap,
-            "group.id": f"modpipe-smoke-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False}
+            "group.id": f"modpipe-smoke-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
+            **(PACED_CONSUMER_CONFIG if paced else {})}
     consumer = Consumer(conf)
     tps = []
     for topic in topics:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from loadgen.bench.metering import CpuMeter, stats_delta, triton_quiet, triton_stats
 from loadgen.traffic import ProduceStats, arrival_times, make_producer, produce_events
 from modpipe import schema
-from modpipe.services.fetching import START_GRACE_S, paced_fetches
+from modpipe.services.fetching import PACED_CONSUMER_CONFIG, START_GRACE_S, paced_fetches
 from modpipe.settings import Settings
 from simulation.metrics import latency_summary, percentile
 from simulation.simulator import Event
@@ -143,7 +143,8 @@ class VisibleTimes:
         self.seen: dict[str, float] = {}
         self._stop = threading.Event()
         self.consumer = Consumer({**settings.kafka_consumer_config(), "bootstrap.servers": bootstrap,
-                                  "group.id": f"modpipe-bench-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False})
+                                  "group.id": f"modpipe-bench-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False,
+                                  **PACED_CONSUMER_CONFIG})
         parts = sorted(self.consumer.list_topics(topic, timeout=10).topics[topic].partitions)
         ends = {p: self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
         self._next = {(topic, p): end for p, end in ends.items()}

@@ -35,7 +35,14 @@ from collections.abc import Callable, Coroutine
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from modpipe import log
-from modpipe.services.fetching import BACKLOG_RECORDS, FETCH_WAIT_S, START_GRACE_S, fetch_window, resume_now
+from modpipe.services.fetching import (
+    BACKLOG_RECORDS,
+    FETCH_WAIT_S,
+    PACED_CONSUMER_CONFIG,
+    START_GRACE_S,
+    fetch_window,
+    resume_now,
+)
 from streams import metrics
 from streams.kafka.records import TP, Record
 
@@ -72,7 +79,7 @@ class GroupConsumer:
                  rejoin_after_s: float = 20.0):
         self.conf = {**conf, "enable.auto.commit": False, "enable.auto.offset.store": False,
                      "isolation.level": "read_committed", "partition.assignment.strategy": "range",
-                     "auto.offset.reset": "earliest"}
+                     "auto.offset.reset": "earliest", **PACED_CONSUMER_CONFIG}
         self.topics = topics
         self.on_assigned, self.on_revoked, self.on_lost = on_assigned, on_revoked, on_lost
         self.batch_size = batch_size
@@ -231,8 +238,14 @@ class GroupConsumer:
                     else:
                         self._resume(consumer, assignment)
                     paused = busy
-                # a short wait lets the fetcher bring what the partitions have (they were just resumed)
-                messages = fetch_window(consumer, self.batch_size, 0.05 if paused else FETCH_WAIT_S)
+                # a short wait lets the fetcher bring what the partitions have (they were just resumed); the
+                # window ends once each partition has answered
+                if paused:
+                    messages = fetch_window(consumer, self.batch_size, 0.05)
+                else:
+                    assignment = consumer.assignment()
+                    messages = fetch_window(consumer, self.batch_size, FETCH_WAIT_S,
+                                            expect=[(tp.topic, tp.partition) for tp in assignment])
                 records = []
                 for m in messages:
                     err = m.error()
@@ -258,7 +271,6 @@ class GroupConsumer:
                 wait = self.fetch_pause_s if records else empty_backoff(empty)
                 if wait <= 0:
                     continue
-                assignment = consumer.assignment()
                 consumer.pause(assignment)
                 self._stop.wait(wait)
                 self._resume(consumer, assignment)

@@ -1,13 +1,13 @@
 """resume_now: a resume wakes librdkafka's fetcher: a seek to the offset each partition fetches next, then one
-request to the broker. fetch_window and paced_fetches: a fetch window ends at the first records, and a reader
-pauses its partitions between windows."""
+request to the broker. fetch_window and paced_fetches: a fetch window ends once every partition it expects has
+answered (records or an end-of-partition event), and a reader pauses its partitions between windows."""
 
 import threading
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import KafkaError, TopicPartition
 
 from modpipe.services.fetching import BACKLOG_RECORDS, FETCH_WAIT_S, fetch_window, paced_fetches, resume_now
-from tests.unit.test_kafka_consumer import FakeMessage
+from tests.unit.test_kafka_consumer import FakeError, FakeMessage
 
 
 class FakeConsumer:
@@ -62,6 +62,10 @@ class ScriptedConsumer(FakeConsumer):
         self.calls.append(("pause", [(tp.topic, tp.partition) for tp in tps]))
 
 
+def eof(topic, partition, offset):
+    return FakeMessage(topic, partition, offset, error=FakeError(KafkaError._PARTITION_EOF))
+
+
 def test_a_fetch_window_waits_for_the_first_message_then_takes_what_is_queued_without_waiting():
     c = ScriptedConsumer([[FakeMessage("posts", 0, 1)], [FakeMessage("posts", 0, 2), FakeMessage("posts", 1, 7)]])
     got = fetch_window(c, 500, 0.01)
@@ -75,9 +79,42 @@ def test_an_empty_fetch_window_asks_once():
     assert c.calls == [("consume", 1, 0.01)]
 
 
+def test_a_fetch_window_ends_once_every_expected_partition_has_answered():
+    expect = [("posts", 0), ("posts", 1), ("reports", 0)]
+    # the answer is queued in three parts: an end of partition, then records, then the last end of partition
+    c = ScriptedConsumer([[eof("posts", 0, 3)], [], [FakeMessage("posts", 1, 7)], [FakeMessage("posts", 1, 8)],
+                          [eof("reports", 0, 1)], [], [FakeMessage("posts", 0, 3)]])
+    got = fetch_window(c, 500, 0.5, expect=expect, clock=lambda: 0.0)
+    assert [(m.partition(), m.offset()) for m in got if m.error() is None] == [(1, 7), (1, 8)]
+    assert len(got) == 4  # the record queued after the last answer is left for the next window
+    waits = [x for x in c.calls if x[0] == "consume" and x[1] == 1]
+    assert waits == [("consume", 1, 0.5)] * 3  # each wait for the next part is bounded by the window's deadline
+
+
+def test_a_fetch_window_gives_up_on_an_unanswered_partition_at_its_timeout():
+    c = ScriptedConsumer([[eof("posts", 0, 3)], [], [FakeMessage("posts", 1, 1)]])
+    times = iter([0.0, 0.004])  # the deadline is 0.01: 6 ms are left for the wait
+    got = fetch_window(c, 500, 0.01, expect=[("posts", 0), ("posts", 1)], clock=lambda: next(times))
+    assert [m.offset() for m in got] == [3, 1]
+    assert [x for x in c.calls if x[0] == "consume" and x[1] == 1][1][2] == 0.01 - 0.004
+    c = ScriptedConsumer([[eof("posts", 0, 3)], [], [FakeMessage("posts", 1, 1)]])
+    times = iter([0.0, 0.02])  # past the deadline: no further wait
+    got = fetch_window(c, 500, 0.01, expect=[("posts", 0), ("posts", 1)], clock=lambda: next(times))
+    assert [m.offset() for m in got] == [3] and len([x for x in c.calls if x[0] == "consume"]) == 2
+    c = ScriptedConsumer([[eof("posts", 0, 3)]])  # nothing more comes: the wait ends empty
+    got = fetch_window(c, 500, 0.01, expect=[("posts", 0), ("posts", 1)], clock=lambda: 0.0)
+    assert len(got) == 1 and len([x for x in c.calls if x[0] == "consume"]) == 3
+
+
+def test_a_fetch_window_stops_at_its_size_limit():
+    c = ScriptedConsumer([[FakeMessage("posts", 1, 7)], [FakeMessage("posts", 1, 8)], [eof("posts", 0, 1)]])
+    got = fetch_window(c, 2, 0.5, expect=[("posts", 0), ("posts", 1)])
+    assert [m.offset() for m in got] == [7, 8]
+
+
 def test_a_reader_pauses_between_windows_and_resumes_from_the_next_offsets():
     stop = threading.Event()
-    c = ScriptedConsumer([[FakeMessage("decisions", 0, 5)], [FakeMessage("decisions", 0, 6, error="eof")], []])
+    c = ScriptedConsumer([[FakeMessage("decisions", 0, 5)], [eof("decisions", 0, 6)], []])
     clock = iter([0.0, 10.0, 10.0, 10.0, 10.0])  # the grace period is over after the first window
     nxt = {("decisions", 0): 5}
     windows = []
