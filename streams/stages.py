@@ -104,8 +104,9 @@ class Stage:
             for table, key in item["to"]:
                 states = self.states[table]
                 state = states.state(key, event)
-                # a post's ctx takes its re-send mark below: a rebuild redoes the op with the ctx this table saw
-                op = ("apply", kind, dict(ctx) if kind == "post" else ctx)
+                # the first table of a post sees its ctx before the re-send mark (set below, then never changed):
+                # its op keeps a copy, so a rebuild redoes it with the ctx that table saw
+                op = ("apply", kind, dict(ctx) if kind == "post" and RESENT not in ctx else ctx)
                 done.append((states, key, op, False))
                 update = state.apply(kind, ctx)
                 done[-1] = (states, key, op, update.changed)
