@@ -194,11 +194,16 @@ def _worker_metrics(before: dict[str, float], after: dict[str, float]) -> dict:
     requests = delta("modpipe_triton_request_duration_seconds_count")
     hits, misses = delta("modpipe_text_cache_requests_total{result=hit}"), delta(
         "modpipe_text_cache_requests_total{result=miss}")
+    checkpoints = delta("modpipe_checkpoint_duration_seconds_count")
     return {"batches": int(batches),
             "avg_batch": round(delta("modpipe_batch_size_posts_sum") / batches, 2) if batches else None,
             "triton_request_mean_ms": round(1000 * delta("modpipe_triton_request_duration_seconds_sum") / requests, 1)
             if requests else None,
             "text_cache_hit_ratio": round(hits / (hits + misses), 3) if hits + misses else None,
+            # each checkpoint is a transaction: how many a pass committed and how long one held the rounds up
+            "checkpoints": int(checkpoints),
+            "checkpoint_mean_ms": round(1000 * delta("modpipe_checkpoint_duration_seconds_sum") / checkpoints, 1)
+            if checkpoints else None,
             "local_hops": int(sum(after.get(k, 0.0) - before.get(k, 0.0) for k in after
                                   if k.startswith("modpipe_local_hops_total")))}
 

@@ -125,6 +125,17 @@ def format_markdown(report: dict) -> str:
     ]
     return "\n".join(lines)
 
+def _latency_parts(p: dict) -> str:
+    """Where a latency pass's time went: the decision published inside its transaction, then visible once the
+    transaction committed (and the reader fetched it); Triton's requests and the checkpoints beside them."""
+    w, wall = p["workers"], p["cpu"]["wall_s"]
+    rate = f"{w['checkpoints'] / wall:.1f}/s" if wall else "?"
+    return (f"at {_f(p['offered_posts_per_s'])} posts/s: published p50 / p99 {_f(p['published']['p50_ms'], 0)} / "
+            f"{_f(p['published']['p99_ms'], 0)} ms, visible {_f(p['p50_ms'], 0)} / {_f(p['p99_ms'], 0)} ms; Triton "
+            f"batches of {_f(w['avg_batch'])} posts, {_f(w['triton_request_mean_ms'])} ms a request; "
+            f"{w['checkpoints']} checkpoints ({rate}) of {_f(w['checkpoint_mean_ms'])} ms on average")
+
+
 def format_text(report: dict) -> str:
     sat = report["pipeline"]["saturation"]
     tr = sat["triton"]
@@ -136,6 +147,7 @@ def format_text(report: dict) -> str:
         "idle stack (nothing to process), cores: " + ", ".join(f"{k} {v}" for k, v in sat["idle_cores"].items()),
         f"Triton during saturation: model busy {_f(100 * (tr['model_busy_share'] or 0), 0)}% of the time, "
         f"server batch {tr['avg_server_batch']}",
+        *(_latency_parts(report["pipeline"][name]) for name in ("low_rate", "latency")),
         "targets " + ("all met" if report["all_targets_met"] else "NOT all met: "
                       + ", ".join(k for k, t in report["targets"].items() if not t["met"])),
     ]

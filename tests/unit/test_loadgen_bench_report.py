@@ -20,3 +20,20 @@ def test_capacity_per_worker_core_beside_one_gpu():
     c = capacity(0.5, gpu_texts_per_s=18_000)
     assert c == {"posts_per_worker_core_s": 2000.0, "gpu_texts_per_s_reference": 18_000, "worker_cores_per_gpu": 9.0}
     assert capacity(None)["worker_cores_per_gpu"] is None
+
+def test_a_latency_pass_says_where_its_time_went():
+    from loadgen.bench.pipeline import _worker_metrics
+    from loadgen.bench.report import _latency_parts
+
+    before = {"modpipe_checkpoint_duration_seconds_count": 10.0, "modpipe_checkpoint_duration_seconds_sum": 0.1,
+              "modpipe_batch_size_posts_count": 4.0, "modpipe_batch_size_posts_sum": 4.0}
+    after = {"modpipe_checkpoint_duration_seconds_count": 70.0, "modpipe_checkpoint_duration_seconds_sum": 0.58,
+             "modpipe_batch_size_posts_count": 54.0, "modpipe_batch_size_posts_sum": 79.0,
+             "modpipe_triton_request_duration_seconds_count": 50.0, "modpipe_triton_request_duration_seconds_sum": 1.8}
+    w = _worker_metrics(before, after)
+    assert (w["checkpoints"], w["checkpoint_mean_ms"], w["avg_batch"], w["triton_request_mean_ms"]) == (60, 8.0, 1.5, 36.0)
+    assert _worker_metrics(after, after)["checkpoint_mean_ms"] is None  # none in the pass: no mean to divide by
+    line = _latency_parts({"offered_posts_per_s": 5.0, "published": {"p50_ms": 52.2, "p99_ms": 267.4}, "p50_ms": 70.7,
+                           "p99_ms": 307.2, "workers": w, "cpu": {"wall_s": 30.0}})
+    assert line == ("at 5.0 posts/s: published p50 / p99 52 / 267 ms, visible 71 / 307 ms; Triton batches of 1.5 "
+                    "posts, 36.0 ms a request; 60 checkpoints (2.0/s) of 8.0 ms on average")
