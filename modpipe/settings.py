@@ -143,6 +143,15 @@ SETTINGS_SPEC: dict[str, Spec] = {
                            "(modpipe/services/fetching.py). Adds at most this much latency per hop; `0`: no pause "
                            "after records (a broker that waits fetch.wait.max.ms, like Apache Kafka, needs none).",
                            float),
+    "fetch_idle_pause_ms": Spec("MODPIPE_FETCH_IDLE_PAUSE_MS", "25",
+                                "A worker's consumer whose fetch brought nothing pauses its partitions before the "
+                                "next, 2 ms doubling up to this long while they stay idle: the embedded broker "
+                                "answers an empty fetch at once, and an idle consumer that never paused kept "
+                                "librdkafka fetching in a tight loop (streams/kafka/consumer.py). A post that "
+                                "reaches an idle worker waits half of it on average. `0`: no pause when idle, "
+                                "for a broker that holds an empty fetch until data comes (Apache Kafka; set "
+                                "MODPIPE_FETCH_PAUSE_MS to 0 as well).",
+                                float),
     "static_membership": Spec("MODPIPE_STATIC_MEMBERSHIP", "on",
                               "`on`: a worker's group.instance.id is <app id>-<worker name>, so a restarted worker "
                               "takes its partitions back without a rebalance; `off`: dynamic membership."),
@@ -267,6 +276,7 @@ class Settings:
     local_hops: str
     commit_interval_ms: float
     fetch_pause_ms: float
+    fetch_idle_pause_ms: float
     group_rejoin_s: float
     static_membership: str
     producer_linger_ms: float
@@ -337,6 +347,8 @@ class Settings:
             raise SettingsError("MODPIPE_COMMIT_INTERVAL_MS must be > 0")
         if self.fetch_pause_ms < 0:
             raise SettingsError("MODPIPE_FETCH_PAUSE_MS must be >= 0")
+        if self.fetch_idle_pause_ms < 0:
+            raise SettingsError("MODPIPE_FETCH_IDLE_PAUSE_MS must be >= 0")
         if self.group_rejoin_s < 0:
             raise SettingsError("MODPIPE_GROUP_REJOIN_S must be >= 0 (0: never)")
         if self.text_model not in ("on", "off"):

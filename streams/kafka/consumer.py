@@ -14,7 +14,9 @@ The consumer paces its fetches: a broker that answers an empty fetch at once (th
 where Kafka waits fetch.wait.max.ms) would otherwise make librdkafka fetch in a tight loop, idle or busy
 (modpipe/services/fetching.py). After a fetch that brought records the partitions pause for
 MODPIPE_FETCH_PAUSE_MS (not after a backlog's worth, BACKLOG_RECORDS); after one that brought nothing, for a
-backoff that grows while the partitions stay idle. While the wiring has more queued than it can take, the
+backoff that grows while the partitions stay idle, up to MODPIPE_FETCH_IDLE_PAUSE_MS. A broker that holds an
+empty fetch until data comes (Apache Kafka) needs neither pause: with both at 0 the partitions are never
+paused for pacing, and librdkafka's held fetches bring each record as it arrives. While the wiring has more queued than it can take, the
 partitions are paused too (back-pressure), and polling goes on, so rebalances are still served.
 
 A join the group never answers is left: librdkafka waits on a JoinGroup request for max.poll.interval.ms
@@ -49,7 +51,7 @@ from streams.kafka.records import TP, Record
 _log = log.get(__name__)
 
 EMPTY_BACKOFF_S = 0.002
-EMPTY_BACKOFF_MAX_S = 0.025
+EMPTY_BACKOFF_MAX_S = 0.025  # MODPIPE_FETCH_IDLE_PAUSE_MS's default
 # A rebalance callback may restore tables from their changelogs (streams/tables.py gives that 600 s) or commit
 # a checkpoint; past this the consumer fails and the worker restarts. max.poll.interval.ms (streams/app.py)
 # is longer, so the group does not drop a worker that is still restoring.
@@ -62,11 +64,12 @@ UNASSIGNED_WARN_S = 30.0  # with rejoining off, a consumer without an assignment
 CLOSE_TIMEOUT_S = 10.0  # a consumer left for a new one is closed on a thread of its own, waited on this long
 
 
-def empty_backoff(empty_in_a_row: int) -> float:
-    """Seconds to pause after the n-th consume in a row that brought nothing."""
-    if empty_in_a_row <= 0:
+def empty_backoff(empty_in_a_row: int, cap_s: float = EMPTY_BACKOFF_MAX_S) -> float:
+    """Seconds to pause after the n-th consume in a row that brought nothing: doubling from EMPTY_BACKOFF_S up to
+    `cap_s` (0: never)."""
+    if empty_in_a_row <= 0 or cap_s <= 0:
         return 0.0
-    return min(EMPTY_BACKOFF_S * 2 ** min(empty_in_a_row - 1, 30), EMPTY_BACKOFF_MAX_S)
+    return min(EMPTY_BACKOFF_S * 2 ** min(empty_in_a_row - 1, 30), cap_s)
 
 
 class GroupConsumer:
@@ -76,7 +79,7 @@ class GroupConsumer:
     def __init__(self, conf: dict, topics: list[str], *,
                  on_assigned: Callable[[list[TP]], Coroutine], on_revoked: Callable[[list[TP]], Coroutine],
                  on_lost: Callable[[list[TP]], Coroutine], batch_size: int = 500, fetch_pause_s: float = 0.0,
-                 rejoin_after_s: float = 20.0):
+                 idle_pause_max_s: float = EMPTY_BACKOFF_MAX_S, rejoin_after_s: float = 20.0):
         self.conf = {**conf, "enable.auto.commit": False, "enable.auto.offset.store": False,
                      "isolation.level": "read_committed", "partition.assignment.strategy": "range",
                      "auto.offset.reset": "earliest", **PACED_CONSUMER_CONFIG}
@@ -84,6 +87,7 @@ class GroupConsumer:
         self.on_assigned, self.on_revoked, self.on_lost = on_assigned, on_revoked, on_lost
         self.batch_size = batch_size
         self.fetch_pause_s = fetch_pause_s  # after a fetch that brought records (MODPIPE_FETCH_PAUSE_MS)
+        self.idle_pause_max_s = idle_pause_max_s  # the longest pause after empty fetches (MODPIPE_FETCH_IDLE_PAUSE_MS)
         self.consumer: Consumer | None = None
         self.busy: Callable[[], bool] = lambda: False  # the wiring has more queued than it takes (back-pressure)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -268,7 +272,7 @@ class GroupConsumer:
                     empty += 1
                 if len(records) >= BACKLOG_RECORDS:
                     continue  # a backlog: fetch on at once
-                wait = self.fetch_pause_s if records else empty_backoff(empty)
+                wait = self.fetch_pause_s if records else empty_backoff(empty, self.idle_pause_max_s)
                 if wait <= 0:
                     continue
                 consumer.pause(assignment)

@@ -29,6 +29,12 @@ def test_the_backoff_doubles_up_to_its_cap():
     assert empty_backoff(10_000) == EMPTY_BACKOFF_MAX_S  # a long idle spell: no overflow
 
 
+def test_the_backoff_stops_at_the_configured_cap_and_zero_means_none():
+    assert max(empty_backoff(n, 0.01) for n in range(1, 12)) == 0.01
+    assert empty_backoff(1, 0.01) == EMPTY_BACKOFF_S  # the first pause is the same whatever the cap
+    assert [empty_backoff(n, 0.0) for n in range(1, 12)] == [0.0] * 11
+
+
 def test_the_worker_consumer_reads_committed_and_commits_only_through_transactions():
     gc = GroupConsumer({"bootstrap.servers": "b:9092", "group.id": "g", "isolation.level": "read_uncommitted",
                         "enable.auto.commit": True, "auto.offset.reset": "latest"}, ["posts"],
@@ -221,6 +227,25 @@ def test_an_empty_fetch_pauses_the_assignment_for_a_moment(fake_consumer):
     # nothing calls nothing): the cycle is the one of the assigned partition
     cycle = [c[0] for c in fake.calls if c[0] in ("pause", "resume") and c[1]]
     assert cycle[:6] == ["pause", "resume"] * 3
+
+
+def test_with_both_pauses_at_zero_an_idle_assignment_is_never_paused(fake_consumer):
+    """For a broker that holds an empty fetch until data comes: librdkafka's fetches do the waiting."""
+    async def scenario():
+        gc = GroupConsumer({}, ["posts"], on_assigned=None, on_revoked=None, on_lost=None, fetch_pause_s=0.0,
+                           idle_pause_max_s=0.0)
+        delivered: list[int] = []
+        gc.start(asyncio.get_running_loop(), lambda records: delivered.append(len(records)))
+        fake = fake_consumer[0]
+        fake.assigned = [PartitionStub("posts", 1)]
+        fake.script.extend([[]] * 20 + [[FakeMessage("posts", 1, 0)]] + [[]] * 20)
+        await until(lambda: delivered and not fake.script)
+        await asyncio.get_running_loop().run_in_executor(None, gc.close)
+        return fake, delivered
+
+    fake, delivered = asyncio.run(scenario())
+    assert delivered == [1]
+    assert not [c for c in fake.calls if c[0] in ("pause", "resume") and c[1]]
 
 
 def test_a_fetch_that_brought_records_pauses_the_assignment_for_the_fetch_pause(fake_consumer):

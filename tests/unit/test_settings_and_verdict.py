@@ -19,6 +19,7 @@ def test_defaults_and_overrides():
     {"MODPIPE_REVIEW_THRESHOLD": "0.95", "MODPIPE_BLOCK_THRESHOLD": "0.9"},
     {"MODPIPE_COMMIT_INTERVAL_MS": "0"},
     {"MODPIPE_FETCH_PAUSE_MS": "-1"},
+    {"MODPIPE_FETCH_IDLE_PAUSE_MS": "-5"},
     {"MODPIPE_LOCAL_HOPS": "sometimes"},
     {"MODPIPE_MAX_BATCH": "0"},
 ])
