@@ -2,16 +2,16 @@
 
     .venv/bin/python scripts/decision_latency_split.py [--bootstrap 127.0.0.1:9092] [--seconds 75] [--out FILE]
 
-Reads the decisions topic from its end for --seconds, `read_committed` and paced like the benchmark's reader
-(`fetching.paced_fetches`, MODPIPE_FETCH_PAUSE_MS), while something else sends posts, e.g.
+Reads the decisions topic (MODPIPE_TOPIC_PREFIX, MODPIPE_PARTITIONS) from its end for --seconds with the load
+generator's reader (`read_committed`, paced by `fetching.paced_fetches` and MODPIPE_FETCH_PAUSE_MS), while
+something else sends posts, e.g.
 
     .venv/bin/modpipe up --workers 1 &                       # its own empty MODPIPE_STATE_DIR
     .venv/bin/python scripts/decision_latency_split.py &
     KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:9092 .venv/bin/modpipe loadgen --rate 5 --duration 60
 
 and splits each first decision (revision 1) into: its post record's timestamp (set when the post was produced,
-the decision's `received_at`) -> `decided_at` (the worker's fetch,
-the features, Triton), `decided_at` -> the decision record's timestamp (its produce), that -> seen (the
+the decision's `received_at`) -> `decided_at` (the worker's fetch, the features, Triton), `decided_at` -> the decision record's timestamp (its produce), that -> seen (the
 checkpoint's commit and this reader's own fetch). Prints p50 / p90 / p95 / p99 / max of each part in ms;
 --out writes the rows as JSON. The clocks are the same machine's.
 """
@@ -24,9 +24,8 @@ import threading
 import time
 from datetime import datetime
 
-from confluent_kafka import Consumer, TopicPartition
-
-from modpipe.services.fetching import PACED_CONSUMER_CONFIG, paced_fetches
+from loadgen.smoke import end_consumer
+from modpipe.services.fetching import paced_fetches
 from modpipe.settings import Settings
 
 PARTS = (
@@ -49,21 +48,16 @@ def quantile(values: list[float], q: float) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bootstrap", default="127.0.0.1:9092", help="the broker (default: `modpipe up`'s)")
-    ap.add_argument("--topic", default="decisions")
     ap.add_argument("--seconds", type=float, default=75.0, help="how long to read")
     ap.add_argument("--out", help="write every decision's times here (JSON)")
     args = ap.parse_args()
     settings = Settings.from_env()
-    consumer = Consumer({"bootstrap.servers": args.bootstrap, "group.id": f"latency-split-{time.time_ns()}",
-                         "isolation.level": "read_committed", "enable.auto.commit": False, **PACED_CONSUMER_CONFIG})
-    partitions = sorted(consumer.list_topics(args.topic, timeout=10).topics[args.topic].partitions)
-    next_offsets = {(args.topic, p): consumer.get_watermark_offsets(TopicPartition(args.topic, p), timeout=10)[1]
-                    for p in partitions}
-    consumer.assign([TopicPartition(args.topic, p, next_offsets[(args.topic, p)]) for p in partitions])
+    # the load generator's reader: read_committed, at the topic's end, configured for paced fetches
+    consumer = end_consumer(settings, args.bootstrap, [settings.topic("decisions")], paced=True)
     stop = threading.Event()
     threading.Timer(args.seconds, stop.set).start()
     rows = []
-    for messages in paced_fetches(consumer, stop, settings.fetch_pause_ms / 1000, next_offsets=next_offsets):
+    for messages in paced_fetches(consumer, stop, settings.fetch_pause_ms / 1000):
         seen = time.time() * 1000
         for m in messages:
             d = json.loads(m.value())
