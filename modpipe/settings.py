@@ -130,11 +130,14 @@ SETTINGS_SPEC: dict[str, Spec] = {
     "local_hops": Spec("MODPIPE_LOCAL_HOPS", "on",
                        "`on`: an item whose next stage partition this worker owns is applied at once, without "
                        "the Kafka hop; `off`: every stage hop goes through its stage topic."),
-    "commit_interval_ms": Spec("MODPIPE_COMMIT_INTERVAL_MS", "100",
-                               "Checkpoint interval: at most this long after a record was processed, the outputs of "
-                               "everything processed since the last checkpoint (one changelog record per changed "
-                               "key among them) and the input offsets are committed as one Kafka transaction; a "
-                               "worker with nothing in flight commits at once (streams/checkpoint.py).", float),
+    "commit_interval_ms": Spec("MODPIPE_COMMIT_INTERVAL_MS", "10",
+                               "Shortest time between two checkpoints while rounds are in flight. A checkpoint "
+                               "commits the outputs of the rounds since the previous one (one changelog record per "
+                               "changed key among them) with their input offsets as one Kafka transaction, while the "
+                               "next rounds go on; it starts as soon as the previous one is done and this long has "
+                               "passed since it started, or at once when every round since is complete "
+                               "(streams/checkpoint.py). Longer: fewer, larger transactions and later decisions "
+                               "under load.", float),
     "fetch_pause_ms": Spec("MODPIPE_FETCH_PAUSE_MS", "20",
                            "After a fetch that brought records, a consumer that reads continuously (the worker, "
                            "the load generator's and the benchmark's decision readers) pauses its partitions this "

@@ -110,9 +110,11 @@ class Wiring:
         self.owned: set[TP] = set()  # stage-topic partitions assigned to this worker (empty while rebalancing)
         self.assignments = 0  # assignments received (readiness: the worker has been given its partitions)
         self._partition_events: dict[tuple[str, int], PartitionEvent] = {}
-        self.open_rounds = 0  # rounds (and checkpoint writes) not complete yet
-        self._idle = asyncio.Event()
-        self._idle.set()
+        # Rounds (and checkpoint writes) not complete yet, per checkpoint epoch (streams/outbox.py): a round
+        # belongs to the epoch open when it starts; `switch()` closes it for the checkpoint.
+        self.open_epoch = 0
+        self._open: dict[int, int] = {}
+        self._idle: dict[int, asyncio.Event] = {}
         self.on_crash = lambda exc: None  # set by the worker: stop it (exit non-zero) without committing
 
     def crash(self, exc: Exception) -> None:
@@ -120,19 +122,38 @@ class Wiring:
         whoever owns the partitions next (this worker after its restart)."""
         self.on_crash(exc)
 
-    def _opened(self) -> Pending:
-        self.open_rounds += 1
-        self._idle.clear()
-        return Pending(on_error=self.crash, on_done=self._completed)
+    @property
+    def open_rounds(self) -> int:
+        return sum(self._open.values())
 
-    def _completed(self) -> None:
-        self.open_rounds -= 1
-        if self.open_rounds == 0:
-            self._idle.set()
+    def switch(self) -> int:
+        """Close the open epoch for its checkpoint and return it; rounds started from now on belong to the
+        next one."""
+        closed, self.open_epoch = self.open_epoch, self.open_epoch + 1
+        return closed
 
-    async def idle(self) -> None:
-        """Until every round opened so far is complete (its outputs delivered, its posts decided)."""
-        await self._idle.wait()
+    def _opened(self, epoch: int | None = None) -> Pending:
+        epoch = self.open_epoch if epoch is None else epoch
+        self._open[epoch] = self._open.get(epoch, 0) + 1
+        if epoch not in self._idle:
+            self._idle[epoch] = asyncio.Event()
+        self._idle[epoch].clear()
+        return Pending(on_error=self.crash, on_done=lambda: self._completed(epoch), epoch=epoch)
+
+    def _completed(self, epoch: int) -> None:
+        self._open[epoch] -= 1
+        if self._open[epoch] == 0:
+            del self._open[epoch]
+            self._idle.pop(epoch).set()
+
+    async def idle(self, epoch: int | None = None) -> None:
+        """Until every round of `epoch` (default: of every epoch) opened so far is complete (its outputs
+        delivered, its posts decided)."""
+        while True:
+            waiting = [e for e in self._idle if epoch is None or e == epoch]
+            if not waiting:
+                return
+            await self._idle[waiting[0]].wait()
 
     def new_round(self, events=()) -> Round:
         return Round(self._opened(), Bundler(self.partitions), list(events))
@@ -194,11 +215,13 @@ class Wiring:
         self.publisher.send_bundles(r.bundler, r.pending)
         r.pending.seal()
 
-    def flush_states(self) -> Pending:
-        """Each state changed since the last checkpoint written once, its changelog record in the open
+    def flush_states(self, epoch: int | None = None) -> Pending:
+        """Each state changed since the last checkpoint written once, its changelog record in `epoch`'s
         transaction (Kafka Streams' record cache and Quix Streams' checkpoints do the same: a hot key costs
-        one record per checkpoint, not one per round). The returned group completes when they are delivered."""
-        pending = self._opened()
+        one record per checkpoint, not one per round). Called as the epoch closes: the tables hold exactly its
+        rounds' changes then (a round changes them synchronously as it starts; verdicts come back through the
+        stage topics). The returned group completes when they are delivered."""
+        pending = self._opened(epoch)
         for stage in self.stages.values():
             for table, n in stage.flush(pending).items():
                 if n:

@@ -3,27 +3,35 @@ every round since the previous checkpoint (stage bundles, decisions, dead letter
 input offsets they came from, so a read_committed reader sees all of them or none, and each input record's
 effects exactly once. Quix Streams' `checkpointing/checkpoint.py` orders its commit the same way.
 
+The rounds between two checkpoints form an epoch (streams/outbox.py): a checkpoint commits one epoch, and
+the rounds of the next run meanwhile, their records held back by the outbox until the next transaction
+opens. So no round waits for a checkpoint, and a decision waits only for the rounds of its own epoch, never
+for posts that arrived while its own was at Triton.
+
 The steps, in order:
-1. Stop starting rounds (records keep arriving and wait in the runner's queue).
-2. Wait until every round started is complete: its records produced and delivered, its posts decided
-   (a Triton batch in flight finishes first; during a text-model outage, after MODPIPE_TEXT_MODEL_OUTAGE_S).
-3. Write each table state changed since the last checkpoint once, as a changelog record in the transaction,
-   and wait for their delivery.
+1. Close the open epoch (`wiring.switch()`): rounds started from now on belong to the next one.
+2. Write each table state changed since the last checkpoint once, as a changelog record in the transaction.
+   The tables hold exactly the closed epoch's changes at this moment: a round changes them as it starts.
+3. Wait until every round of the closed epoch is complete: its records produced and delivered, its posts
+   decided (a Triton batch in flight finishes first; during a text-model outage, after
+   MODPIPE_TEXT_MODEL_OUTAGE_S), and the changelog records delivered.
 4. Check that this worker may still commit: a process that was frozen longer than the group's session (a
    SIGSTOP, a VM pause) may have lost its partitions without having heard of it yet, so it aborts and stops
    instead. (Apache Kafka also refuses the offsets of a member of an older group generation, KIP-447; the
    embedded broker does not check that, so this guard is what fences such a zombie there.)
-5. Send the input offsets (the next offset after the last record processed, per partition) to the
-   transaction with the consumer's group metadata, and commit the transaction; the next one opens.
-6. Start rounds again.
+5. Send the closed epoch's input offsets (the next offset after the last record processed, per partition)
+   to the transaction with the consumer's group metadata, and commit the transaction; the next one opens.
+6. The next epoch's records held back meanwhile go into it (`outbox.advance()`).
 A checkpoint that fails stops the worker without committing: the transaction is aborted, and the partitions'
 next owner (this worker after its restart) restores the tables from their changelogs, which hold only
 committed states, and processes the input again from the committed offsets.
 
-When: MODPIPE_COMMIT_INTERVAL_MS after the first uncommitted record was processed, or as soon as no round is in
-flight (a quiet pipeline commits each post's decision at once instead of waiting for the interval). A quiet
-worker also checkpoints when a table holds keys past its retention (streams/tables.py): step 3 writes their
-tombstones, and the transaction holds no offsets.
+When: as soon as the previous checkpoint is done and the open epoch has a round, if MODPIPE_COMMIT_INTERVAL_MS
+passed since the previous epoch closed; before that, as soon as the open epoch's rounds are all complete (a
+quiet pipeline commits each post's decision at once; a busy one commits at most once per interval). A quiet
+worker also checkpoints when a table holds keys past its retention (streams/tables.py): step 2 writes their
+tombstones, and the transaction holds no offsets. At a revocation and at a stop rounds pause and every epoch
+is committed (`commit_all`).
 """
 
 from __future__ import annotations
@@ -78,8 +86,9 @@ class FreezeWatch:
 
 
 class Checkpointer:
-    """Runs the steps above. `runner` starts and stops rounds and knows the offsets processed; `wiring` knows
-    when rounds are complete and writes the table states; `outbox` holds the transaction."""
+    """Runs the steps above. `runner` knows the offsets processed per epoch (and pauses rounds for
+    `commit_all`); `wiring` closes epochs, knows when their rounds are complete and writes the table states;
+    `outbox` holds the transaction."""
 
     def __init__(self, runner, wiring, outbox, consumer, interval_s: float, watch: FreezeWatch,
                  expiry_check_s: float = EXPIRY_CHECK_S):
@@ -89,13 +98,14 @@ class Checkpointer:
         self.watch = watch
         self._lock = asyncio.Lock()
         self._due = asyncio.Event()
-        self.dirty_since: float | None = None  # loop time of the first record processed since the last commit
+        self.dirty = False  # the open epoch has a round (or table keys to forget)
+        self.closed_at = float("-inf")  # loop time the previous epoch closed
         self.commits = 0
 
     def processed(self) -> None:
-        """A round started: a checkpoint is due within the interval."""
-        if self.dirty_since is None:
-            self.dirty_since = asyncio.get_running_loop().time()
+        """A round started: a checkpoint is due."""
+        if not self.dirty:
+            self.dirty = True
             self._due.set()
 
     async def run_forever(self) -> None:
@@ -103,12 +113,14 @@ class Checkpointer:
         while True:
             await self._due.wait()
             self._due.clear()
-            if self.dirty_since is None:
+            if not self.dirty:
                 continue
-            left = self.dirty_since + self.interval_s - loop.time()
+            left = self.closed_at + self.interval_s - loop.time()
             if left > 0:  # early when quiet: nothing in flight means nothing to wait for
-                await wait_at_most(self.wiring.idle(), left)
-            await self.commit()
+                await wait_at_most(self.wiring.idle(self.wiring.open_epoch), left)
+            # shielded: a checkpoint that closed its epoch finishes even when this task is cancelled (a stop),
+            # so the next epoch's held-back records are never stranded behind it
+            await asyncio.shield(self.commit())
 
     async def expire_forever(self) -> None:
         """On a quiet worker: a checkpoint when a table holds keys past its retention, for their tombstones
@@ -116,11 +128,11 @@ class Checkpointer:
         halved the feature path's steady rate in `modpipe bench features --posts 3000`.)"""
         while True:
             await asyncio.sleep(self.expiry_check_s)
-            if self.dirty_since is None and self.wiring.expiry_due():
+            if not self.dirty and self.wiring.expiry_due():
                 self.processed()
 
     async def commit(self) -> bool:
-        """One checkpoint (nothing when nothing was processed since the last). On failure the worker stops
+        """One checkpoint of the open epoch (nothing when it has no round). On failure the worker stops
         (`wiring.crash`) and this returns False."""
         try:
             await self._commit()
@@ -129,6 +141,17 @@ class Checkpointer:
             _log.error("checkpoint failed; the worker stops without committing", extra={"error": str(exc)[:500]})
             self.wiring.crash(exc)
             return False
+
+    async def commit_all(self) -> bool:
+        """Rounds paused, every epoch committed (at a revocation or a stop). Returns False when one failed."""
+        self.runner.pause_rounds()
+        try:
+            while self.dirty:
+                if not await self.commit():
+                    return False
+            return await self.commit()  # waits for a checkpoint under way
+        finally:
+            self.runner.resume_rounds()
 
     def check_not_frozen(self) -> None:
         """Step 4; the outbox runs it again right before it sends the offsets and before it commits, so a
@@ -139,21 +162,23 @@ class Checkpointer:
 
     async def _commit(self) -> None:
         async with self._lock:
-            if self.dirty_since is None:
+            if not self.dirty:
                 return
             started = time.perf_counter()
-            self.runner.pause_rounds()                                       # 1
+            self.dirty = False
+            epoch = self.wiring.switch()                                     # 1
+            self.closed_at = asyncio.get_running_loop().time()
             try:
-                await self.wiring.idle()                                     # 2
-                self.wiring.flush_states()
-                await self.wiring.idle()                                     # 3
+                self.wiring.flush_states(epoch)                              # 2
+                await self.wiring.idle(epoch)                                # 3
                 self.check_not_frozen()                                      # 4
-                offsets = self.runner.take_offsets()
+                offsets = self.runner.take_offsets(epoch)
                 metadata = self.consumer.group_metadata()
                 await asyncio.get_running_loop().run_in_executor(                                      # 5
                     None, functools.partial(self.outbox.commit, offsets, metadata, guard=self.check_not_frozen))
-                self.dirty_since = None
-                self.commits += 1
-                metrics.CHECKPOINT_DURATION.observe(time.perf_counter() - started)
-            finally:
-                self.runner.resume_rounds()                                  # 6
+            except BaseException:
+                self.dirty = True  # still uncommitted (the worker stops)
+                raise
+            self.outbox.advance()                                            # 6
+            self.commits += 1
+            metrics.CHECKPOINT_DURATION.observe(time.perf_counter() - started)

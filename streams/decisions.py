@@ -208,12 +208,15 @@ class DecisionBatcher:
                 self.shadow.observe(features_list, verdicts, [p.post["post_id"] for p in batch])
             for i in degraded:
                 verdicts[i] = without_text_model(verdicts[i], self.outage_policy)
-            sources = [p.source for p in batch if p.source is not None]
-            pending = Pending(on_error=self.on_error,
-                              on_done=lambda: [source.release() for source in sources])
-            items = []
+            # A batch may hold posts of two checkpoint epochs: each post's decision and feedback go into the
+            # transaction of its own round (streams/outbox.py), so they are grouped by it.
+            groups: dict[int | None, tuple[Pending, list]] = {}
             decided_at, versions = schema.now_ms(), self.publisher.model_versions
             for i, (post, features, verdict) in enumerate(zip(batch, features_list, verdicts, strict=True)):
+                epoch = None if post.source is None else post.source.epoch
+                if epoch not in groups:
+                    groups[epoch] = (self._group_pending(batch, epoch), [])
+                pending, items = groups[epoch]
                 record = self.publisher.record(post.post, verdict, features, post.received_at_ms, decided_at,
                                                degraded=i in degraded, versions=versions)
                 items += self.publisher.publish(record, post.ctx, post.received_at_ms, pending)
@@ -221,8 +224,9 @@ class DecisionBatcher:
                     self.publisher.await_text(post, features, record["revision"], pending)
                     metrics.DEGRADED_DECISIONS.labels(self.outage_policy).inc()
                 metrics.END_TO_END_LATENCY.observe(record["latency_ms"] / 1000)
-            self.feedback(items, pending)
-            pending.seal()
+            for pending, items in groups.values():
+                self.feedback(items, pending)
+                pending.seal()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -233,6 +237,12 @@ class DecisionBatcher:
             self._inflight -= 1
             metrics.BATCHES_IN_FLIGHT.dec()
             self._slots.release()
+
+    def _group_pending(self, batch: list[ReadyPost], epoch: int | None) -> Pending:
+        """What the decisions of `batch`'s posts of `epoch` wait for; when delivered, their rounds are complete."""
+        sources = [p.source for p in batch if p.source is not None and p.source.epoch == epoch]
+        return Pending(on_error=self.on_error, on_done=lambda: [source.release() for source in sources],
+                       epoch=epoch)
 
     async def close(self, grace_s: float = 0.0) -> None:
         """Let queued and in-flight batches finish for up to `grace_s` (their posts are then committed), then

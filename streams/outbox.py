@@ -23,7 +23,13 @@ posts undecided after one broker restart). Apache Kafka keeps transactions acros
 costs one worker restart when the whole cluster was unreachable.
 
 `Pending` counts what a round (or a Triton batch) still waits for: its records' delivery reports and the
-holds it takes; the checkpoint waits until every round is complete. Delivery reports arrive on a librdkafka
+holds it takes; the checkpoint waits until every round of its epoch is complete.
+
+Epochs: the rounds between two checkpoints form an epoch, and the open transaction belongs to the oldest
+epoch not yet committed (`head_epoch`). While a checkpoint waits for its epoch's last Triton answers, rounds of
+the next epoch already run: what they produce (a `Pending` tagged with a later epoch) waits here, in order,
+and goes into the next transaction as soon as `advance()` opens it. So a round never waits for a checkpoint,
+and each transaction still holds exactly the outputs of the rounds whose offsets it commits. Delivery reports arrive on a librdkafka
 thread (`poll`); the thread hands them to the event loop in one call per poll.
 """
 
@@ -56,13 +62,14 @@ class Pending:
     must be matched by a delivery or a `release()`; `seal()` releases the creator's own hold once it has
     produced everything it will. `on_done` runs when nothing is left; `on_error` on a failed delivery."""
 
-    __slots__ = ("holds", "on_error", "on_done")
+    __slots__ = ("holds", "on_error", "on_done", "epoch")
 
     def __init__(self, on_error: Callable[[Exception], None] | None = None,
-                 on_done: Callable[[], None] | None = None):
+                 on_done: Callable[[], None] | None = None, epoch: int | None = None):
         self.holds = 1
         self.on_error = on_error
         self.on_done = on_done
+        self.epoch = epoch  # the checkpoint epoch its records belong to (None: the open transaction's)
 
     def hold(self, n: int = 1) -> None:
         self.holds += n
@@ -115,6 +122,8 @@ class Outbox:
         self._started = False  # init_transactions done: from here on a lost broker dooms the transaction
         self.doomed: str | None = None  # why the open transaction can no longer commit
         self._no_commits = threading.Event()  # set when the worker stops: nothing more may commit
+        self.head_epoch = 0  # the epoch whose records go into the open transaction
+        self._later: list[tuple[str, dict, Pending]] = []  # records of the next epoch, in produce order
 
     def start(self, loop: asyncio.AbstractEventLoop, timeout: float = 60.0) -> Outbox:
         """Blocking when transactional: `init_transactions` fences an earlier producer with our id (aborting
@@ -146,6 +155,28 @@ class Outbox:
             kwargs["partition"] = partition
         if headers:
             kwargs["headers"] = headers
+        epoch = None if pending is None else pending.epoch
+        if epoch is not None and epoch != self.head_epoch:
+            if epoch != self.head_epoch + 1:  # a bug: these records would land outside their transaction
+                pending.release(RuntimeError(f"a record of epoch {epoch} produced while epoch {self.head_epoch} "
+                                             "is the open transaction's"))
+                return
+            self._later.append((topic, kwargs, pending))
+            return
+        self._produce(topic, kwargs)
+
+    def advance(self) -> None:
+        """The head epoch was committed and the next transaction is open: the next epoch's records go into it
+        (on the event loop, like `produce`)."""
+        self.head_epoch += 1
+        later, self._later = self._later, []
+        for topic, kwargs, pending in later:
+            if self.doomed is not None:
+                pending.release(TransactionDoomed(self.doomed))
+                continue
+            self._produce(topic, kwargs)
+
+    def _produce(self, topic: str, kwargs: dict) -> None:
         while True:
             try:
                 self.producer.produce(topic, **kwargs)

@@ -3,7 +3,8 @@
 
 A round is what one fetch brought for one topic (at most ROUND_MAX records). Handlers run one round at a
 time, synchronously, except the awaiting-text one, which waits for Triton on a task of its own (one round at
-a time, so its records are decided in order). Rounds stop while a checkpoint commits.
+a time, so its records are decided in order). Rounds go on while a checkpoint waits for the rounds of its
+epoch and commits them; they belong to the next epoch (streams/checkpoint.py).
 
 Hand-over: when the group takes partitions away, the revocation waits here until the rounds in flight are
 complete and a checkpoint has committed them; records fetched but not started are dropped (their new owner
@@ -56,7 +57,8 @@ class Runner:
         self._rounds_open.set()
         self._awaiting: collections.deque[list[Record]] = collections.deque()
         self._awaiting_wake = asyncio.Event()
-        self._offsets: dict[TP, int] = {}  # next offset per input partition, rounds done since the last commit
+        # next offset per input partition, of the rounds started in each checkpoint epoch not yet committed
+        self._offsets: dict[int, dict[TP, int]] = {}
         self._rewound: dict[TP, int] = {}  # partition sought back to this offset: later records are stale
         self._tasks: list[asyncio.Task] = []
         self._generation = 0  # one more at each revocation
@@ -95,13 +97,13 @@ class Runner:
     def resume_rounds(self) -> None:
         self._rounds_open.set()
 
-    def take_offsets(self) -> dict[TP, int]:
-        offsets, self._offsets = self._offsets, {}
-        return offsets
+    def take_offsets(self, epoch: int) -> dict[TP, int]:
+        return self._offsets.pop(epoch, {})
 
-    def _done(self, records: list[Record]) -> None:
+    def _done(self, records: list[Record], epoch: int) -> None:
+        offsets = self._offsets.setdefault(epoch, {})
         for r in records:  # in offset order per partition: the last one wins
-            self._offsets[r.tp] = r.offset + 1
+            offsets[r.tp] = r.offset + 1
 
     def _fresh(self, records: list[Record]) -> list[Record]:
         """Without the records fetched before a partition was sought back (they come again)."""
@@ -138,7 +140,7 @@ class Runner:
                 for i in range(0, len(records), ROUND_MAX):
                     chunk = records[i:i + ROUND_MAX]
                     handler(chunk)
-                    self._done(chunk)
+                    self._done(chunk, self.wiring.open_epoch)  # the round's: nothing awaited since it started
                 self.checkpoint.processed()
             await asyncio.sleep(0)  # let decisions and delivery reports in between fetched batches
 
@@ -158,17 +160,19 @@ class Runner:
                     break  # revoked meanwhile: the rest is read again by the partitions' next owner
                 chunk = records[i:i + ROUND_MAX]
                 # the handler reports its chunk done as it publishes the decisions, before it yields to the
-                # loop again: a checkpoint can never commit those decisions without the chunk's offsets
-                if await handler(chunk, lambda chunk=chunk: self._round_done(chunk)):
+                # loop again: a checkpoint can never commit those decisions without the chunk's offsets. The
+                # round opens before the handler's first await, in the epoch open now.
+                epoch = self.wiring.open_epoch
+                self.checkpoint.processed()  # the open epoch has a round: the checkpoint that closes it waits
+                if await handler(chunk, lambda chunk=chunk, epoch=epoch: self._round_done(chunk, epoch)):
                     continue
                 if self._generation == generation:
                     self._read_again(records[i:])
                 await asyncio.sleep(AWAITING_TEXT_RETRY_S)
                 break
 
-    def _round_done(self, records: list[Record]) -> None:
-        self._done(records)
-        self.checkpoint.processed()
+    def _round_done(self, records: list[Record], epoch: int) -> None:
+        self._done(records, epoch)
 
     def _read_again(self, records: list[Record]) -> None:
         """Seek each partition back to the first of `records` or of the batches queued behind them; what was
@@ -189,14 +193,15 @@ class Runner:
         self._batches.clear()  # fetched, not started: their next owner reads them again
         self._awaiting.clear()
         if self.committing_on_revoke:
-            await self.checkpoint.commit()
+            await self.checkpoint.commit_all()
         self.wiring.revoked()
         gone = {tp.partition for tp in tps if tp.topic in self.stage_of_topic}
         for table in self.wiring.pipe.tables.values():
             for p in gone:
                 table.drop(p)
         for tp in tps:
-            self._offsets.pop(tp, None)
+            for offsets in self._offsets.values():
+                offsets.pop(tp, None)
             self._rewound.pop(tp, None)
 
     async def on_assigned(self, tps: list[TP]) -> None:
@@ -232,7 +237,7 @@ class Runner:
             _log.warning("rounds still in flight at shutdown: not committed", extra={"rounds": self.wiring.open_rounds})
             self.committing_on_revoke = False
             return False
-        ok = await self.checkpoint.commit()
+        ok = await self.checkpoint.commit_all()
         self.committing_on_revoke = False  # leaving the group revokes: nothing more to commit
         return ok
 

@@ -336,3 +336,39 @@ def test_a_record_queued_while_the_transaction_is_doomed_is_purged(fake_outbox):
     loop.close()
     calls = [c[0] for c in fake_outbox.producer.calls]
     assert len(fake_outbox.producer.produced) == 1 and calls.index("purge") < calls.index("abort_transaction")
+
+
+def test_records_of_the_next_epoch_wait_for_the_next_transaction_in_their_order(fake_outbox):
+    """While a checkpoint commits epoch 0, rounds of epoch 1 go on: their records must not enter epoch 0's
+    transaction, and they enter the next one in the order they were made."""
+    box = fake_outbox
+    now, later = Pending(epoch=0), Pending(epoch=1)
+    box.produce("decisions", b"e0-a", pending=now)
+    box.produce("decisions", b"e1-a", pending=later)
+    box.produce("features.user", b"e1-b", pending=later)
+    box.produce("decisions", b"e0-b", pending=now)
+    box.produce("posts.dlq", b"untagged")  # no epoch: the open transaction's
+    assert [kw["value"] for _, kw in box.producer.produced] == [b"e0-a", b"e0-b", b"untagged"]
+    assert later.holds == 3  # its own + two records not yet delivered
+    box.commit({}, "group-metadata")
+    box.advance()
+    assert [kw["value"] for _, kw in box.producer.produced] == [b"e0-a", b"e0-b", b"untagged", b"e1-a", b"e1-b"]
+    assert box.head_epoch == 1
+    box.produce("decisions", b"e1-c", pending=later)  # epoch 1 is the open transaction's now: straight in
+    assert box.producer.produced[-1][1]["value"] == b"e1-c"
+
+
+def test_a_record_two_epochs_ahead_is_refused(fake_outbox):
+    errors: list[Exception] = []
+    box = fake_outbox
+    box.produce("decisions", b"v", pending=Pending(on_error=errors.append, epoch=2))
+    assert box.producer.produced == [] and len(errors) == 1 and "epoch 2" in str(errors[0])
+
+
+def test_held_back_records_are_dropped_with_an_error_when_the_transaction_is_doomed(fake_outbox):
+    errors: list[Exception] = []
+    box = fake_outbox
+    box.produce("decisions", b"v", pending=Pending(on_error=errors.append, epoch=1))
+    box.doom("every broker went away with a transaction open")
+    box.advance()
+    assert box.producer.produced == [] and len(errors) == 1 and isinstance(errors[0], TransactionDoomed)

@@ -69,7 +69,7 @@ class Steps(list):
 
 class FakeRunner:
     def __init__(self, steps: Steps, offsets: dict):
-        self.steps, self.offsets = steps, offsets
+        self.steps, self.offsets = steps, offsets  # the offsets of epoch 0; later epochs: {}
 
     def pause_rounds(self):
         self.steps.append("pause_rounds")
@@ -77,7 +77,7 @@ class FakeRunner:
     def resume_rounds(self):
         self.steps.append("resume_rounds")
 
-    def take_offsets(self):
+    def take_offsets(self, epoch):
         self.steps.append("take_offsets")
         offsets, self.offsets = self.offsets, {}
         return offsets
@@ -87,13 +87,21 @@ class FakeWiring:
     def __init__(self, steps: Steps):
         self.steps = steps
         self.crashes: list[Exception] = []
+        self.open_epoch = 0
+        self.flushed: list[int] = []
 
-    async def idle(self):
+    def switch(self):
+        self.steps.append("switch")
+        self.open_epoch += 1
+        return self.open_epoch - 1
+
+    async def idle(self, epoch=None):
         self.steps.append("idle")
         await asyncio.sleep(0)
 
-    def flush_states(self):
+    def flush_states(self, epoch):
         self.steps.append("flush_states")
+        self.flushed.append(epoch)
 
     def expiry_due(self):
         return False
@@ -115,6 +123,9 @@ class FakeOutbox:
         if self.fail is not None:
             raise self.fail
         self.commits.append((offsets, group_metadata))
+
+    def advance(self):
+        self.steps.append("outbox.advance")
 
 
 class FakeConsumer:
@@ -157,10 +168,11 @@ def test_the_steps_happen_in_the_documented_order():
         return cp, steps
 
     cp, steps = asyncio.run(scenario())
-    assert steps == ["pause_rounds", "idle", "flush_states", "idle", "freeze_check", "take_offsets",
-                     "group_metadata", "freeze_check", "outbox.commit", "resume_rounds"]
+    assert steps == ["switch", "flush_states", "idle", "freeze_check", "take_offsets", "group_metadata",
+                     "freeze_check", "outbox.commit", "outbox.advance"]
     assert cp.outbox.commits == [({("posts", 0): 11, ("features.user", 2): 4}, "generation-7")]
-    assert cp.commits == 1 and cp.dirty_since is None and not cp.wiring.crashes
+    assert cp.wiring.flushed == [0] and cp.wiring.open_epoch == 1  # epoch 0 committed, rounds go on in 1
+    assert cp.commits == 1 and not cp.dirty and not cp.wiring.crashes
 
 
 def test_nothing_is_committed_when_nothing_was_processed():
@@ -184,10 +196,10 @@ def test_a_frozen_process_crashes_without_committing():
         return cp, steps, await cp.commit()
 
     cp, steps, ok = asyncio.run(scenario())
-    assert not ok and steps == ["pause_rounds", "idle", "flush_states", "idle", "freeze_check", "resume_rounds",
-                                "crash"]  # no offsets taken, no outbox.commit: the open transaction is aborted
+    # no offsets taken, no outbox.commit, no advance: the open transaction is aborted
+    assert not ok and steps == ["switch", "flush_states", "idle", "freeze_check", "crash"]
     assert len(cp.wiring.crashes) == 1 and isinstance(cp.wiring.crashes[0], Frozen)
-    assert cp.commits == 0 and cp.dirty_since is not None  # still uncommitted
+    assert cp.commits == 0 and cp.dirty  # still uncommitted
 
 
 def test_a_freeze_after_the_first_check_is_caught_before_the_offsets_are_sent():
@@ -197,25 +209,26 @@ def test_a_freeze_after_the_first_check_is_caught_before_the_offsets_are_sent():
         return cp, steps, await cp.commit()
 
     cp, steps, ok = asyncio.run(scenario())
-    assert not ok and steps[-5:] == ["take_offsets", "group_metadata", "freeze_check", "resume_rounds", "crash"]
+    assert not ok and steps[-4:] == ["take_offsets", "group_metadata", "freeze_check", "crash"]
     assert cp.outbox.commits == [] and isinstance(cp.wiring.crashes[0], Frozen)
 
 
-def test_a_failing_outbox_commit_crashes_the_wiring_and_rounds_resume():
+def test_a_failing_outbox_commit_crashes_the_wiring_and_holds_the_next_epoch_back():
     async def scenario():
         cp, steps = checkpointer(fail=RuntimeError("transaction coordinator gone"))
         cp.processed()
         return cp, steps, await cp.commit()
 
     cp, steps, ok = asyncio.run(scenario())
-    assert not ok and steps[-3:] == ["outbox.commit", "resume_rounds", "crash"]
+    assert not ok and steps[-2:] == ["outbox.commit", "crash"] and "outbox.advance" not in steps
     assert [str(e) for e in cp.wiring.crashes] == ["transaction coordinator gone"]
-    assert cp.commits == 0 and cp.dirty_since is not None
+    assert cp.commits == 0 and cp.dirty
 
 
 def test_a_quiet_pipeline_commits_at_once_and_a_busy_one_within_the_interval():
     async def quiet():
         cp, steps = checkpointer(interval_s=60.0)
+        cp.closed_at = asyncio.get_running_loop().time()  # an epoch closed just now: the interval runs
         task = asyncio.get_running_loop().create_task(cp.run_forever())
         cp.processed()
         for _ in range(100):
@@ -228,18 +241,18 @@ def test_a_quiet_pipeline_commits_at_once_and_a_busy_one_within_the_interval():
     assert asyncio.run(quiet()) == 1  # nothing in flight: no need to wait 60 s
 
     class BusyWiring(FakeWiring):
-        async def idle(self):  # a round in flight until the checkpoint pauses rounds
+        async def idle(self, epoch=None):  # the open epoch's rounds stay in flight; a closed one completes
             self.steps.append("idle")
-            if "pause_rounds" not in self.steps:
+            if epoch == self.open_epoch:
                 await asyncio.sleep(3600)
 
     async def busy():
         steps = Steps()
         cp = Checkpointer(FakeRunner(steps, {("posts", 0): 1}), BusyWiring(steps), FakeOutbox(steps),
                           FakeConsumer(steps), 0.05, FakeWatch(steps))
+        started = cp.closed_at = asyncio.get_running_loop().time()
         task = asyncio.get_running_loop().create_task(cp.run_forever())
         cp.processed()
-        started = asyncio.get_running_loop().time()
         while not cp.commits and asyncio.get_running_loop().time() - started < 5:
             await asyncio.sleep(0.01)
         task.cancel()
@@ -247,6 +260,57 @@ def test_a_quiet_pipeline_commits_at_once_and_a_busy_one_within_the_interval():
 
     commits, took = asyncio.run(busy())
     assert commits == 1 and 0.04 <= took < 5
+
+
+def test_an_epoch_closes_at_once_when_the_interval_has_passed():
+    """The first post after a quiet spell closes its epoch as it starts: a post arriving while it is at
+    Triton belongs to the next epoch, and the first decision does not wait for the second."""
+    class BusyWiring(FakeWiring):
+        async def idle(self, epoch=None):
+            self.steps.append(f"idle {epoch}")
+            if epoch == self.open_epoch:
+                await asyncio.sleep(3600)
+
+    async def scenario():
+        steps = Steps()
+        wiring = BusyWiring(steps)
+        cp = Checkpointer(FakeRunner(steps, {("posts", 0): 1}), wiring, FakeOutbox(steps), FakeConsumer(steps),
+                          60.0, FakeWatch(steps))
+        task = asyncio.get_running_loop().create_task(cp.run_forever())
+        cp.processed()
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if cp.commits:
+                break
+        task.cancel()
+        return cp, steps
+
+    cp, steps = asyncio.run(scenario())
+    assert cp.commits == 1 and steps[:3] == ["switch", "flush_states", "idle 0"]  # never waited for epoch 0 open
+
+
+def test_commit_all_pauses_rounds_and_commits_every_epoch_after_the_one_under_way():
+    async def scenario():
+        steps = Steps()
+        wiring = EventWiring(steps)
+        cp = Checkpointer(FakeRunner(steps, {("posts", 0): 1}), wiring, FakeOutbox(steps), FakeConsumer(steps),
+                          60.0, FakeWatch(steps))
+        cp.processed()
+        under_way = asyncio.get_running_loop().create_task(cp.commit())  # epoch 0 waits for its rounds
+        for _ in range(3):
+            await asyncio.sleep(0)
+        cp.processed()  # a round of epoch 1 started meanwhile
+        all_done = asyncio.get_running_loop().create_task(cp.commit_all())
+        for _ in range(3):
+            await asyncio.sleep(0)
+        wiring.rounds_done.set()
+        return cp, steps, await under_way, await all_done
+
+    cp, steps, first, ok = asyncio.run(scenario())
+    assert first and ok and cp.commits == 2 and not cp.dirty
+    assert steps[0] == "switch" and "pause_rounds" in steps and steps[-1] == "resume_rounds"
+    assert steps.count("outbox.commit") == 2 and steps.count("outbox.advance") == 2
+    assert cp.outbox.commits == [({("posts", 0): 1}, "generation-7"), ({}, "generation-7")]
 
 
 def test_a_quiet_worker_checkpoints_when_table_keys_are_past_their_retention():
@@ -257,8 +321,8 @@ def test_a_quiet_worker_checkpoints_when_table_keys_are_past_their_retention():
         def expiry_due(self):
             return self.due
 
-        def flush_states(self):
-            super().flush_states()
+        def flush_states(self, epoch):
+            super().flush_states(epoch)
             self.due = False  # the flush forgot them
 
     async def scenario():
@@ -274,7 +338,7 @@ def test_a_quiet_worker_checkpoints_when_table_keys_are_past_their_retention():
 
     cp, steps = asyncio.run(scenario())
     assert cp.commits == 1 and steps.count("flush_states") == 1 and cp.outbox.commits == [({}, "generation-7")]
-    assert cp.dirty_since is None
+    assert not cp.dirty
 
 
 class EventWiring(FakeWiring):
@@ -284,7 +348,7 @@ class EventWiring(FakeWiring):
         super().__init__(steps)
         self.rounds_done = asyncio.Event()
 
-    async def idle(self):
+    async def idle(self, epoch=None):
         self.steps.append("idle")
         await self.rounds_done.wait()
 
@@ -299,6 +363,7 @@ def test_a_stop_that_comes_as_the_rounds_complete_still_ends_the_checkpoint_task
         wiring = EventWiring(steps)
         cp = Checkpointer(FakeRunner(steps, {("posts", 0): 1}), wiring, FakeOutbox(steps), FakeConsumer(steps),
                           60.0, FakeWatch(steps))
+        cp.closed_at = asyncio.get_running_loop().time()  # an epoch closed just now: the interval runs
         task = asyncio.get_running_loop().create_task(cp.run_forever())
         cp.processed()
         for _ in range(3):  # the task is now waiting for the rounds, the interval not yet over

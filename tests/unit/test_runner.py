@@ -30,6 +30,7 @@ class FakeWiring:
         self.pipe = SimpleNamespace(tables={"user": FakeTable(), "url": FakeTable()})
         self.crashes: list[Exception] = []
         self.revocations = 0
+        self.open_epoch = 0
 
     def crash(self, exc):
         self.crashes.append(exc)
@@ -37,7 +38,7 @@ class FakeWiring:
     def revoked(self):
         self.revocations += 1
 
-    async def idle(self):
+    async def idle(self, epoch=None):
         pass
 
 
@@ -68,10 +69,12 @@ def test_the_freeze_limit_is_the_session_less_a_heartbeat():
 
 def test_done_keeps_the_offset_after_the_last_record_per_partition_until_taken():
     r = make_runner()
-    r._done(records(POSTS, 0, [5, 6, 7]) + records(POSTS, 1, [2]))
-    r._done(records(POSTS, 0, [8]))
-    assert r.take_offsets() == {TP(POSTS, 0): 9, TP(POSTS, 1): 3}
-    assert r.take_offsets() == {}
+    r._done(records(POSTS, 0, [5, 6, 7]) + records(POSTS, 1, [2]), 0)
+    r._done(records(POSTS, 0, [8]), 0)
+    r._done(records(POSTS, 0, [9]), 1)  # a round of the next checkpoint epoch: committed with that one
+    assert r.take_offsets(0) == {TP(POSTS, 0): 9, TP(POSTS, 1): 3}
+    assert r.take_offsets(0) == {}
+    assert r.take_offsets(1) == {TP(POSTS, 0): 10}
 
 
 def test_without_a_seek_back_every_record_is_fresh():
@@ -112,9 +115,9 @@ def test_rounds_run_per_topic_in_chunks_and_record_their_offsets():
 
     r = asyncio.run(scenario())
     assert calls == [(POSTS, list(range(ROUND_MAX))), (POSTS, [ROUND_MAX, ROUND_MAX + 1]), (USER, [40])]
-    assert r.take_offsets() == {TP(POSTS, 0): ROUND_MAX + 2, TP(USER, 3): 41}
+    assert r.take_offsets(0) == {TP(POSTS, 0): ROUND_MAX + 2, TP(USER, 3): 41}
     assert [[x.offset for x in batch] for batch in r._awaiting] == [[1]]  # for the awaiting-text loop
-    assert r.checkpoint.dirty_since is not None  # a checkpoint is due
+    assert r.checkpoint.dirty  # a checkpoint is due
 
 
 def test_no_round_starts_while_a_checkpoint_has_them_paused():
@@ -153,7 +156,7 @@ def test_awaiting_posts_are_read_again_while_the_text_model_is_out(monkeypatch):
         tasks = [loop.create_task(r._run()), loop.create_task(r._run_awaiting())]
         r._deliver(records(AWAITING, 0, [3, 4]))
         await settle()
-        assert r.consumer.seeks == [(TP(AWAITING, 0), 3)] and r.take_offsets() == {}
+        assert r.consumer.seeks == [(TP(AWAITING, 0), 3)] and r.take_offsets(0) == {}
         r._deliver(records(AWAITING, 0, [5]))  # fetched before the seek: dropped
         r._deliver(records(AWAITING, 0, [3, 4, 5]))  # read again from 3
         await settle()
@@ -163,7 +166,7 @@ def test_awaiting_posts_are_read_again_while_the_text_model_is_out(monkeypatch):
 
     r = asyncio.run(scenario())
     assert seen == [[3, 4], [3, 4, 5]]
-    assert r.take_offsets() == {TP(AWAITING, 0): 6}
+    assert r.take_offsets(0) == {TP(AWAITING, 0): 6}
 
 
 def test_a_seek_back_loses_no_queued_awaiting_records_of_other_partitions(monkeypatch):
@@ -204,15 +207,15 @@ def test_no_awaiting_record_of_a_revoked_partition_is_handled_after_the_revocati
         first_chunk_in_flight = asyncio.Event()
         r = make_runner({POSTS: None, USER: None, AWAITING: awaiting})
 
-        async def commit():  # as the checkpoint does: rounds paused, the round in flight completes, offsets taken
+        async def commit_all():  # as the checkpoint does: rounds paused, the round in flight completes, offsets taken
             r.pause_rounds()
             first_chunk_in_flight.set()
             await settle()
-            committed.append(r.take_offsets())
+            committed.append(r.take_offsets(0))
             r.resume_rounds()
             return True
 
-        r.checkpoint.commit = commit
+        r.checkpoint.commit_all = commit_all
         r._awaiting.append(records(AWAITING, 0, range(ROUND_MAX + 1)))  # two chunks
         r._awaiting_wake.set()
         task = asyncio.get_running_loop().create_task(r._run_awaiting())
@@ -223,7 +226,7 @@ def test_no_awaiting_record_of_a_revoked_partition_is_handled_after_the_revocati
         return r
 
     r = asyncio.run(scenario())
-    assert handled == [0] and r._offsets == {}
+    assert handled == [0] and not any(r._offsets.values())
     assert committed == [{TP(AWAITING, 0): ROUND_MAX}]  # the decided chunk's offsets went with its decisions
 
 
@@ -232,19 +235,19 @@ def test_a_revocation_commits_then_forgets_the_partitions():
         r = make_runner()
         commits: list = []
 
-        async def commit():
-            commits.append(dict(r._offsets))
+        async def commit_all():
+            commits.append(dict(r._offsets[0]))
             return True
 
-        r.checkpoint.commit = commit
+        r.checkpoint.commit_all = commit_all
         r._deliver(records(POSTS, 0, [1]))  # fetched, not started
-        r._done(records(USER, 2, [9]) + records(POSTS, 0, [0]))
+        r._done(records(USER, 2, [9]) + records(POSTS, 0, [0]), 0)
         await r.on_revoked([TP(USER, 2), TP(POSTS, 0)])
         return r, commits
 
     r, commits = asyncio.run(scenario())
     assert commits == [{TP(USER, 2): 10, TP(POSTS, 0): 1}]  # what was done is committed first
-    assert not r._batches and r._offsets == {} and r.wiring.revocations == 1
+    assert not r._batches and not any(r._offsets.values()) and r.wiring.revocations == 1
     assert all(t.dropped == [2] for t in r.wiring.pipe.tables.values())  # stage partition 2 of every table
 
 
@@ -253,11 +256,11 @@ def test_a_revocation_after_a_crash_commits_nothing_and_lost_partitions_crash_th
         r = make_runner()
         commits: list = []
 
-        async def commit():
+        async def commit_all():
             commits.append(1)
             return True
 
-        r.checkpoint.commit = commit
+        r.checkpoint.commit_all = commit_all
         await r.on_lost([TP(POSTS, 0)])
         await r.on_revoked([TP(POSTS, 0)])
         return r, commits
