@@ -44,6 +44,7 @@ from streams import metrics
 from streams.app import Pipeline
 from streams.bans import BanRegistry
 from streams.bundles import Bundler, decode_bundle, partition_for
+from streams.checkpoint import Epochs
 from streams.dead_letters import event_timestamp_ms, send_dead_letter
 from streams.decisions import DecisionBatcher, Publisher
 from streams.kafka.records import TP
@@ -110,11 +111,7 @@ class Wiring:
         self.owned: set[TP] = set()  # stage-topic partitions assigned to this worker (empty while rebalancing)
         self.assignments = 0  # assignments received (readiness: the worker has been given its partitions)
         self._partition_events: dict[tuple[str, int], PartitionEvent] = {}
-        # Rounds (and checkpoint writes) not complete yet, per checkpoint epoch (streams/outbox.py): a round
-        # belongs to the epoch open when it starts; `switch()` closes it for the checkpoint.
-        self.open_epoch = 0
-        self._open: dict[int, int] = {}
-        self._idle: dict[int, asyncio.Event] = {}
+        self.epochs = Epochs()  # rounds (and checkpoint writes) not complete yet, per checkpoint epoch
         self.on_crash = lambda exc: None  # set by the worker: stop it (exit non-zero) without committing
 
     def crash(self, exc: Exception) -> None:
@@ -123,37 +120,23 @@ class Wiring:
         self.on_crash(exc)
 
     @property
+    def open_epoch(self) -> int:
+        return self.epochs.open_epoch
+
+    @property
     def open_rounds(self) -> int:
-        return sum(self._open.values())
+        return self.epochs.open_rounds
 
     def switch(self) -> int:
-        """Close the open epoch for its checkpoint and return it; rounds started from now on belong to the
-        next one."""
-        closed, self.open_epoch = self.open_epoch, self.open_epoch + 1
-        return closed
+        return self.epochs.switch()
 
     def _opened(self, epoch: int | None = None) -> Pending:
-        epoch = self.open_epoch if epoch is None else epoch
-        self._open[epoch] = self._open.get(epoch, 0) + 1
-        if epoch not in self._idle:
-            self._idle[epoch] = asyncio.Event()
-        self._idle[epoch].clear()
-        return Pending(on_error=self.crash, on_done=lambda: self._completed(epoch), epoch=epoch)
-
-    def _completed(self, epoch: int) -> None:
-        self._open[epoch] -= 1
-        if self._open[epoch] == 0:
-            del self._open[epoch]
-            self._idle.pop(epoch).set()
+        return self.epochs.opened(self.crash, epoch)
 
     async def idle(self, epoch: int | None = None) -> None:
         """Until every round of `epoch` (default: of every epoch) opened so far is complete (its outputs
         delivered, its posts decided)."""
-        while True:
-            waiting = [e for e in self._idle if epoch is None or e == epoch]
-            if not waiting:
-                return
-            await self._idle[waiting[0]].wait()
+        await self.epochs.idle(epoch)
 
     def new_round(self, events=()) -> Round:
         return Round(self._opened(), Bundler(self.partitions), list(events))

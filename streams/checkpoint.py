@@ -44,6 +44,7 @@ from collections.abc import Callable
 
 from modpipe import log
 from streams import metrics
+from streams.outbox import Pending
 from streams.waiting import wait_at_most
 
 _log = log.get(__name__)
@@ -83,6 +84,48 @@ class FreezeWatch:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+class Epochs:
+    """The rounds not complete yet, per epoch. A round belongs to the epoch open when it starts (`opened`
+    gives its `Pending`, tagged with the epoch for the outbox); `switch` closes the open epoch for its
+    checkpoint, which then waits for `idle(epoch)`."""
+
+    def __init__(self):
+        self.open_epoch = 0
+        self._open: dict[int, int] = {}  # epoch -> rounds not complete
+        self._idle: dict[int, asyncio.Event] = {}  # epoch -> set when its last round completes
+
+    @property
+    def open_rounds(self) -> int:
+        return sum(self._open.values())
+
+    def switch(self) -> int:
+        """Close the open epoch and return it; rounds started from now on belong to the next one."""
+        closed, self.open_epoch = self.open_epoch, self.open_epoch + 1
+        return closed
+
+    def opened(self, on_error: Callable[[Exception], None], epoch: int | None = None) -> Pending:
+        """A round (or a checkpoint's writes) of `epoch` (default: the open one) starts."""
+        epoch = self.open_epoch if epoch is None else epoch
+        self._open[epoch] = self._open.get(epoch, 0) + 1
+        if epoch not in self._idle:
+            self._idle[epoch] = asyncio.Event()
+        return Pending(on_error=on_error, on_done=lambda: self._completed(epoch), epoch=epoch)
+
+    def _completed(self, epoch: int) -> None:
+        self._open[epoch] -= 1
+        if self._open[epoch] == 0:
+            del self._open[epoch]
+            self._idle.pop(epoch).set()
+
+    async def idle(self, epoch: int | None = None) -> None:
+        """Until every round of `epoch` (default: of every epoch) opened so far is complete."""
+        while True:
+            waiting = [e for e in self._idle if epoch is None or e == epoch]
+            if not waiting:
+                return
+            await self._idle[waiting[0]].wait()
 
 
 class Checkpointer:

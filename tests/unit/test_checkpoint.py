@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from streams.checkpoint import Checkpointer, FreezeWatch, Frozen
+from streams.checkpoint import Checkpointer, Epochs, FreezeWatch, Frozen
 
 
 class Clock:
@@ -377,3 +377,42 @@ def test_a_stop_that_comes_as_the_rounds_complete_still_ends_the_checkpoint_task
 
     ended, steps = asyncio.run(scenario())
     assert ended, steps
+
+
+# -- Epochs
+
+
+def test_a_closed_epoch_is_idle_when_its_own_rounds_are_complete_whatever_the_next_one_holds():
+    async def scenario():
+        epochs = Epochs()
+        first = epochs.opened(print)
+        assert epochs.switch() == 0 and epochs.open_epoch == 1
+        later = epochs.opened(print)  # a round of epoch 1, still at Triton
+        assert (first.epoch, later.epoch) == (0, 1) and epochs.open_rounds == 2
+        waiting = asyncio.get_running_loop().create_task(epochs.idle(0))
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        first.seal()
+        await asyncio.wait_for(waiting, 1)  # epoch 1's round does not hold epoch 0 up
+        everything = asyncio.get_running_loop().create_task(epochs.idle())
+        await asyncio.sleep(0)
+        assert not everything.done() and epochs.open_rounds == 1
+        later.seal()
+        await asyncio.wait_for(everything, 1)
+        return epochs
+
+    assert asyncio.run(scenario()).open_rounds == 0
+
+
+def test_a_checkpoints_own_writes_join_the_epoch_it_closed():
+    async def scenario():
+        epochs = Epochs()
+        epochs.switch()
+        writes = epochs.opened(print, epoch=0)  # the changelog records of epoch 0, written after it closed
+        waiting = asyncio.get_running_loop().create_task(epochs.idle(0))
+        await asyncio.sleep(0)
+        assert not waiting.done() and writes.epoch == 0
+        writes.seal()
+        await asyncio.wait_for(waiting, 1)
+
+    asyncio.run(scenario())
