@@ -225,38 +225,44 @@ def test_a_failing_outbox_commit_crashes_the_wiring_and_holds_the_next_epoch_bac
     assert cp.commits == 0 and cp.dirty
 
 
+class BusyWiring(FakeWiring):
+    """The open epoch's rounds stay in flight; a closed epoch's complete."""
+
+    async def idle(self, epoch=None):
+        self.steps.append(f"idle {epoch}")
+        if epoch == self.open_epoch:
+            await asyncio.sleep(3600)
+
+
+async def first_commit(cp: Checkpointer, limit_s: float = 5.0) -> float:
+    """Runs the checkpoint task from a round's start until its first commit; returns how long that took."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    task = loop.create_task(cp.run_forever())
+    cp.processed()
+    while not cp.commits and loop.time() - started < limit_s:
+        await asyncio.sleep(0.01)
+    task.cancel()
+    return loop.time() - started
+
+
 def test_a_quiet_pipeline_commits_at_once_and_a_busy_one_within_the_interval():
     async def quiet():
         cp, steps = checkpointer(interval_s=60.0)
         cp.closed_at = asyncio.get_running_loop().time()  # an epoch closed just now: the interval runs
-        task = asyncio.get_running_loop().create_task(cp.run_forever())
-        cp.processed()
-        for _ in range(100):
-            await asyncio.sleep(0.01)
-            if cp.commits:
-                break
-        task.cancel()
-        return cp.commits
+        took = await first_commit(cp, limit_s=1.0)
+        return cp.commits, took
 
-    assert asyncio.run(quiet()) == 1  # nothing in flight: no need to wait 60 s
-
-    class BusyWiring(FakeWiring):
-        async def idle(self, epoch=None):  # the open epoch's rounds stay in flight; a closed one completes
-            self.steps.append("idle")
-            if epoch == self.open_epoch:
-                await asyncio.sleep(3600)
+    commits, _ = asyncio.run(quiet())
+    assert commits == 1  # nothing in flight: no need to wait 60 s
 
     async def busy():
         steps = Steps()
         cp = Checkpointer(FakeRunner(steps, {("posts", 0): 1}), BusyWiring(steps), FakeOutbox(steps),
                           FakeConsumer(steps), 0.05, FakeWatch(steps))
-        started = cp.closed_at = asyncio.get_running_loop().time()
-        task = asyncio.get_running_loop().create_task(cp.run_forever())
-        cp.processed()
-        while not cp.commits and asyncio.get_running_loop().time() - started < 5:
-            await asyncio.sleep(0.01)
-        task.cancel()
-        return cp.commits, asyncio.get_running_loop().time() - started
+        cp.closed_at = asyncio.get_running_loop().time()
+        took = await first_commit(cp)
+        return cp.commits, took
 
     commits, took = asyncio.run(busy())
     assert commits == 1 and 0.04 <= took < 5
@@ -265,24 +271,11 @@ def test_a_quiet_pipeline_commits_at_once_and_a_busy_one_within_the_interval():
 def test_an_epoch_closes_at_once_when_the_interval_has_passed():
     """The first post after a quiet spell closes its epoch as it starts: a post arriving while it is at
     Triton belongs to the next epoch, and the first decision does not wait for the second."""
-    class BusyWiring(FakeWiring):
-        async def idle(self, epoch=None):
-            self.steps.append(f"idle {epoch}")
-            if epoch == self.open_epoch:
-                await asyncio.sleep(3600)
-
     async def scenario():
         steps = Steps()
-        wiring = BusyWiring(steps)
-        cp = Checkpointer(FakeRunner(steps, {("posts", 0): 1}), wiring, FakeOutbox(steps), FakeConsumer(steps),
-                          60.0, FakeWatch(steps))
-        task = asyncio.get_running_loop().create_task(cp.run_forever())
-        cp.processed()
-        for _ in range(100):
-            await asyncio.sleep(0.01)
-            if cp.commits:
-                break
-        task.cancel()
+        cp = Checkpointer(FakeRunner(steps, {("posts", 0): 1}), BusyWiring(steps), FakeOutbox(steps),
+                          FakeConsumer(steps), 60.0, FakeWatch(steps))
+        await first_commit(cp)
         return cp, steps
 
     cp, steps = asyncio.run(scenario())
