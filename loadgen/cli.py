@@ -147,7 +147,7 @@ With no TARGET: the end-to-end comparison, one run on this machine, the same tex
             on a local stack of --workers worker processes, text cache off: posts/s at saturation
             (every post produced up front, decisions/s over the steady part), p50/p95/p99
             end-to-end latency (produce -> decision published) at --low-rate posts/s and at --load x
-            the saturation rate; then saturation again with the text cache on;
+            the saturation rate (or at --load-rate posts/s); then saturation again with the text cache on;
   seed      one synchronous gRPC request per post to the same Triton, padded to 128, batch 1;
   ceiling   in-process ONNX Runtime on the same model file and threads, best batch size,
             per-batch padding; and the same with the texts sorted by length first.
@@ -186,7 +186,8 @@ def _bench_e2e(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     batches = [int(b) for b in args.ceiling_batch_sizes.split(",") if b.strip()]
     try:
-        report = run(settings, n_posts=args.posts, workers=args.workers, load=args.load, low_rate=args.low_rate,
+        report = run(settings, n_posts=args.posts, workers=args.workers, load=args.load, load_rate=args.load_rate,
+                     low_rate=args.low_rate,
                      low_posts=args.low_posts, arrivals=args.arrivals,
                      scenario=args.scenario, seed=args.seed, ceiling_batch_sizes=batches, timeout_s=args.timeout,
                      progress=not args.json, keep_state=args.keep_state)
@@ -215,6 +216,10 @@ def register_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=None, help="stream workers of the pipeline (default MODPIPE_WORKERS)")
     p.add_argument("--load", type=float, default=DEFAULT_LOAD,
                    help=f"latency pass rate as a fraction of the saturation rate (default {DEFAULT_LOAD})")
+    p.add_argument("--load-rate", type=float, default=None, metavar="POSTS_PER_S",
+                   help="offer this fixed rate in the load pass instead of --load x saturation: the same rate in "
+                        "every run, to compare two versions (the saturation reading moves between runs); the "
+                        "report gives the share of this run's saturation it was")
     p.add_argument("--low-rate", type=float, default=DEFAULT_LOW_RATE,
                    help=f"posts/s of the low-load latency pass (default {DEFAULT_LOW_RATE:g})")
     p.add_argument("--low-posts", type=int, default=DEFAULT_LOW_POSTS,

@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Callable, Sequence
 
 from loadgen.bench.metering import CpuMeter, stats_delta, triton_quiet, triton_stats
+from loadgen.bench.report import load_offered
 from loadgen.traffic import ProduceStats, arrival_times, make_producer, produce_events
 from modpipe import schema
 from modpipe.services.fetching import PACED_CONSUMER_CONFIG, START_GRACE_S, paced_fetches
@@ -291,7 +292,8 @@ def latency_pass(settings: Settings, stack, producer, events: list[Event], rate:
 def pipeline_passes(settings: Settings, stack, warmup: list[Event], saturation: list[Event],
                     latency_events: list[Event], low_events: list[Event], cached_events: list[Event], *,
                     load: float, low_rate: float, arrivals: str, seed: int, timeout_s: float,
-                    decisions: DecisionLog, progress: bool, idle_s: float = 3.0) -> dict:
+                    decisions: DecisionLog, progress: bool, idle_s: float = 3.0,
+                    load_rate: float | None = None) -> dict:
     """The pipeline's passes (see the module docstring). The stack's workers run with the text cache off;
     they are restarted with it on for the last pass."""
 
@@ -314,10 +316,10 @@ def pipeline_passes(settings: Settings, stack, warmup: list[Event], saturation: 
     sat["idle_cores"] = idle_cores
     low = latency_pass(settings, stack, producer, low_events, low_rate, arrivals=arrivals, seed=seed,
                        label=f"pipeline at {low_rate:g} posts/s", **common)
-    offered = round(load * sat["posts_per_s"], 2)
+    offered, share = load_offered(sat["posts_per_s"], load, load_rate)
     lat = latency_pass(settings, stack, producer, latency_events, offered, arrivals=arrivals, seed=seed,
-                       label=f"pipeline at {load:.0%}", **common)
-    lat["load"] = load
+                       label=f"pipeline at {offered:g} posts/s ({share:.0%})", **common)
+    lat["load"] = share
 
     # the same saturation pass with the text cache on (fresh workers, an empty cache)
     for w in stack.workers:

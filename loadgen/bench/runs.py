@@ -62,7 +62,7 @@ def isolated_settings(settings: Settings, build: ModelBuild, name: str, state_ro
     return dataclasses.replace(settings, **changes)
 
 def run(settings: Settings, n_posts: int = DEFAULT_POSTS, workers: int | None = None, *, load: float = DEFAULT_LOAD,
-        low_rate: float = DEFAULT_LOW_RATE, low_posts: int = DEFAULT_LOW_POSTS,
+        load_rate: float | None = None, low_rate: float = DEFAULT_LOW_RATE, low_posts: int = DEFAULT_LOW_POSTS,
         arrivals: str = "poisson", scenario: str = "mixed", seed: int = 0,
         ceiling_batch_sizes: Sequence[int] = DEFAULT_CEILING_BATCHES, warmup_posts: int = 20,
         timeout_s: float = 300.0, progress: bool = True, keep_state: bool = False, idle_s: float = 3.0,
@@ -76,6 +76,8 @@ def run(settings: Settings, n_posts: int = DEFAULT_POSTS, workers: int | None = 
         raise ValueError("--posts must be at least 10")
     if not 0 < load <= 1:
         raise ValueError("--load must be in (0, 1]")
+    if load_rate is not None and not load_rate > 0:
+        raise ValueError("--load-rate must be a positive number of posts/s")
     workers = workers or settings.workers
     build = resolve_model(settings)
     texts = build.heldout()
@@ -99,6 +101,7 @@ def run(settings: Settings, n_posts: int = DEFAULT_POSTS, workers: int | None = 
     options = ort_options()
     report: dict = {
         "config": {"posts": n_posts, "workers": workers, "scenario": scenario, "seed": seed, "load": load,
+                   "load_rate": load_rate,
                    "low_rate": low_rate, "low_posts": low_posts, "local_hops": settings.local_hops,
                    "arrivals": arrivals, "warmup_posts": warmup_posts, "max_batch": settings.max_batch,
                    "max_wait_ms": settings.max_wait_ms, "max_inflight": settings.max_inflight,
@@ -128,7 +131,7 @@ def run(settings: Settings, n_posts: int = DEFAULT_POSTS, workers: int | None = 
                 report["pipeline"] = pipeline_passes(
                     settings, stack, warmup, saturation, latency_events, low_events, cached_events, load=load,
                     low_rate=low_rate, arrivals=arrivals, seed=seed, timeout_s=timeout_s, decisions=decisions,
-                    progress=progress, idle_s=idle_s)
+                    progress=progress, idle_s=idle_s, load_rate=load_rate)
             finally:
                 decisions.close()
             for w in stack.workers:  # the seed gets the machine to itself (with its Triton)
@@ -172,7 +175,7 @@ def run(settings: Settings, n_posts: int = DEFAULT_POSTS, workers: int | None = 
     measured = {**report["ratios"], "worker_cpu_ms_per_post": per_post.get("workers"),
                 "broker_cpu_ms_per_post": per_post.get("broker"),
                 "low_rate_p50_ms": p["low_rate"]["p50_ms"], "low_rate_p99_ms": p["low_rate"]["p99_ms"],
-                "load_p99_ms": p["latency"]["p99_ms"]}
+                "load_p99_ms": p["latency"]["p99_ms"], "load_share": p["latency"]["load"]}
     report["targets"] = targets(measured)
     report["all_targets_met"] = all(t["met"] for t in report["targets"].values())
     report["capacity"] = capacity(per_post.get("workers"))

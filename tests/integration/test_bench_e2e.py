@@ -15,11 +15,12 @@ from loadgen.bench.runs import run
 pytestmark = pytest.mark.integration
 
 POSTS = 40
+LOAD_RATE = 15.0  # the load pass at a fixed rate (the default, 50% of saturation: test_loadgen_bench_report)
 
 
 def test_bench_reports_three_paths_and_consistent_ratios(pipeline_settings, tmp_path):
     report = run(pipeline_settings, n_posts=POSTS, workers=1, ceiling_batch_sizes=(8, 16), warmup_posts=5,
-                 low_rate=20.0, low_posts=20, timeout_s=120, progress=False, idle_s=1.0, untrimmed_texts=8)
+                 load_rate=LOAD_RATE, low_rate=20.0, low_posts=20, timeout_s=120, progress=False, idle_s=1.0, untrimmed_texts=8)
     orjson.dumps(report)
 
     pipe, seed, ceil = report["pipeline"], report["seed"], report["ceiling"]
@@ -33,7 +34,8 @@ def test_bench_reports_three_paths_and_consistent_ratios(pipeline_settings, tmp_
     assert pipe["posts_per_s"] == (sat["posts_per_s_steady"] or sat["posts_per_s_overall"])
 
     # the latency passes offered the configured rates; percentiles are ordered
-    assert lat["offered_posts_per_s"] == pytest.approx(0.5 * pipe["posts_per_s"], abs=0.01)
+    assert lat["offered_posts_per_s"] == LOAD_RATE and report["config"]["load_rate"] == LOAD_RATE
+    assert lat["load"] == pytest.approx(LOAD_RATE / pipe["posts_per_s"], abs=0.001)
     assert low["offered_posts_per_s"] == 20.0
     for p in (lat, low):
         assert 0 < p["p50_ms"] <= p["p95_ms"] <= p["p99_ms"] <= p["max_ms"]
@@ -71,9 +73,13 @@ def test_bench_reports_three_paths_and_consistent_ratios(pipeline_settings, tmp_
     assert t["pipeline_over_sorted_ceiling"]["value"] == r["pipeline_over_sorted_ceiling"]
     assert t["worker_cpu_ms_per_post"]["value"] == sat["cpu_ms_per_post"]["workers"]
     assert t["low_rate_p99_ms"]["value"] == low["p99_ms"] and t["load_p99_ms"]["value"] == lat["p99_ms"]
+    assert t["load_p99_ms"]["load_share"] == lat["load"]
     for name, (direction, goal) in TARGETS.items():
         value = t[name]["value"]  # the broker's CPU is None here: the test's broker is not the stack's own
-        assert t[name]["met"] == (value is not None and (value <= goal if direction == "max" else value >= goal))
+        met = value is not None and (value <= goal if direction == "max" else value >= goal)
+        if name == "load_p99_ms":
+            met = met and lat["load"] >= 0.495
+        assert t[name]["met"] == met
     assert report["all_targets_met"] == all(x["met"] for x in t.values())
     assert report["capacity"]["posts_per_worker_core_s"] == pytest.approx(1000 / sat["cpu_ms_per_post"]["workers"],
                                                                          rel=0.01)
@@ -86,7 +92,8 @@ def test_bench_reports_three_paths_and_consistent_ratios(pipeline_settings, tmp_
 
     table = format_markdown(report)
     for needle in ("**pipeline**", "**seed**", "**ceiling**", "pipeline / seed", "pipeline / ceiling",
-                   "pipeline / sorted ceiling", "Capacity", "text cache on"):
+                   "pipeline / sorted ceiling", "Capacity", "text cache on", "(fixed rate)",
+                   f"p99 at {LOAD_RATE:g} posts/s = "):
         assert needle in table
     assert f"{r['pipeline_over_seed']:.2f}" in table
     assert "targets" in format_text(report)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from loadgen.bench.report import TARGETS, capacity, ratio, targets
+from loadgen.bench.report import TARGETS, capacity, load_offered, ratio, targets
 
 
 def test_ratios_and_targets():
@@ -14,7 +14,27 @@ def test_ratios_and_targets():
     assert t["broker_cpu_ms_per_post"]["met"] is False  # a "max" target exceeded
     assert t["pipeline_over_sorted_ceiling"]["met"] is True and t["low_rate_p50_ms"]["met"] is True
     assert t["low_rate_p99_ms"]["met"] is False
-    assert t["load_p99_ms"] == {"target": 300.0, "direction": "max", "value": None, "met": False}  # not measured
+    assert t["load_p99_ms"] == {"target": 300.0, "direction": "max", "value": None, "met": False,  # not measured
+                                "load_share": None}
+
+
+def test_the_load_target_counts_only_at_half_of_saturation_or_more():
+    measured = {"load_p99_ms": 250.0}
+    assert targets({**measured, "load_share": 0.5})["load_p99_ms"]["met"] is True
+    assert targets({**measured, "load_share": 0.497})["load_p99_ms"]["met"] is True  # a rounded rate
+    assert targets({**measured, "load_share": 0.8})["load_p99_ms"]["met"] is True
+    assert targets({**measured, "load_share": 0.3})["load_p99_ms"]["met"] is False  # fast at 30% says nothing
+    assert targets(measured)["load_p99_ms"]["met"] is False  # share unknown
+    assert targets({"load_p99_ms": 301.0, "load_share": 0.5})["load_p99_ms"]["met"] is False
+
+
+def test_the_load_pass_offers_a_share_of_saturation_or_a_fixed_rate():
+    assert load_offered(37.0, 0.5) == (18.5, 0.5)
+    assert load_offered(46.3, 0.5) == (23.15, 0.5)
+    # a fixed rate is the same whatever the saturation pass read; its share says how hard it pushed
+    assert load_offered(46.3, 0.5, load_rate=19.0) == (19.0, 0.41)
+    assert load_offered(37.0, 0.5, load_rate=19.0) == (19.0, 0.514)
+    assert load_offered(0.0, 0.5, load_rate=19.0) == (19.0, 0.0)  # nothing decided at saturation: no share
 
 def test_capacity_per_worker_core_beside_one_gpu():
     c = capacity(0.5, gpu_texts_per_s=18_000)
