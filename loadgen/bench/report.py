@@ -164,7 +164,8 @@ def format_text(report: dict) -> str:
         f"{sat['workers']['local_hops']}",
         "idle stack (nothing to process), cores: " + ", ".join(f"{k} {v}" for k, v in sat["idle_cores"].items()),
         f"Triton during saturation: model busy {_f(100 * (tr['model_busy_share'] or 0), 0)}% of the time, "
-        f"server batch {tr['avg_server_batch']}",
+        f"server batch {tr['avg_server_batch']}, {_f(tr['model_compute_s'], 2)} s of model time for {tr['rows']} "
+        "texts (the machine's speed in this run: compare two runs only where it agrees)",
         *(_latency_parts(report["pipeline"][name]) for name in ("low_rate", "latency")),
         "targets " + ("all met" if report["all_targets_met"] else "NOT all met: "
                       + ", ".join(k for k, t in report["targets"].items() if not t["met"])),

@@ -96,7 +96,8 @@ def test_bench_reports_three_paths_and_consistent_ratios(pipeline_settings, tmp_
                    f"p99 at {LOAD_RATE:g} posts/s = "):
         assert needle in table
     assert f"{r['pipeline_over_seed']:.2f}" in table
-    assert "targets" in format_text(report)
+    text = format_text(report)
+    assert "targets" in text and f"s of model time for {POSTS} texts" in text  # the run's machine speed
     path = write_markdown(report, tmp_path / "bench.md")
     assert "| pipeline / sorted ceiling (text model on CPU) |" in path.read_text()
     # the run cleaned up after itself
