@@ -100,6 +100,7 @@ class GroupConsumer:
         self._committed: dict[TP, int] = {}  # at the last assignment (-1001: none)
         self.stopping = False  # set when the worker stops: polling ends, no assignment is taken on
         self._next: dict[TP, int] = {}  # per partition, the offset after the last record handed over (poll thread)
+        self._lag_due = 0.0  # when the poll thread next brings modpipe_consumer_lag_messages up to date
         self._assigned_at = 0.0  # monotonic time of the last assignment; 0: none yet
         self.rejoin_after_s = rejoin_after_s  # 0: never rejoin, only warn
         self._unassigned_since: float | None = None  # monotonic; None while the group's answer stands
@@ -188,6 +189,7 @@ class GroupConsumer:
         self._assigned_at = time.monotonic()
         self._unassigned_since = None
         self._committed = {TP(tp.topic, tp.partition): tp.offset for tp in consumer.committed(partitions, timeout=30)}
+        self._lag_due = 0.0  # the new partitions' lag series at once (the dashboard's panel after a restart)
         self._next.clear()
         if self.stopping:
             return  # the worker is stopping: it takes no partitions on (librdkafka may still rejoin)
@@ -218,7 +220,6 @@ class GroupConsumer:
         consumer = self.consumer
         empty = 0
         paused = False
-        lag_due = time.monotonic()
         try:
             while not self._stop.is_set():
                 while self._commands:
@@ -231,8 +232,8 @@ class GroupConsumer:
                     else:  # joining should take seconds
                         _log.warning("no assignment from the group yet", extra={"seconds": round(waited)})
                         self._unassigned_since = time.monotonic()
-                if time.monotonic() >= lag_due:
-                    lag_due = time.monotonic()
+                if time.monotonic() >= self._lag_due:
+                    self._lag_due = time.monotonic() + LAG_EVERY_S
                     self._report_lag(consumer)
                 busy = self.busy()
                 if busy != paused:  # back-pressure on or off

@@ -229,6 +229,46 @@ def test_an_empty_fetch_pauses_the_assignment_for_a_moment(fake_consumer):
     assert cycle[:6] == ["pause", "resume"] * 3
 
 
+def test_lag_is_reported_at_an_assignment_and_then_every_few_seconds_not_every_fetch(fake_consumer, monkeypatch):
+    """Each report reads every assigned partition's position and watermarks and sets a gauge per partition: at
+    every fetch cycle (40 a second on an idle worker) that was a share of the idle worker's CPU."""
+    monkeypatch.setattr(kc, "LAG_EVERY_S", 0.25)
+    monkeypatch.setattr(kc, "ASSIGNMENT_GRACE_S", 0.0)  # the idle fetch cycle (pause, resume) from the start
+
+    async def scenario():
+        async def on_assigned(tps):
+            pass
+
+        gc = GroupConsumer({}, ["posts"], on_assigned=on_assigned, on_revoked=None, on_lost=None)
+        gc.start(asyncio.get_running_loop(), lambda records: None)
+        fake = fake_consumer[0]
+        reports: list[float] = []
+        position = fake.position
+        fake.position = lambda tps: (reports.append(time.monotonic()), position(tps))[1]
+        assigned: list[float] = []
+
+        def assign(c):
+            c.assigned = [PartitionStub("posts", 1)]
+            assigned.append(time.monotonic())
+            c.on_assign(c, c.assigned)
+
+        await asyncio.sleep(0.05)  # the loop's first report (nothing assigned) is behind it
+        fake.script.append(assign)
+        await until(lambda: assigned)
+        await asyncio.sleep(1.0)
+        await asyncio.get_running_loop().run_in_executor(None, gc.close)
+        return fake, reports, assigned[0]
+
+    fake, reports, assigned_at = asyncio.run(scenario())
+    after = [t for t in reports if t >= assigned_at]
+    assert after and after[0] - assigned_at < 0.2  # the new partition's series right after the assignment
+    cycles = sum(c[0] == "resume" and bool(c[1]) for c in fake.calls)
+    assert cycles >= 10  # the fetch cycle went round many times...
+    assert 3 <= len(after) <= 6  # ...and the lag was read every 0.25 s of the ~1 s, not at each cycle
+    gaps = [b - a for a, b in zip(after[:-1], after[1:], strict=True)]
+    assert min(gaps) >= 0.2
+
+
 def test_with_both_pauses_at_zero_an_idle_assignment_is_never_paused(fake_consumer):
     """For a broker that holds an empty fetch until data comes: librdkafka's fetches do the waiting."""
     async def scenario():
