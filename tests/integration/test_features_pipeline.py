@@ -35,6 +35,7 @@ class Script:
         self.rng = random.Random(5)
         self.clock = T0
         self.replays = 0  # full re-deliveries of the event list (a restarted worker reads bans again too)
+        self.restarts: list[str] = []  # workers that stopped and were restarted (docs/faults.md)
 
     def tick(self, seconds: int = 60) -> str:
         self.clock += seconds * 1000
@@ -73,6 +74,10 @@ class Script:
         wanted = {p["post_id"] for k, p in self.events if k == "post"}
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            # A worker stops by design when the group takes its partitions without a revocation (the embedded
+            # broker can leave two workers' first joins unanswered for 20 s, and the rejoin that follows cost
+            # the other its assignment): restarted as `modpipe up` and Kubernetes restart it.
+            self.restarts += self.stack.supervise()
             msg = self.consumer.poll(0.2)
             if msg is not None and not msg.error():
                 d = orjson.loads(msg.value())
