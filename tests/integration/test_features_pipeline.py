@@ -86,7 +86,8 @@ class Script:
                 return
         behind: dict = {}
         self.stack.group_lag(behind)
-        raise AssertionError(f"not settled: {len(wanted - self.decisions.keys())} undecided, uncommitted {behind}")
+        raise AssertionError(f"not settled: {len(wanted - self.decisions.keys())} undecided, uncommitted {behind}, "
+                             f"restarts {self.restarts}")
 
     def bans_applied(self) -> bool:
         """Every worker's ban log reader has applied every ban sent (bans are read by all workers)."""
