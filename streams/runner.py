@@ -62,6 +62,7 @@ class Runner:
         self._rewound: dict[TP, int] = {}  # partition sought back to this offset: later records are stale
         self._tasks: list[asyncio.Task] = []
         self._generation = 0  # one more at each revocation
+        self._owned: set[TP] = set()  # input partitions assigned and restored (modpipe_assigned_partitions)
         self.committing_on_revoke = True  # False once the worker stops without committing (a crash)
 
     # -- the consumer's side
@@ -189,6 +190,7 @@ class Runner:
     # -- rebalances (run on the loop; the consumer's thread waits for them)
     async def on_revoked(self, tps: list[TP]) -> None:
         _log.info("partitions revoked", extra={"partitions": len(tps)})
+        self._own(removed=tps)  # at once: the next assignment may restore for a while before it counts
         self._generation += 1  # the awaiting-text task drops what it holds of the old assignment
         self._batches.clear()  # fetched, not started: their next owner reads them again
         self._awaiting.clear()
@@ -219,14 +221,19 @@ class Runner:
         _log.info("partitions assigned; restoring tables", extra={"partitions": len(tps), "stage_partitions": numbers})
         await loop.run_in_executor(None, tables.restore, stage_tables, numbers, self.settings, self.bootstrap)
         self.wiring.assigned(tps)
-        for topic in self.handlers:
-            metrics.ASSIGNED_PARTITIONS.labels(topic).set(sum(tp.topic == topic for tp in tps))
+        self._own(added=tps)
         _log.info("partitions assigned", extra={"partitions": len(tps),
                                                 "stage_partitions": {s: sorted(p) for s, p in by_stage.items()}})
 
     async def on_lost(self, tps: list[TP]) -> None:
+        self._own(removed=tps)
         self.committing_on_revoke = False
         self.wiring.crash(RuntimeError(f"{len(tps)} partitions lost (the group moved on without this worker)"))
+
+    def _own(self, added=(), removed=()) -> None:
+        self._owned = (self._owned | set(added)) - set(removed)
+        for topic in self.handlers:
+            metrics.ASSIGNED_PARTITIONS.labels(topic).set(sum(tp.topic == topic for tp in self._owned))
 
     # -- stopping
     async def stop(self, grace_s: float) -> bool:

@@ -8,6 +8,7 @@ import asyncio
 from types import SimpleNamespace
 
 from modpipe.settings import Settings
+from streams import metrics
 from streams import runner as runner_module
 from streams.kafka.records import TP, Record
 from streams.runner import ROUND_MAX, Runner
@@ -267,3 +268,34 @@ def test_a_revocation_after_a_crash_commits_nothing_and_lost_partitions_crash_th
 
     r, commits = asyncio.run(scenario())
     assert not r.committing_on_revoke and commits == [] and len(r.wiring.crashes) == 1
+
+
+def test_the_assigned_partitions_gauge_drops_at_a_revocation_and_counts_only_restored_partitions(monkeypatch):
+    """A scrape during a rebalance's table restore must not show the partitions the revocation took away."""
+    def gauge() -> float:
+        return metrics.ASSIGNED_PARTITIONS.labels(POSTS)._value.get()
+
+    during_restores: list[float] = []
+    monkeypatch.setattr(runner_module.tables, "restore", lambda *args: during_restores.append(gauge()))
+
+    async def scenario():
+        r = make_runner()
+        r.wiring.assigned = lambda tps: None
+
+        async def commit_all():
+            return True
+
+        r.checkpoint.commit_all = commit_all
+        seen = []
+        await r.on_assigned([TP(POSTS, p) for p in range(4)])
+        seen.append(gauge())
+        await r.on_revoked([TP(POSTS, p) for p in range(4)])
+        seen.append(gauge())
+        await r.on_assigned([TP(POSTS, 0), TP(POSTS, 1)])
+        seen.append(gauge())
+        await r.on_lost([TP(POSTS, 0), TP(POSTS, 1)])
+        seen.append(gauge())
+        return seen
+
+    assert asyncio.run(scenario()) == [4, 0, 2, 0]
+    assert during_restores == [0, 0]
