@@ -17,6 +17,7 @@ from loadgen.posts import make_post
 from loadgen.smoke import end_consumer, run_smoke
 from modpipe import schema
 from streams.topics import TopicConfigError, TopicNames, ensure_topics
+from tests.fixtures.kafka import supervised
 
 pytestmark = pytest.mark.integration
 
@@ -105,15 +106,18 @@ def test_smoke_malformed_records_land_in_dead_letters_and_worker_keeps_running(l
 def test_two_workers_split_partitions_and_decide_everything(local_stack, pipeline_settings):
     stack = local_stack(workers=2)
     posts_key = f"modpipe_assigned_partitions{{topic={pipeline_settings.topic('posts')}}}"
-    deadline = time.monotonic() + 90
-    while True:  # the group may still be settling its last rebalance
-        per_worker = [stack.scrape_worker(w).get(posts_key, 0) for w in stack.workers]
-        if all(n >= 1 for n in per_worker) or time.monotonic() > deadline:
-            break
-        time.sleep(1)
-    assert all(n >= 1 for n in per_worker) and sum(per_worker) == pipeline_settings.partitions, per_worker
-    result = run_smoke(pipeline_settings, stack.bootstrap, 200, timeout_s=120, progress=False)
-    assert result["lost"] == 0 and result["duplicates"] == 0
+    with supervised(stack) as restarts:
+        deadline = time.monotonic() + 90
+        while True:  # the group may still be settling its last rebalance
+            per_worker = [stack.scrape_worker(w).get(posts_key, 0) for w in stack.workers]
+            split = all(n >= 1 for n in per_worker) and sum(per_worker) == pipeline_settings.partitions
+            if split or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert split, (per_worker, restarts)
+        result = run_smoke(pipeline_settings, stack.bootstrap, 200, timeout_s=120, progress=False)
+    assert result["lost"] == 0 and result["duplicates"] == 0, \
+        (result["lost"], result["duplicates"], restarts)
 
 
 def test_worker_killed_mid_stream_loses_nothing(local_stack, pipeline_settings, model_build):
