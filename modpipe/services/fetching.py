@@ -101,16 +101,25 @@ def paced_fetches(consumer, stop: threading.Event, pause_s: float, *, next_offse
 def resume_now(consumer, tps: list, next_offsets: dict) -> None:
     """Resume `tps` (confluent TopicPartitions) and wake the fetcher. `next_offsets` maps (topic, partition)
     to the offset after the last record the caller was handed (tracked by the caller: `position()` can
-    lag behind a seek of the caller's own and would undo it). Partitions not in it resume without a seek."""
+    lag behind a seek of the caller's own and would undo it). A partition is sought there only where its
+    consumed position differs (a seek back not taken yet; a transaction marker after its last record):
+    elsewhere librdkafka resumes from that position by itself, as a pause makes the consumed position the
+    next to fetch, and the seek was a broker-thread op per partition per window (a worker at 5 posts/s:
+    0.22-0.25 cores with it, 0.20-0.21 without; docs/benchmarks.md). Partitions not in `next_offsets` resume
+    without a seek."""
     from confluent_kafka import KafkaException, TopicPartition
 
     if not tps:
         return
     consumer.resume(tps)
-    for tp in tps:
-        key = (tp.topic, tp.partition)
-        offset = next_offsets.get(key)
-        if offset is None:
+    known = [TopicPartition(tp.topic, tp.partition) for tp in tps if (tp.topic, tp.partition) in next_offsets]
+    try:
+        positions = consumer.position(known) if known else []
+    except KafkaException:  # no positions to compare: seek every partition, as is always safe
+        positions = known
+    for tp in positions:
+        offset = next_offsets[(tp.topic, tp.partition)]
+        if tp.offset == offset:
             continue
         try:
             consumer.seek(TopicPartition(tp.topic, tp.partition, offset))

@@ -1,5 +1,5 @@
-"""resume_now: a resume wakes librdkafka's fetcher: a seek to the offset each partition fetches next, then one
-request to the broker. fetch_window and paced_fetches: a fetch window ends once every partition it expects has
+"""resume_now: a resume wakes librdkafka's fetcher with one request to the broker, after a seek of each partition
+whose consumed position is not the offset it must fetch next. fetch_window and paced_fetches: a fetch window ends once every partition it expects has
 answered (records or an end-of-partition event), and a reader pauses its partitions between windows."""
 
 import threading
@@ -11,9 +11,10 @@ from tests.unit.test_kafka_consumer import FakeError, FakeMessage
 
 
 class FakeConsumer:
-    def __init__(self, lows=None):
+    def __init__(self, lows=None, positions=None):
         self.calls: list = []
         self.lows = lows or {}
+        self.positions = positions or {}  # (topic, partition) -> consumed position; others -1001 (none)
 
     def get_watermark_offsets(self, tp, timeout=None, cached=False):
         self.calls.append(("watermarks", (tp.topic, tp.partition), cached))
@@ -25,6 +26,10 @@ class FakeConsumer:
     def seek(self, tp):
         self.calls.append(("seek", (tp.topic, tp.partition, tp.offset)))
 
+    def position(self, tps):
+        return [TopicPartition(tp.topic, tp.partition, self.positions.get((tp.topic, tp.partition), -1001))
+                for tp in tps]
+
 
 def test_resume_then_seek_each_partition_to_its_next_offset_only_where_known():
     c = FakeConsumer()
@@ -33,6 +38,16 @@ def test_resume_then_seek_each_partition_to_its_next_offset_only_where_known():
     assert c.calls[0] == ("resume", [("posts", 0), ("posts", 1), ("decisions", 3)])  # resumed before any seek
     assert c.calls[1:3] == [("seek", ("posts", 0, 17)), ("seek", ("decisions", 3, 4))]  # posts[1]: nothing read yet
     assert c.calls[3:] == [("watermarks", ("posts", 0), False)]  # one request to the broker, after the seeks
+
+
+def test_a_partition_already_at_its_next_offset_is_not_sought():
+    """A pause makes the consumed position the next fetch: a seek there is a broker-thread op for nothing. A
+    partition the caller sought back (its position not yet there) is sought again, or the resume would undo it."""
+    c = FakeConsumer(positions={("posts", 0): 17, ("posts", 1): 9, ("decisions", 3): 4})
+    tps = [TopicPartition("posts", 0), TopicPartition("posts", 1), TopicPartition("decisions", 3)]
+    resume_now(c, tps, {("posts", 0): 17, ("posts", 1): 5, ("decisions", 3): 4})
+    assert [x for x in c.calls if x[0] == "seek"] == [("seek", ("posts", 1, 5))]
+    assert c.calls[-1] == ("watermarks", ("posts", 0), False)
 
 
 def test_nothing_to_resume_sends_nothing():
