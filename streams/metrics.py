@@ -47,8 +47,8 @@ DEGRADED_DECISIONS = Counter("modpipe_degraded_decisions_total",
                              "Decisions made without the text model during an outage, by policy (decide, review).",
                              ["policy"])
 BATCHES_IN_FLIGHT = Gauge("modpipe_batches_in_flight", "Batches sent to Triton and not yet decided.")
-ASSIGNED_PARTITIONS = Gauge("modpipe_assigned_partitions", "Partitions of our input topics this worker owns (assigned, tables restored).",
-                            ["topic"])
+ASSIGNED_PARTITIONS = Gauge("modpipe_assigned_partitions",
+                            "Partitions of our input topics this worker owns (assigned, tables restored).", ["topic"])
 GROUP_REJOINS = Counter("modpipe_group_rejoins_total",
                         "Times the worker's consumer was replaced because the group left it without an "
                         "assignment for MODPIPE_GROUP_REJOIN_S.")

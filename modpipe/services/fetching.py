@@ -104,9 +104,9 @@ def resume_now(consumer, tps: list, next_offsets: dict) -> None:
     lag behind a seek of the caller's own and would undo it). A partition is sought there only where its
     consumed position differs (a seek back not taken yet; a transaction marker after its last record):
     elsewhere librdkafka resumes from that position by itself, as a pause makes the consumed position the
-    next to fetch (`rd_kafka_toppar_pause_resume`), and the seek was a broker-thread op per partition per window (a worker at 5 posts/s:
-    0.22-0.25 cores with it, 0.20-0.21 without; docs/benchmarks.md). Partitions not in `next_offsets` resume
-    without a seek."""
+    next to fetch (`rd_kafka_toppar_pause_resume`), and the seek was a broker-thread op per partition per
+    window (a worker at 5 posts/s: 0.22-0.25 cores with it, 0.20-0.21 without; docs/benchmarks.md).
+    Partitions not in `next_offsets` resume without a seek."""
     from confluent_kafka import KafkaException, TopicPartition
 
     if not tps:
