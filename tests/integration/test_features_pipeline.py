@@ -74,9 +74,8 @@ class Script:
         wanted = {p["post_id"] for k, p in self.events if k == "post"}
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            # A worker stops by design when the group takes its partitions without a revocation (the embedded
-            # broker can leave two workers' first joins unanswered for 20 s, and the rejoin that follows cost
-            # the other its assignment): restarted as `modpipe up` and Kubernetes restart it.
+            # a worker that stopped by design is restarted as `modpipe up` does (tests/fixtures/kafka.py
+            # `supervised` says when it stops)
             self.restarts += self.stack.supervise()
             msg = self.consumer.poll(0.2)
             if msg is not None and not msg.error():
