@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib.util
 import json
 import os
 import shutil
@@ -36,11 +37,12 @@ HOST = "127.0.0.1"
 
 
 def pytriton_root() -> Path:
-    try:
-        import pytriton
-    except ImportError as exc:  # pragma: no cover - a declared dependency
-        raise ServiceError("nvidia-pytriton is not installed; run `make setup`") from exc
-    root = Path(pytriton.__file__).resolve().parent / "tritonserver"
+    """nvidia-pytriton's `tritonserver/` tree. Found without importing the package: `import pytriton` loads
+    its client, which needs gevent, zmq and more that serving never uses (the binary is all we run)."""
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise ServiceError("nvidia-pytriton is not installed; run `make setup`")
+    root = Path(next(iter(spec.submodule_search_locations))).resolve() / "tritonserver"
     if not (root / "bin" / "tritonserver").exists():
         raise ServiceError(f"no tritonserver binary under {root}")
     return root
