@@ -98,14 +98,17 @@ def paced_fetches(consumer, stop: threading.Event, pause_s: float, *, next_offse
             resume_now(consumer, tps, next_offsets)
 
 
-def resume_now(consumer, tps: list, next_offsets: dict) -> None:
+def resume_now(consumer, tps: list, next_offsets: dict, sought=frozenset()) -> None:
     """Resume `tps` (confluent TopicPartitions) and wake the fetcher. `next_offsets` maps (topic, partition)
     to the offset after the last record the caller was handed (tracked by the caller: `position()` can
-    lag behind a seek of the caller's own and would undo it). A partition is sought there only where its
-    consumed position differs (a seek back not taken yet; a transaction marker after its last record):
-    elsewhere librdkafka resumes from that position by itself, as a pause makes the consumed position the
-    next to fetch (`rd_kafka_toppar_pause_resume`), and the seek was a broker-thread op per partition per
-    window (a worker at 5 posts/s: 0.22-0.25 cores with it, 0.20-0.21 without; docs/benchmarks.md).
+    lag behind a seek of the caller's own and would undo it). librdkafka resumes a partition from its
+    consumed position by itself, as a pause makes that the next to fetch (`rd_kafka_toppar_pause_resume`),
+    and a seek is a broker-thread op per partition per window (a worker at 5 posts/s: 0.22-0.25 cores with
+    one each, 0.20-0.21 without; docs/benchmarks.md). So a partition is sought only where its position
+    differs from `next_offsets` and the position cannot be right: behind it, or ahead of it while the caller's
+    own seek there (a partition in `sought`) has not delivered a record yet. A position ahead of a partition
+    not in `sought` went past a transaction's marker or aborted records, which a read_committed consumer
+    never delivers: it is taken into `next_offsets` instead of sought back to (and skipped again).
     Partitions not in `next_offsets` resume without a seek."""
     from confluent_kafka import KafkaException, TopicPartition
 
@@ -118,8 +121,12 @@ def resume_now(consumer, tps: list, next_offsets: dict) -> None:
     except KafkaException:  # no positions to compare: seek every partition, as is always safe
         positions = known
     for tp in positions:
-        offset = next_offsets[(tp.topic, tp.partition)]
+        key = (tp.topic, tp.partition)
+        offset = next_offsets[key]
         if tp.offset == offset:
+            continue
+        if tp.offset > offset and key not in sought:
+            next_offsets[key] = tp.offset
             continue
         try:
             consumer.seek(TopicPartition(tp.topic, tp.partition, offset))

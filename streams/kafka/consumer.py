@@ -100,6 +100,7 @@ class GroupConsumer:
         self._committed: dict[TP, int] = {}  # at the last assignment (-1001: none)
         self.stopping = False  # set when the worker stops: polling ends, no assignment is taken on
         self._next: dict[TP, int] = {}  # per partition, the offset after the last record handed over (poll thread)
+        self._sought: set[TP] = set()  # partitions sought by seek() that have delivered no record since (poll thread)
         self._lag_due = 0.0  # when the poll thread next brings modpipe_consumer_lag_messages up to date
         self._assigned_at = 0.0  # monotonic time of the last assignment; 0: none yet
         self.rejoin_after_s = rejoin_after_s  # 0: never rejoin, only warn
@@ -156,10 +157,12 @@ class GroupConsumer:
         def run(c: Consumer) -> None:
             c.seek(TopicPartition(tp.topic, tp.partition, offset))
             self._next[tp] = offset
+            self._sought.add(tp)
         self._commands.append(run)
 
     def _resume(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
-        resume_now(consumer, tps, self._next)  # at once, not at librdkafka's next wake-up (modpipe/services/fetching.py)
+        # at once, not at librdkafka's next wake-up; seeks only where needed (modpipe/services/fetching.py)
+        resume_now(consumer, tps, self._next, self._sought)
 
     def _report_lag(self, consumer: Consumer) -> None:
         """Records behind each assigned partition's end (on the poll thread: a call into the consumer from
@@ -191,6 +194,7 @@ class GroupConsumer:
         self._committed = {TP(tp.topic, tp.partition): tp.offset for tp in consumer.committed(partitions, timeout=30)}
         self._lag_due = 0.0  # the new partitions' lag series at once (the dashboard's panel after a restart)
         self._next.clear()
+        self._sought.clear()
         if self.stopping:
             return  # the worker is stopping: it takes no partitions on (librdkafka may still rejoin)
         self._group_metadata = consumer.consumer_group_metadata()
@@ -259,9 +263,14 @@ class GroupConsumer:
                             raise KafkaException(err)
                         if err.code() != KafkaError._PARTITION_EOF:
                             _log.warning("consumer error", extra={"error": str(err)})
+                        elif self._sought:  # the seek has taken effect and found nothing (a marker) to deliver
+                            self._sought.discard(TP(m.topic(), m.partition()))
                         continue
                     ts_type, ts = m.timestamp()
-                    self._next[TP(m.topic(), m.partition())] = m.offset() + 1
+                    tp = TP(m.topic(), m.partition())
+                    self._next[tp] = m.offset() + 1
+                    if self._sought:
+                        self._sought.discard(tp)  # the seek has taken effect: its first record is here
                     records.append(Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(),
                                           ts if ts_type and ts > 0 else None))
                 if records:

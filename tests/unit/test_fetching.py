@@ -45,9 +45,21 @@ def test_a_partition_already_at_its_next_offset_is_not_sought():
     partition the caller sought back (its position not yet there) is sought again, or the resume would undo it."""
     c = FakeConsumer(positions={("posts", 0): 17, ("posts", 1): 9, ("decisions", 3): 4})
     tps = [TopicPartition("posts", 0), TopicPartition("posts", 1), TopicPartition("decisions", 3)]
-    resume_now(c, tps, {("posts", 0): 17, ("posts", 1): 5, ("decisions", 3): 4})
+    resume_now(c, tps, {("posts", 0): 17, ("posts", 1): 5, ("decisions", 3): 4}, sought={("posts", 1)})
     assert [x for x in c.calls if x[0] == "seek"] == [("seek", ("posts", 1, 5))]
     assert c.calls[-1] == ("watermarks", ("posts", 0), False)
+
+
+def test_a_position_past_a_marker_is_taken_not_sought_back_to():
+    """Ahead of the last record + 1 without a seek of the caller's own: a commit marker or aborted records,
+    which read_committed never delivers. Seeking back would only skip them again, at every resume. Behind it,
+    the position is not where the caller left off: sought, as always."""
+    c = FakeConsumer(positions={("decisions", 0): 9, ("decisions", 1): 2})
+    tps = [TopicPartition("decisions", 0), TopicPartition("decisions", 1)]
+    next_offsets = {("decisions", 0): 8, ("decisions", 1): 5}
+    resume_now(c, tps, next_offsets)
+    assert [x for x in c.calls if x[0] == "seek"] == [("seek", ("decisions", 1, 5))]
+    assert next_offsets == {("decisions", 0): 9, ("decisions", 1): 5}
 
 
 def test_nothing_to_resume_sends_nothing():

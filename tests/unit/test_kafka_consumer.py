@@ -94,6 +94,7 @@ class FakeConsumer:
         self.script: collections.deque = collections.deque()
         self.calls: list[tuple] = []
         self.assigned: list = []
+        self.positions: dict = {}  # (topic, partition) -> consumed position; others -1001 (none)
         self.thread: threading.Thread | None = None
 
     def subscribe(self, topics, on_assign, on_revoke, on_lost):
@@ -120,7 +121,8 @@ class FakeConsumer:
         self.calls.append(("seek", tp.topic, tp.partition, tp.offset, threading.current_thread().name))
 
     def position(self, tps):
-        return [SimpleNamespace(topic=tp.topic, partition=tp.partition, offset=-1001) for tp in tps]
+        return [SimpleNamespace(topic=tp.topic, partition=tp.partition,
+                                offset=self.positions.get((tp.topic, tp.partition), -1001)) for tp in tps]
 
     def committed(self, tps, timeout=None):
         return [SimpleNamespace(topic=tp.topic, partition=tp.partition, offset=-1001) for tp in tps]
@@ -319,6 +321,50 @@ def test_a_fetch_that_brought_records_pauses_the_assignment_for_the_fetch_pause(
     assert [b - a for a, b in zip(seen, seen[1:], strict=False)] == [1, 1]  # one pause after each window
     seen = pauses_before_each_window(0.0)
     assert seen[2] == seen[0]  # 0: the next fetch at once (a broker that waits for data)
+
+
+def test_a_resume_seeks_back_only_for_a_seek_of_its_own_that_has_not_taken_effect(fake_consumer):
+    """A position ahead of the last record + 1 is a transaction marker the consumer went past (not sought back
+    to, at every resume, as before), unless the worker itself sought back there and no record or end of
+    partition has come from the new position yet."""
+    async def scenario():
+        gc = GroupConsumer({}, ["posts"], on_assigned=None, on_revoked=None, on_lost=None, fetch_pause_s=0.005,
+                           idle_pause_max_s=0.005)
+        delivered: list[int] = []
+        gc.start(asyncio.get_running_loop(), lambda records: delivered.extend(r.offset for r in records))
+        fake = fake_consumer[-1]
+        fake.assigned = [PartitionStub("posts", 1)]
+
+        def seeks():
+            return [c[3] for c in fake.calls if c[0] == "seek"]
+
+        def resumes():
+            return sum(1 for c in fake.calls if c[0] == "resume")
+
+        fake.positions[("posts", 1)] = 6  # record 4, then a commit marker at 5
+        fake.script.append([FakeMessage("posts", 1, 4)])
+        await until(lambda: delivered == [4])
+        after = resumes()
+        await until(lambda: resumes() >= after + 3)
+        marker_seeks = seeks()
+
+        gc.seek(TP("posts", 1), 2)  # a rewind: its position still reads 6 until the fetcher takes the seek
+        await until(lambda: len(seeks()) >= 3)  # the seek itself, then again at each resume
+        rewind_seeks = seeks()
+
+        fake.positions[("posts", 1)] = 4  # record 2 arrives from the new position, then a marker at 3
+        fake.script.append([FakeMessage("posts", 1, 2)])
+        await until(lambda: delivered == [4, 2])
+        settled = len(seeks())
+        after = resumes()
+        await until(lambda: resumes() >= after + 3)
+        await asyncio.get_running_loop().run_in_executor(None, gc.close)
+        return marker_seeks, rewind_seeks, seeks()[settled:], gc
+
+    marker_seeks, rewind_seeks, later_seeks, gc = asyncio.run(scenario())
+    assert marker_seeks == []
+    assert set(rewind_seeks) == {2}
+    assert later_seeks == [] and gc._next[TP("posts", 1)] == 4  # the marker's position taken as the next offset
 
 
 def test_a_fetch_that_brought_a_backlog_is_followed_by_the_next_at_once(fake_consumer):
