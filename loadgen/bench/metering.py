@@ -87,6 +87,8 @@ def loadavg_1m() -> float | None:
 def machine_info() -> dict:
     import onnxruntime
 
+    from modpipe.serving.repository import gpu_names
+
     try:
         affinity = len(os.sched_getaffinity(0))
     except AttributeError:
@@ -102,7 +104,7 @@ def machine_info() -> dict:
         mem_kib = int(Path("/proc/meminfo").read_text().split("MemTotal:")[1].split()[0])
         mem_gib = round(mem_kib / 2 ** 20, 1)
     return {"cpu_count": os.cpu_count(), "cpus_usable": affinity, "cpu_model": model_name, "memory_gib": mem_gib,
-            "gpu": None, "platform": platform.platform(), "python": platform.python_version(),
+            "gpu": (gpu_names() or [None])[0], "platform": platform.platform(), "python": platform.python_version(),
             "onnxruntime": onnxruntime.__version__, "loadavg_1m_start": loadavg_1m()}
 
 def triton_quiet(url: str, model: str, quiet_s: float, timeout_s: float, poll_s: float = 0.25) -> float:

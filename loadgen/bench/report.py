@@ -133,7 +133,7 @@ def format_markdown(report: dict) -> str:
         f"token: there its padding to {seed['width']} costs bytes, not compute. Computing the padding (batch 1 "
         f"at width {seed['width']}, ONNX Runtime in process, same threads, {seed.get('untrimmed_compute', {}).get('texts')} "
         f"texts): {_f(untrimmed)} posts/s.",
-        f"Machine: {m['cpus_usable']} CPUs ({m['cpu_model'] or 'unknown'}), no GPU; model build "
+        f"Machine: {m['cpus_usable']} CPUs ({m['cpu_model'] or 'unknown'}), {_gpu(m, cfg)}; model build "
         f"{model.get('build_version')} ({model.get('precision')}), {report['texts']['posts']} posts of the "
         f"`{cfg['scenario']}` simulation, {report['texts']['tokens_mean']} tokens/text on average. "
         + (f"Other processes used {min(others):.2f}-{max(others):.2f} cores during the phases "
@@ -142,6 +142,15 @@ def format_markdown(report: dict) -> str:
            if others else ""),
     ]
     return "\n".join(lines)
+
+def _gpu(machine: dict, cfg: dict) -> str:
+    """Which GPU, and whether the text model ran on it (Triton's cuda variant) or beside it on the CPU."""
+    variant = cfg.get("triton_variant", "cpu")
+    if not machine.get("gpu"):
+        return f"no GPU (Triton's {variant} variant on the CPU)"
+    where = "on it" if variant != "cpu" else "on the CPU beside it"
+    return f"GPU {machine['gpu']} (Triton's {variant} variant {where})"
+
 
 def _latency_parts(p: dict) -> str:
     """Where a latency pass's time went: the decision published inside its transaction, then visible once the

@@ -106,7 +106,7 @@ def run(settings: Settings, n_posts: int = DEFAULT_POSTS, workers: int | None = 
                    "arrivals": arrivals, "warmup_posts": warmup_posts, "max_batch": settings.max_batch,
                    "max_wait_ms": settings.max_wait_ms, "max_inflight": settings.max_inflight,
                    "partitions": settings.partitions, "commit_interval_ms": settings.commit_interval_ms,
-                   "ceiling_batch_sizes": list(ceiling_batch_sizes)},
+                   "ceiling_batch_sizes": list(ceiling_batch_sizes), "triton_variant": settings.triton_variant},
         "machine": info,
         "texts": {"posts": n_posts, "distinct": len(set(post_texts)),
                   "spam_share": round(sum(ev.truth["text_label"] == "spam" for ev in saturation) / n_posts, 3),

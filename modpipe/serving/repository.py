@@ -75,15 +75,33 @@ def template_models(variant: str = "cpu", src: Path | None = None) -> dict[str, 
     return {name: layers[-1] for name, layers in template_layers(variant, src).items()}
 
 
-def gpu_present() -> bool:
-    """Whether this machine has an NVIDIA GPU (nvidia-smi lists one); no torch import on the serving path."""
+def gpu_names() -> list[str]:
+    """The NVIDIA GPUs nvidia-smi lists ("NVIDIA H100 80GB HBM3", ...); none without it. No torch import on
+    the serving path."""
     if not shutil.which("nvidia-smi"):
-        return False
+        return []
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
-        return False
-    return out.returncode == 0 and "GPU" in out.stdout
+        return []
+    if out.returncode != 0:
+        return []
+    return parse_gpu_list(out.stdout)
+
+
+def parse_gpu_list(text: str) -> list[str]:
+    """`nvidia-smi -L` lines ("GPU 0: NVIDIA H200 (UUID: GPU-...)") -> the names."""
+    names = []
+    for line in text.splitlines():
+        head, sep, rest = line.partition(": ")
+        if sep and head.startswith("GPU "):
+            names.append(rest.split(" (UUID:")[0].strip())
+    return names
+
+
+def gpu_present() -> bool:
+    """Whether this machine has an NVIDIA GPU (nvidia-smi lists one)."""
+    return bool(gpu_names())
 
 
 def _instance_kind(config: model_config_pb2.ModelConfig, kind: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from loadgen.bench import report
 from loadgen.bench.report import TARGETS, capacity, load_offered, ratio, targets
 
 
@@ -57,3 +58,11 @@ def test_a_latency_pass_says_where_its_time_went():
                            "p99_ms": 307.2, "workers": w, "cpu": {"wall_s": 30.0}})
     assert line == ("at 5.0 posts/s: published p50 / p99 52 / 267 ms, visible 71 / 307 ms; Triton batches of 1.5 "
                     "posts, 36.0 ms a request; 60 checkpoints (2.0/s) of 8.0 ms on average")
+
+
+def test_the_machine_line_names_the_gpu_and_where_the_text_model_ran():
+    assert report._gpu({"gpu": None}, {}) == "no GPU (Triton's cpu variant on the CPU)"
+    assert report._gpu({"gpu": "NVIDIA H200"}, {"triton_variant": "cuda"}) == \
+        "GPU NVIDIA H200 (Triton's cuda variant on it)"
+    assert report._gpu({"gpu": "NVIDIA H200"}, {"triton_variant": "cpu"}) == \
+        "GPU NVIDIA H200 (Triton's cpu variant on the CPU beside it)"

@@ -237,3 +237,10 @@ def test_fil_decision_config_matches_the_feature_list(tmp_path, fake_build):
     (trained / "model.txt").write_text("tree\n")
     repo = repository.assemble(tmp_path / "repo", fake_build, variant="tensorrt", link=False, decision_model=trained)
     assert (repo / "spam_decision" / "1" / "model.txt").read_text() == "tree\n"
+
+
+def test_gpu_names_from_nvidia_smi_list():
+    listing = ("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0f3e9a41-1b2c-4d5e-8f90-123456789abc)\n"
+               "GPU 1: NVIDIA H200 (UUID: GPU-aa)\n")
+    assert repository.parse_gpu_list(listing) == ["NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+    assert repository.parse_gpu_list("No devices were found\n") == []
