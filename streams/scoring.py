@@ -121,19 +121,22 @@ class TextScorer:
             return np.zeros(0, dtype=np.float64)
         if self.disabled:
             return np.full(len(texts), np.nan)
-        proba = await self._model_probabilities(texts, wait)
+        if self.stack is None:
+            ids, mask = self.tokenizer(texts)
+            return await self._model_probabilities(ids, mask, wait)
+        # The stack's word model reads the text as the tokenizer normalises it: normalised once, read twice.
+        ids, mask, normalized = self.tokenizer.encode_normalized(texts)
+        proba = await self._model_probabilities(ids, mask, wait)
         # The word model reads the whole text (the cache key only the transformer's window), so it runs for
-        # every text, repeats included; `modpipe bench model` measured ~0.3 ms per text against the
-        # transformer's ~10 ms on the same CPU (docs/benchmarks.md).
-        return proba if self.stack is None else self.stack.spam_proba(texts, proba)
+        # every text, repeats included (`modpipe bench model` times it: docs/benchmarks.md).
+        return self.stack.spam_proba(texts, proba, normalized=normalized)
 
-    async def _model_probabilities(self, texts: Sequence[str], wait: bool) -> np.ndarray:
-        ids, mask = self.tokenizer(texts)
+    async def _model_probabilities(self, ids: np.ndarray, mask: np.ndarray, wait: bool) -> np.ndarray:
         if self.cache.capacity <= 0:  # off: every text computed, repeats included
-            return await self._score(ids, mask, len(texts), wait)
+            return await self._score(ids, mask, len(ids), wait)
         lengths = mask.sum(axis=1)
-        keys = [self.cache.key(ids[i, :lengths[i]]) for i in range(len(texts))]
-        out = np.empty(len(texts), dtype=np.float64)
+        keys = [self.cache.key(ids[i, :lengths[i]]) for i in range(len(ids))]
+        out = np.empty(len(ids), dtype=np.float64)
         misses: dict[bytes, list[int]] = {}  # the same input twice in one batch is scored once
         for i, key in enumerate(keys):
             if key in misses:
@@ -145,7 +148,7 @@ class TextScorer:
             else:
                 out[i] = hit
         scored = [rows[0] for rows in misses.values()]
-        metrics.TEXT_CACHE.labels("hit").inc(len(texts) - len(scored))
+        metrics.TEXT_CACHE.labels("hit").inc(len(ids) - len(scored))
         metrics.TEXT_CACHE.labels("miss").inc(len(scored))
         if scored:
             width = int(lengths[scored].max())

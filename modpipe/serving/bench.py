@@ -10,7 +10,8 @@ One run measures, on the same held-out texts (the build's heldout.jsonl, a fixed
   weights, fp16 on a GPU: what the cuda variant runs).
 
 - the build's lexical stack in process on one thread (what the worker adds to Triton's answer), as texts/s
-  and as a share of the ceiling's time per text.
+  and as a share of the ceiling's time per text; and the worker's whole client-side text path (tokenize +
+  stack) in CPU time per text, with the tokenizer's normaliser run once (as served) and twice.
 
 Tokenization happens before the clock starts, in both cases, so the ratios isolate serving cost. `--gpu`
 is the GPU section's preset: request sizes 1/64/256, 1/2/8/32 in flight, PyTorch's ceiling on CUDA.
@@ -159,13 +160,14 @@ def bench_torch(build: ModelBuild, tok: BatchTokenizer, texts: Sequence[str], ba
     return _in_process("torch", infer, tok, texts, batch_sizes, tick, device=device)
 
 
+def div(a, b):
+    return round(a / b, 3) if a and b else None
+
+
 def ratios(triton_rows: list[dict], ort_rows: list[dict]) -> dict:
     """Triton against the ceiling per request size; where several in-flight levels ran, Triton's best."""
     def tps(rows, batch, padding):
         return max((r["texts_per_s"] for r in rows if r["batch"] == batch and r["padding"] == padding), default=None)
-
-    def div(a, b):
-        return round(a / b, 3) if a and b else None
 
     out: dict = {"per_batch": {}}
     for batch in sorted({r["batch"] for r in triton_rows}):
@@ -183,20 +185,44 @@ def ratios(triton_rows: list[dict], ort_rows: list[dict]) -> dict:
 
 
 def bench_stack(build: ModelBuild, texts: Sequence[str]) -> dict | None:
-    """The build's lexical stack in process (what the worker adds after Triton's answer, on one thread): texts/s
-    over the same texts, best of 3. None for a build without one."""
+    """The worker's side of the text path beside Triton's (in process, best of 3 each, on the same texts): the
+    build's lexical stack on the normalised texts (what the worker adds after Triton's answer: texts/s, us per
+    text), and the whole client-side path (tokenize + stack) two ways, CPU time of all threads: `separate`
+    normalises each text twice (the tokenizer, then the stack), `shared` once (`BatchTokenizer.encode_normalized`,
+    what the worker does). None for a build without a stack."""
     stack = build.stack()
     if stack is None:
         return None
+    tok = BatchTokenizer.for_build(build)
     model = np.full(len(texts), 0.5)
-    stack.spam_proba(texts[:8], model[:8])
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
+    normalized = tok.normalize(texts)
+    stack.spam_proba(texts[:8], model[:8], normalized=normalized[:8])
+
+    def separate():
+        tok(texts)
         stack.spam_proba(texts, model)
-        best = min(best, time.perf_counter() - t0)
-    return {"texts": len(texts), "texts_per_s": round(len(texts) / best, 1),
-            "us_per_text": round(best / len(texts) * 1e6, 1), "terms": len(stack.head.vocabulary)}
+
+    def shared():
+        _, _, norm = tok.encode_normalized(texts)
+        stack.spam_proba(texts, model, normalized=norm)
+
+    def best_of_3(fn, clock) -> float:
+        best = float("inf")
+        for _ in range(3):
+            t0 = clock()
+            fn()
+            best = min(best, clock() - t0)
+        return best
+
+    head_s = best_of_3(lambda: stack.spam_proba(texts, model, normalized=normalized), time.perf_counter)
+    paths = {}
+    for _ in range(2):  # alternated, so that a drift of the machine's speed touches both
+        for name, fn in (("separate", separate), ("shared", shared)):
+            cpu = best_of_3(fn, time.process_time) / len(texts) * 1e6
+            paths[name] = round(min(cpu, paths.get(name, float("inf"))), 1)
+    return {"texts": len(texts), "texts_per_s": round(len(texts) / head_s, 1),
+            "us_per_text": round(head_s / len(texts) * 1e6, 1), "terms": len(stack.head.vocabulary),
+            "client_cpu_us_per_text": paths, "shared_over_separate": div(paths["shared"], paths["separate"])}
 
 
 def run(url: str, build: ModelBuild, model_name: str, n_texts: int = 256,
@@ -262,8 +288,11 @@ def format_table(report: dict) -> str:
                  f"{r['best_triton_vs_best_ceiling']}")
     stack = report.get("stack")
     if stack:
-        lines.append(f"lexical stack, in process on one thread ({stack['terms']:,} terms): {stack['texts_per_s']} texts/s, "
-                     f"{stack['us_per_text']} us/text"
+        lines.append(f"lexical stack on normalised text, in process on one thread ({stack['terms']:,} terms): "
+                     f"{stack['texts_per_s']} texts/s, {stack['us_per_text']} us/text"
                      + (f" = {stack['share_of_ceiling_time']:.1%} of the best ceiling's time per text"
                         if stack.get("share_of_ceiling_time") else ""))
+        cpu = stack["client_cpu_us_per_text"]
+        lines.append(f"worker's text path (tokenize + stack), CPU us/text: normaliser run twice {cpu['separate']}, "
+                     f"once {cpu['shared']} (served: once); ratio {stack['shared_over_separate']}")
     return "\n".join(lines)

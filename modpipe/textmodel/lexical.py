@@ -96,13 +96,19 @@ class StackedScorer:
     def decision(self, model_proba: np.ndarray, margins: np.ndarray) -> np.ndarray:
         return self.model_coef * model_logit(model_proba) + self.lexical_coef * np.asarray(margins) + self.intercept
 
-    def spam_proba(self, texts: Sequence[str], model_proba: np.ndarray) -> np.ndarray:
+    def spam_proba(self, texts: Sequence[str], model_proba: np.ndarray,
+                   normalized: Sequence[str] | None = None) -> np.ndarray:
         """The served probability of each text from the transformer's probability of it. NaN stays NaN (the
-        text model switched off or unavailable: the decision model reads the missing value)."""
+        text model switched off or unavailable: the decision model reads the missing value). `normalized`: the
+        texts as the build's tokenizer normalised them already (the worker's tokenizer hands them over), so the
+        normaliser does not run twice."""
         model_proba = np.asarray(model_proba, dtype=np.float64)
         if len(texts) != len(model_proba):
             raise ValueError(f"{len(texts)} texts, {len(model_proba)} model probabilities")
-        out = 1.0 / (1.0 + np.exp(-self.decision(model_proba, self.margins(texts))))
+        if normalized is not None and len(normalized) != len(texts):
+            raise ValueError(f"{len(texts)} texts, {len(normalized)} normalised texts")
+        margins = self.margins(texts) if normalized is None else self.head.margins(normalized)
+        out = 1.0 / (1.0 + np.exp(-self.decision(model_proba, margins)))
         return np.where(np.isnan(model_proba), np.nan, out)
 
     def to_dict(self) -> dict:

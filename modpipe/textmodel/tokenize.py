@@ -72,6 +72,13 @@ class BatchTokenizer:
         self.tail = tail
         self._tok = prepare(Tokenizer.from_file(str(tokenizer_json)), max_len, tail)
         self.pad_id = self._tok.token_to_id("[PAD]") or 0
+        # `encode_normalized`: the same tokenizer without its normalizer reads text normalised beforehand. Added
+        # tokens that are matched before normalisation ("[SEP]" typed in a post is one token) are looked for in
+        # the raw text instead.
+        self._normalizer = self._tok.normalizer
+        self._prenormalized = prepare(Tokenizer.from_file(str(tokenizer_json)), max_len, tail)
+        self._prenormalized.normalizer = None
+        self._raw_matched = tuple(t.content for t in self._tok.get_added_tokens_decoder().values() if not t.normalized)
 
     @classmethod
     def for_build(cls, build, max_len: int | None = None) -> BatchTokenizer:
@@ -80,6 +87,26 @@ class BatchTokenizer:
 
     def ids(self, texts: Sequence[str]) -> list[list[int]]:
         return encode_ids(self._tok, texts, self.max_len, self.tail)
+
+    def normalize(self, texts: Sequence[str]) -> list[str]:
+        """Each text as the tokenizer's normalizer leaves it (punctuation runs cut, the hostile-text folding,
+        lower case): what the lexical stack reads."""
+        if self._normalizer is None:
+            return list(texts)
+        normalize = self._normalizer.normalize_str
+        return [normalize(t) for t in texts]
+
+    def encode_normalized(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        """(input_ids, attention_mask, normalised texts): the arrays `self(texts)` gives and `normalize(texts)`,
+        with the normalizer run once a text instead of twice. On a GPU host the normaliser is ~a third of the
+        worker's text path (docs/benchmarks.md), and the worker needs both (streams/scoring.py)."""
+        normalized = self.normalize(texts)
+        seqs = encode_ids(self._prenormalized, normalized, self.max_len, self.tail)
+        for i, text in enumerate(texts):
+            if any(token in text for token in self._raw_matched):
+                seqs[i] = self.ids([text])[0]
+        ids, mask = self.pad(seqs)
+        return ids, mask, normalized
 
     def __call__(self, texts: Sequence[str], pad_to_max: bool = False) -> tuple[np.ndarray, np.ndarray]:
         return self.pad(self.ids(texts), pad_to_max)

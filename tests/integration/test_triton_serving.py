@@ -258,6 +258,9 @@ def test_bench_model_json_small(triton_env):
     assert report["model"]["model"] == "spam_text"
     stack = report["stack"]  # the build's lexical stack, timed on the same texts
     assert stack["texts"] == 16 and stack["texts_per_s"] > 0 and stack["share_of_ceiling_time"] > 0
+    cpu = stack["client_cpu_us_per_text"]  # the worker's tokenize + stack, the normaliser run twice and once
+    assert cpu["separate"] > 0 and cpu["shared"] > 0
+    assert stack["shared_over_separate"] == round(cpu["shared"] / cpu["separate"], 3)
 
 
 def test_server_stops_with_no_orphan(model_build, tmp_path, triton_server):

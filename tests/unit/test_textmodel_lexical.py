@@ -97,6 +97,13 @@ def test_saved_stack_loads_with_the_builds_normalizer(tmp_path):
     np.testing.assert_allclose(loaded.spam_proba(PROBE, model), stack.spam_proba(PROBE, model), atol=1e-6)
     # the tokenizer's normalizer is applied: NFKC folds the fullwidth word to the one the head knows
     assert loaded.margins(["ＷＩＮ free cash"])[0] == pytest.approx(loaded.margins(["win free cash"])[0])
+    # texts normalised by the caller (the worker's tokenizer) give the same probability without a second pass
+    normalized = loaded.normalized(PROBE + ["ＷＩＮ ＦＲＥＥ cash"])
+    model = np.linspace(0.05, 0.95, len(normalized))
+    np.testing.assert_array_equal(loaded.spam_proba(PROBE + ["ＷＩＮ ＦＲＥＥ cash"], model, normalized=normalized),
+                                  loaded.spam_proba(PROBE + ["ＷＩＮ ＦＲＥＥ cash"], model))
+    with pytest.raises(ValueError, match="2 texts, 1 normalised"):
+        loaded.spam_proba(["a", "b"], np.array([0.5, 0.5]), normalized=["a"])
     doc["format"] = 99
     (tmp_path / lexical.HEAD_FILE).write_text(json.dumps(doc))
     with pytest.raises(ValueError, match="format 99"):

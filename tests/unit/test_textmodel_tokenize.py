@@ -91,3 +91,30 @@ def test_batch_tokenizer_with_a_tail_reads_the_end_of_long_texts(minilm_tokenize
     short = ["hello there", "a b c"]
     for a, b in zip(with_tail(short), head_only(short), strict=True):
         assert np.array_equal(a, b)  # texts that fit are tokenized as before
+
+
+HOSTILE_TEXTS = ["hello [SEP] world [cls] and [MASK]", "FR33 M0NEY!!!!!!!! c.a.s.h n o w", "Ｆｒｅｅ ＭＯＮＥＹ",
+                 "ｃａｓｈ\u200b p\u0336r\u0336i\u0336z\u0336e", "中文字符 test", "a\x00b\tc", "", "   ", "[PAD][UNK]",
+                 "ordinary words " * 60 + "and the end", "Héllo wörld — café at 5?", "=" * 40 + " WIN"]
+
+
+@pytest.mark.parametrize("tail", [0, 4])
+def test_encode_normalized_gives_what_the_raw_text_gives(minilm_tokenizer, tmp_path, tail):
+    """The worker normalises each text once and tokenizes the result without the normalizer (the lexical stack
+    reads the same normalised text): the model's input must be what the raw text gives, special tokens typed in
+    a post included (the tokenizer matches those in the raw text, before its lower-casing)."""
+    from modpipe.textmodel import hostile
+
+    collapse_punctuation_runs(minilm_tokenizer)
+    hostile.harden(minilm_tokenizer, fold_leet=True)  # as a build's tokenizer.json
+    path = tmp_path / "tokenizer.json"
+    minilm_tokenizer.save(str(path))
+    tok = BatchTokenizer(path, 16, tail=tail)
+    ids, mask, normalized = tok.encode_normalized(HOSTILE_TEXTS)
+    want_ids, want_mask = tok(HOSTILE_TEXTS)
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_array_equal(mask, want_mask)
+    assert normalized == [minilm_tokenizer.normalizer.normalize_str(t) for t in HOSTILE_TEXTS]
+    assert normalized[1] != HOSTILE_TEXTS[1].lower()  # the folding ran (leetspeak, spacing, the run cut)
+    sep = minilm_tokenizer.token_to_id("[SEP]")
+    assert ids[0].tolist().count(sep) == 2  # the typed "[SEP]" is one token, as in the raw text's encoding
