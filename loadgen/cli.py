@@ -190,7 +190,7 @@ def _bench_e2e(args: argparse.Namespace) -> int:
                      low_rate=args.low_rate,
                      low_posts=args.low_posts, arrivals=args.arrivals,
                      scenario=args.scenario, seed=args.seed, ceiling_batch_sizes=batches, timeout_s=args.timeout,
-                     progress=not args.json, keep_state=args.keep_state)
+                     progress=not args.json, keep_state=args.keep_state, baseline_posts=args.baseline_posts)
     except (BenchError, ValueError) as exc:
         print(f"modpipe bench: {exc}", file=sys.stderr)
         return 1
@@ -213,6 +213,9 @@ def register_bench(sub: argparse._SubParsersAction) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("--posts", type=int, default=DEFAULT_POSTS,
                    help=f"posts per pass (saturation, latency, seed, ceiling); default {DEFAULT_POSTS}")
+    p.add_argument("--baseline-posts", type=int, default=None, metavar="N",
+                   help="run the seed and the ceilings on the first N posts only (default: all --posts); their "
+                        "rates are per text, and beside a GPU the CPU ceiling of a long pass takes longer than it")
     p.add_argument("--workers", type=int, default=None, help="stream workers of the pipeline (default MODPIPE_WORKERS)")
     p.add_argument("--load", type=float, default=DEFAULT_LOAD,
                    help=f"latency pass rate as a fraction of the saturation rate (default {DEFAULT_LOAD})")

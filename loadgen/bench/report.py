@@ -79,6 +79,8 @@ def format_markdown(report: dict) -> str:
     sorted_ceil = report["ceiling_sorted"]
     sat, low, lat, cached = pipe["saturation"], pipe["low_rate"], pipe["latency"], pipe["saturation_text_cache"]
     workers = f"{cfg['workers']} worker{'s' if cfg['workers'] != 1 else ''}"
+    base = cfg.get("baseline_posts") or cfg["posts"]
+    sample = f" (the first {base} posts)" if base < cfg["posts"] else ""
     lines = [
         "| path | what | posts/s | p50 ms | p99 ms |",
         "|---|---|---:|---:|---:|",
@@ -94,11 +96,11 @@ def format_markdown(report: dict) -> str:
         f"| pipeline at {lat['load']:.0%} load | {lat['arrivals']} arrivals at {_f(lat['offered_posts_per_s'])}/s"
         f"{' (fixed rate)' if cfg.get('load_rate') else ''} | "
         f"{_f(lat['decided_posts_per_s'])} | {_f(lat['p50_ms'], 0)} | **{_f(lat['p99_ms'], 0)}** |",
-        f"| **seed** | one blocking gRPC request per post to the same Triton, batch 1, padded to {seed['width']} | "
+        f"| **seed** | one blocking gRPC request per post to the same Triton, batch 1, padded to {seed['width']}{sample} | "
         f"**{_f(seed['posts_per_s'])}** | {_f(seed['p50_ms'])} | {_f(seed['p99_ms'])} |",
         f"| **ceiling** | in-process ONNX Runtime, same model file, {ceil['threads']} threads, batch "
-        f"{ceil['best_batch']} (best of {', '.join(str(r['batch']) for r in ceil['by_batch'])}), per-batch padding "
-        f"| **{_f(ceil['posts_per_s'])}** | | |",
+        f"{ceil['best_batch']} (best of {', '.join(str(r['batch']) for r in ceil['by_batch'])}), per-batch padding"
+        f"{sample} | **{_f(ceil['posts_per_s'])}** | | |",
         f"| ceiling, sorted | the same, texts sorted by length first (an offline bound: no batch pays for "
         f"padding), batch {sorted_ceil['best_batch']} | **{_f(sorted_ceil['posts_per_s'])}** | | |",
         "",

@@ -15,18 +15,21 @@ from loadgen.bench.runs import run
 pytestmark = pytest.mark.integration
 
 POSTS = 40
+BASELINE = 30  # the seed and the ceilings on the first 30 posts (--baseline-posts)
 LOAD_RATE = 15.0  # the load pass at a fixed rate (the default, 50% of saturation: test_loadgen_bench_report)
 
 
 def test_bench_reports_three_paths_and_consistent_ratios(pipeline_settings, tmp_path):
     report = run(pipeline_settings, n_posts=POSTS, workers=1, ceiling_batch_sizes=(8, 16), warmup_posts=5,
-                 load_rate=LOAD_RATE, low_rate=20.0, low_posts=20, timeout_s=120, progress=False, idle_s=1.0, untrimmed_texts=8)
+                 load_rate=LOAD_RATE, low_rate=20.0, low_posts=20, timeout_s=120, progress=False, idle_s=1.0, untrimmed_texts=8,
+                 baseline_posts=BASELINE)
     orjson.dumps(report)
 
     pipe, seed, ceil = report["pipeline"], report["seed"], report["ceiling"]
     sat, lat, low, cached = pipe["saturation"], pipe["latency"], pipe["low_rate"], pipe["saturation_text_cache"]
     # every path ran on every post, each rate positive
-    assert sat["posts"] == lat["posts"] == cached["posts"] == seed["texts"] == POSTS and low["posts"] == 20
+    assert sat["posts"] == lat["posts"] == cached["posts"] == POSTS and low["posts"] == 20
+    assert seed["texts"] == report["config"]["baseline_posts"] == BASELINE
     assert report["texts"]["posts"] == POSTS and report["texts"]["tokens_mean"] > 0
     for rate in (pipe["posts_per_s"], seed["posts_per_s"], ceil["posts_per_s"], sat["posts_per_s_overall"],
                  lat["decided_posts_per_s"], seed["untrimmed_compute"]["posts_per_s"]):
@@ -47,7 +50,7 @@ def test_bench_reports_three_paths_and_consistent_ratios(pipeline_settings, tmp_
 
     # the seed: one request per post, batch 1 at the server too, padded to 128
     assert seed["batch"] == 1 and seed["width"] == 128
-    assert seed["server"]["requests"] == POSTS and seed["server"]["avg_server_batch"] == 1.0
+    assert seed["server"]["requests"] == BASELINE and seed["server"]["avg_server_batch"] == 1.0
     assert 0 < seed["p50_ms"] <= seed["p99_ms"]
 
     # the ceiling: the best of the batch sizes tried
@@ -93,7 +96,7 @@ def test_bench_reports_three_paths_and_consistent_ratios(pipeline_settings, tmp_
     table = format_markdown(report)
     for needle in ("**pipeline**", "**seed**", "**ceiling**", "pipeline / seed", "pipeline / ceiling",
                    "pipeline / sorted ceiling", "Capacity", "text cache on", "(fixed rate)",
-                   f"p99 at {LOAD_RATE:g} posts/s = "):
+                   f"p99 at {LOAD_RATE:g} posts/s = ", f"(the first {BASELINE} posts)"):
         assert needle in table
     assert f"{r['pipeline_over_seed']:.2f}" in table
     text = format_text(report)
