@@ -17,6 +17,7 @@ import json
 import sys
 import time
 import uuid
+from pathlib import Path
 
 from loadgen.traffic import PATTERNS, arrival_times, planned_posts
 from modpipe import log
@@ -190,7 +191,8 @@ def _bench_e2e(args: argparse.Namespace) -> int:
                      low_rate=args.low_rate,
                      low_posts=args.low_posts, arrivals=args.arrivals,
                      scenario=args.scenario, seed=args.seed, ceiling_batch_sizes=batches, timeout_s=args.timeout,
-                     progress=not args.json, keep_state=args.keep_state, baseline_posts=args.baseline_posts)
+                     progress=not args.json, keep_state=args.keep_state, baseline_posts=args.baseline_posts,
+                     profile_dir=args.profile_workers)
     except (BenchError, ValueError) as exc:
         print(f"modpipe bench: {exc}", file=sys.stderr)
         return 1
@@ -216,6 +218,10 @@ def register_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--baseline-posts", type=int, default=None, metavar="N",
                    help="run the seed and the ceilings on the first N posts only (default: all --posts); their "
                         "rates are per text, and beside a GPU the CPU ceiling of a long pass takes longer than it")
+    p.add_argument("--profile-workers", type=Path, default=None, metavar="DIR",
+                   help="sample every worker with py-spy during the saturation pass (raw stacks into DIR) and report "
+                        "where its event loop went; needs py-spy and ptrace rights (root or CAP_SYS_PTRACE), and "
+                        "slows the profiled pass")
     p.add_argument("--workers", type=int, default=None, help="stream workers of the pipeline (default MODPIPE_WORKERS)")
     p.add_argument("--load", type=float, default=DEFAULT_LOAD,
                    help=f"latency pass rate as a fraction of the saturation rate (default {DEFAULT_LOAD})")

@@ -8,8 +8,10 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from loadgen.bench.metering import CpuMeter, stats_delta, triton_quiet, triton_stats
+from loadgen.bench.profiling import WorkerProfiler
 from loadgen.bench.report import load_offered
 from loadgen.traffic import ProduceStats, arrival_times, make_producer, produce_events
 from modpipe import schema
@@ -224,19 +226,31 @@ def _where_time_goes(cpu: dict, n_posts: int, worker_names: Sequence[str]) -> di
     return {k: round(1000 * v / n_posts, 1) for k, v in per.items()}
 
 def saturation_pass(settings: Settings, stack, producer, events: list[Event], *, timeout_s: float,
-                    decisions: DecisionLog, progress: bool, healthy: Callable[[], bool], label: str) -> dict:
-    """Every post produced up front; decisions/s over the steady part and where the CPU went."""
+                    decisions: DecisionLog, progress: bool, healthy: Callable[[], bool], label: str,
+                    profile_dir: Path | None = None) -> dict:
+    """Every post produced up front; decisions/s over the steady part and where the CPU went (with
+    `profile_dir`, also where each worker's event loop went: py-spy, loadgen/bench/profiling.py)."""
     from tqdm import tqdm
 
     groups = _stack_groups(stack)
     metrics0, triton0 = stack.scrape(), triton_stats(stack.triton_url, settings.triton_model)
+    profiler = None
+    if profile_dir is not None:
+        profiler = WorkerProfiler({w.name: w.process.pid for w in stack.workers if w.process.pid},
+                                  profile_dir).start()
     cpu = CpuMeter(groups)
     t0 = time.perf_counter()
-    stats = _produce(settings, producer, [ev._replace(offset_s=0.0) for ev in events])
-    with tqdm(total=len(events), desc=label, unit="post", disable=not progress) as bar:
-        decided = decisions.wait(set(stats.sent_at), timeout_s, healthy, bar)
+    try:
+        stats = _produce(settings, producer, [ev._replace(offset_s=0.0) for ev in events])
+        with tqdm(total=len(events), desc=label, unit="post", disable=not progress) as bar:
+            decided = decisions.wait(set(stats.sent_at), timeout_s, healthy, bar)
+    except BaseException:
+        if profiler is not None:  # no py-spy left attached to a worker when the pass fails
+            profiler.stop()
+        raise
     wall = time.perf_counter() - t0
     cpu_sat = cpu.stop()
+    profile = profiler.stop() if profiler is not None else None
     rates = saturation_rates(stats.started, list(decided.values()))
     sat_latency = [(t - stats.sent_at[pid]) * 1000 for pid, t in decided.items()]
     return {
@@ -249,6 +263,7 @@ def saturation_pass(settings: Settings, stack, producer, events: list[Event], *,
         "triton": stats_delta(triton0, triton_stats(stack.triton_url, settings.triton_model), wall),
         "cpu": cpu_sat,
         "cpu_ms_per_post": _where_time_goes(cpu_sat, len(events), [w.name for w in stack.workers]),
+        **({"profile": profile} if profile is not None else {}),
     }
 
 def latency_pass(settings: Settings, stack, producer, events: list[Event], rate: float, *, arrivals: str,
@@ -293,7 +308,7 @@ def pipeline_passes(settings: Settings, stack, warmup: list[Event], saturation: 
                     latency_events: list[Event], low_events: list[Event], cached_events: list[Event], *,
                     load: float, low_rate: float, arrivals: str, seed: int, timeout_s: float,
                     decisions: DecisionLog, progress: bool, idle_s: float = 3.0,
-                    load_rate: float | None = None) -> dict:
+                    load_rate: float | None = None, profile_dir: Path | None = None) -> dict:
     """The pipeline's passes (see the module docstring). The stack's workers run with the text cache off;
     they are restarted with it on for the last pass."""
 
@@ -312,7 +327,8 @@ def pipeline_passes(settings: Settings, stack, warmup: list[Event], saturation: 
     idle = cpu.stop()
     idle_cores = {k: round(v / idle["wall_s"], 2) for k, v in idle["cpu_s"].items()}
 
-    sat = saturation_pass(settings, stack, producer, saturation, label="pipeline saturation", **common)
+    sat = saturation_pass(settings, stack, producer, saturation, label="pipeline saturation", profile_dir=profile_dir,
+                          **common)
     sat["idle_cores"] = idle_cores
     low = latency_pass(settings, stack, producer, low_events, low_rate, arrivals=arrivals, seed=seed,
                        label=f"pipeline at {low_rate:g} posts/s", **common)

@@ -165,6 +165,19 @@ def _latency_parts(p: dict) -> str:
             f"{w['checkpoints']} checkpoints ({rate}) of {_f(w['checkpoint_mean_ms'])} ms on average")
 
 
+def profile_lines(profile: dict | None, top: int = 8) -> list[str]:
+    """Where each worker's event loop went in the profiled saturation pass (py-spy; loadgen/bench/profiling.py)."""
+    lines = []
+    for name, p in (profile or {}).items():
+        if "error" in p:
+            lines.append(f"{name} event loop (py-spy): not profiled: {p['error']}")
+            continue
+        where = ", ".join(f"{func} {share:.0%}" for func, share in p["top"][:top])
+        lines.append(f"{name} event loop (py-spy, profiled pass: slower): {p['main_thread_busy_samples']} busy samples "
+                     f"of the main thread; its work went through {where}")
+    return lines
+
+
 def format_text(report: dict) -> str:
     sat = report["pipeline"]["saturation"]
     tr = sat["triton"]
@@ -178,6 +191,7 @@ def format_text(report: dict) -> str:
         f"server batch {tr['avg_server_batch']}, {_f(tr['model_compute_s'], 2)} s of model time for {tr['rows']} "
         "texts (the machine's speed in this run: compare two runs only where it agrees)",
         *(_latency_parts(report["pipeline"][name]) for name in ("low_rate", "latency")),
+        *profile_lines(sat.get("profile")),
         "targets " + ("all met" if report["all_targets_met"] else "NOT all met: "
                       + ", ".join(k for k, t in report["targets"].items() if not t["met"])),
     ]

@@ -66,10 +66,12 @@ def run(settings: Settings, n_posts: int = DEFAULT_POSTS, workers: int | None = 
         arrivals: str = "poisson", scenario: str = "mixed", seed: int = 0,
         ceiling_batch_sizes: Sequence[int] = DEFAULT_CEILING_BATCHES, warmup_posts: int = 20,
         timeout_s: float = 300.0, progress: bool = True, keep_state: bool = False, idle_s: float = 3.0,
-        untrimmed_texts: int = UNTRIMMED_PROBE, baseline_posts: int | None = None) -> dict:
+        untrimmed_texts: int = UNTRIMMED_PROBE, baseline_posts: int | None = None,
+        profile_dir: Path | None = None) -> dict:
     """Run the three paths and return the report (see the module docstring). `baseline_posts`: the seed and
     the ceilings run on the first N of the pipeline's posts (per-text rates; on a GPU host the CPU ceiling of
-    a long saturation pass would take longer than the pipeline)."""
+    a long saturation pass would take longer than the pipeline). `profile_dir`: py-spy on every worker during
+    the first saturation pass (loadgen/bench/profiling.py), raw stacks kept there."""
     from tqdm import tqdm
 
     from streams.stack import LocalStack
@@ -113,7 +115,7 @@ def run(settings: Settings, n_posts: int = DEFAULT_POSTS, workers: int | None = 
                    "max_wait_ms": settings.max_wait_ms, "max_inflight": settings.max_inflight,
                    "partitions": settings.partitions, "commit_interval_ms": settings.commit_interval_ms,
                    "ceiling_batch_sizes": list(ceiling_batch_sizes), "triton_variant": settings.triton_variant,
-                   "baseline_posts": baseline_posts},
+                   "baseline_posts": baseline_posts, "profile_dir": str(profile_dir) if profile_dir else None},
         "machine": info,
         "texts": {"posts": n_posts, "distinct": len(set(post_texts)),
                   "spam_share": round(sum(ev.truth["text_label"] == "spam" for ev in saturation) / n_posts, 3),
@@ -138,7 +140,7 @@ def run(settings: Settings, n_posts: int = DEFAULT_POSTS, workers: int | None = 
                 report["pipeline"] = pipeline_passes(
                     settings, stack, warmup, saturation, latency_events, low_events, cached_events, load=load,
                     low_rate=low_rate, arrivals=arrivals, seed=seed, timeout_s=timeout_s, decisions=decisions,
-                    progress=progress, idle_s=idle_s, load_rate=load_rate)
+                    progress=progress, idle_s=idle_s, load_rate=load_rate, profile_dir=profile_dir)
             finally:
                 decisions.close()
             for w in stack.workers:  # the seed gets the machine to itself (with its Triton)

@@ -22,7 +22,7 @@ LOAD_RATE = 15.0  # the load pass at a fixed rate (the default, 50% of saturatio
 def test_bench_reports_three_paths_and_consistent_ratios(pipeline_settings, tmp_path):
     report = run(pipeline_settings, n_posts=POSTS, workers=1, ceiling_batch_sizes=(8, 16), warmup_posts=5,
                  load_rate=LOAD_RATE, low_rate=20.0, low_posts=20, timeout_s=120, progress=False, idle_s=1.0, untrimmed_texts=8,
-                 baseline_posts=BASELINE)
+                 baseline_posts=BASELINE, profile_dir=tmp_path / "profile")
     orjson.dumps(report)
 
     pipe, seed, ceil = report["pipeline"], report["seed"], report["ceiling"]
@@ -63,6 +63,15 @@ def test_bench_reports_three_paths_and_consistent_ratios(pipeline_settings, tmp_
     for a, b in zip(srt["by_batch"], ceil["by_batch"], strict=True):
         assert a["mean_width"] <= b["mean_width"]
 
+    # py-spy sampled the worker through the saturation pass: the loop's work, the raw stacks kept
+    prof = sat["profile"]["worker-0"]
+    assert "error" not in prof, prof
+    # (a 40-post pass keeps the loop busy for a few of its 100 Hz samples, or none: only the wiring is checked)
+    assert prof["samples"] >= prof["main_thread_busy_samples"] >= 0
+    assert bool(prof["top"]) == (prof["main_thread_busy_samples"] > 0)
+    assert (tmp_path / "profile" / "worker-0.txt").exists() and report["config"]["profile_dir"]
+    assert "profile" not in cached  # the pass with the text cache on is not profiled
+
     # the pipeline really went through Triton, in batches
     assert sat["triton"]["rows"] == POSTS and sat["workers"]["batches"] >= 1
     assert sat["cpu_ms_per_post"]["workers"] > 0
@@ -101,6 +110,7 @@ def test_bench_reports_three_paths_and_consistent_ratios(pipeline_settings, tmp_
     assert f"{r['pipeline_over_seed']:.2f}" in table
     text = format_text(report)
     assert "targets" in text and f"s of model time for {POSTS} texts" in text  # the run's machine speed
+    assert "worker-0 event loop (py-spy" in text
     path = write_markdown(report, tmp_path / "bench.md")
     assert "| pipeline / sorted ceiling (text model on CPU) |" in path.read_text()
     # the run cleaned up after itself
