@@ -278,7 +278,7 @@ def latency_pass(settings: Settings, stack, producer, events: list[Event], rate:
     visible = VisibleTimes(settings, stack.bootstrap, decisions.topic, decisions.prefix)
     try:
         visible.settle()
-        metrics0 = stack.scrape()
+        metrics0, triton0 = stack.scrape(), triton_stats(stack.triton_url, settings.triton_model)
         cpu = CpuMeter(_stack_groups(stack))
         with tqdm(total=len(events), desc=label, unit="post", disable=not progress) as bar:
             stats = _produce(settings, producer, events, bar)
@@ -301,6 +301,8 @@ def latency_pass(settings: Settings, stack, producer, events: list[Event], rate:
         "latency_is": "produce() call -> decision seen by a live read_committed reader (its transaction committed)",
         "published": {k: published[k] for k in ("p50_ms", "p99_ms")},
         "workers": _worker_metrics(metrics0, stack.scrape()),
+        # where a post's wait at Triton went: its queue (behind the other batch in flight) against compute
+        "triton": stats_delta(triton0, triton_stats(stack.triton_url, settings.triton_model), cpu_lat["wall_s"]),
         "cpu": cpu_lat,
     }
 

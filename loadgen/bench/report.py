@@ -159,9 +159,16 @@ def _latency_parts(p: dict) -> str:
     transaction committed (and the reader fetched it); Triton's requests and the checkpoints beside them."""
     w, wall = p["workers"], p["cpu"]["wall_s"]
     rate = f"{w['checkpoints'] / wall:.1f}/s" if wall else "?"
+    tr = p.get("triton") or {}
+    server = ""
+    if tr.get("requests"):
+        # the worker's request time = Triton's queue (behind the other batch in flight) + its compute + transport
+        server = (f" (in Triton: {_f(1000 * tr['queue_s'] / tr['requests'])} ms queued, "
+                  f"{_f(1000 * tr['model_compute_s'] / max(1, tr['executions']))} ms computing; model busy "
+                  f"{_f(100 * (tr['model_busy_share'] or 0), 0)}% of the pass)")
     return (f"at {_f(p['offered_posts_per_s'])} posts/s: published p50 / p99 {_f(p['published']['p50_ms'], 0)} / "
             f"{_f(p['published']['p99_ms'], 0)} ms, visible {_f(p['p50_ms'], 0)} / {_f(p['p99_ms'], 0)} ms; Triton "
-            f"batches of {_f(w['avg_batch'])} posts, {_f(w['triton_request_mean_ms'])} ms a request; "
+            f"batches of {_f(w['avg_batch'])} posts, {_f(w['triton_request_mean_ms'])} ms a request{server}; "
             f"{w['checkpoints']} checkpoints ({rate}) of {_f(w['checkpoint_mean_ms'])} ms on average")
 
 
