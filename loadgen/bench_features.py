@@ -74,7 +74,7 @@ def pipeline(settings: Settings, bootstrap: str, posts: list[dict], workers: int
              broker_pid: int | None, local_hops: str) -> dict:
     """The feature path at saturation, text model off: decisions/s over the steady part, CPU per post."""
     from loadgen.bench.metering import CpuMeter
-    from loadgen.bench.pipeline import saturation_rates
+    from loadgen.bench.pipeline import saturation_rates, state_written_bytes
 
     settings = dataclasses.replace(settings, local_hops=local_hops,
                                    topic_prefix=f"{settings.topic_prefix}{local_hops}.",
@@ -86,6 +86,7 @@ def pipeline(settings: Settings, bootstrap: str, posts: list[dict], workers: int
         if broker_pid:
             groups["broker"] = broker_pid
         wanted = {p["post_id"] for p in posts}
+        metrics0 = stack.scrape()
         cpu = CpuMeter(groups)
         started = time.time()
         _produce(bootstrap, stack.topics.posts, posts)
@@ -102,6 +103,7 @@ def pipeline(settings: Settings, bootstrap: str, posts: list[dict], workers: int
                         decided[pid] = msg.timestamp()[1] / 1000.0  # set by the worker when it published
                         bar.update(1)
         used = cpu.stop()
+        written = state_written_bytes(metrics0, stack.scrape())
         consumer.close()
     if len(decided) != len(wanted):
         raise RuntimeError(f"{len(wanted) - len(decided)} posts got no decision")
@@ -111,6 +113,9 @@ def pipeline(settings: Settings, bootstrap: str, posts: list[dict], workers: int
             "worker_cpu_ms_per_post": round(1000 * worker_s / len(posts), 3),
             "broker_cpu_ms_per_post": round(1000 * used["cpu_s"].get("broker", 0.0) / len(posts), 3)
             if broker_pid else None,
+            # every post produced at once: a checkpoint holds many posts of a key, so this is the least a
+            # post costs the changelogs; paced posts share fewer writes (`modpipe bench` says how many)
+            "state_bytes_per_post": {t: round(b / len(posts)) for t, b in written.items()},
             "other_cores": used.get("other_cores")}
 
 

@@ -20,6 +20,10 @@ REDECISIONS = Counter("modpipe_redecisions_total", "Decisions published again (r
                       ["reason"])
 STATE_WRITES = Counter("modpipe_state_writes_total",
                        "Feature-table states written (one changelog record each; one per key per batch).", ["table"])
+STATE_WRITTEN_BYTES = Counter(
+    "modpipe_state_written_bytes_total",
+    "Bytes of feature-table states written to their changelogs (the records' values): what the broker stores "
+    "and replicates for the tables, and what a restore reads back.", ["table"])
 STATE_EXPIRED = Counter("modpipe_state_expired_total",
                         "Feature-table keys forgotten after their table's retention (a tombstone each).", ["table"])
 TABLE_KEYS = Gauge("modpipe_table_keys", "Keys this worker holds per feature table (its partitions).", ["table"])
@@ -77,6 +81,7 @@ def init_labels(verdicts, dead_letter_reasons, outage_policy: str | None, tables
         DEAD_LETTERS.labels(reason)
     for table in tables:
         STATE_WRITES.labels(table)
+        STATE_WRITTEN_BYTES.labels(table)
         STATE_EXPIRED.labels(table)
     if outage_policy is not None:  # None: the text model is off
         TEXT_MODEL_AVAILABLE.set(1)

@@ -23,6 +23,7 @@ from typing import Any
 
 from features.state import Limits, load_state
 from modpipe import log
+from streams import metrics
 from streams.tables import Table, encode_key
 
 _log = log.get(__name__)
@@ -36,6 +37,9 @@ class ChangelogWriter:
 
     def __init__(self, table: Table, outbox):
         self.table, self.outbox = table, outbox
+        # a key's whole state goes out at each checkpoint that changed it: a busy account's (up to ~100 KB
+        # with its capped histories) dominates the changelog, so the bytes are counted, not only the records
+        self._written_bytes = metrics.STATE_WRITTEN_BYTES.labels(table.name)
 
     def read(self, key: str, event) -> dict | None:
         return self.table.get(key, event.message.partition)
@@ -43,6 +47,7 @@ class ChangelogWriter:
     def __call__(self, key: str, value: dict, event, pending) -> None:
         partition = event.message.partition
         data = self.table.set(key, value, partition)
+        self._written_bytes.inc(len(data))
         self.outbox.produce(self.table.changelog, data, key=encode_key(key), partition=partition, pending=pending)
 
     def expire(self, pending) -> list[str]:

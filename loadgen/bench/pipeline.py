@@ -208,7 +208,14 @@ def _worker_metrics(before: dict[str, float], after: dict[str, float]) -> dict:
             "checkpoint_mean_ms": round(1000 * delta("modpipe_checkpoint_duration_seconds_sum") / checkpoints, 1)
             if checkpoints else None,
             "local_hops": int(sum(after.get(k, 0.0) - before.get(k, 0.0) for k in after
-                                  if k.startswith("modpipe_local_hops_total")))}
+                                  if k.startswith("modpipe_local_hops_total"))),
+            "state_written_bytes": state_written_bytes(before, after)}
+
+
+def state_written_bytes(before: dict[str, float], after: dict[str, float]) -> dict[str, int]:
+    """Changelog bytes written per feature table between two scrapes (`modpipe_state_written_bytes_total`)."""
+    prefix = "modpipe_state_written_bytes_total{table="
+    return {k[len(prefix):-1]: int(v - before.get(k, 0.0)) for k, v in sorted(after.items()) if k.startswith(prefix)}
 
 def _stack_groups(stack) -> dict[str, int]:
     groups = {w.name: w.process.pid for w in stack.workers if w.process.pid}

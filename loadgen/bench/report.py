@@ -154,6 +154,15 @@ def _gpu(machine: dict, cfg: dict) -> str:
     return f"GPU {machine['gpu']} (Triton's {variant} variant {where})"
 
 
+def state_kb_per_post(p: dict) -> str:
+    """Changelog kilobytes a post cost in a pass: each checkpoint writes every key it changed, whole, so the
+    slower the posts come the fewer posts share a write."""
+    if "state_written_bytes" not in p["workers"]:  # a report from before the counter
+        return ""
+    written = sum(p["workers"]["state_written_bytes"].values())
+    return f"; {written / max(1, p['posts']) / 1000:.1f} KB of feature-table states written a post"
+
+
 def _latency_parts(p: dict) -> str:
     """Where a latency pass's time went: the decision published inside its transaction, then visible once the
     transaction committed (and the reader fetched it); Triton's requests and the checkpoints beside them."""
@@ -169,7 +178,8 @@ def _latency_parts(p: dict) -> str:
     return (f"at {_f(p['offered_posts_per_s'])} posts/s: published p50 / p99 {_f(p['published']['p50_ms'], 0)} / "
             f"{_f(p['published']['p99_ms'], 0)} ms, visible {_f(p['p50_ms'], 0)} / {_f(p['p99_ms'], 0)} ms; Triton "
             f"batches of {_f(w['avg_batch'])} posts, {_f(w['triton_request_mean_ms'])} ms a request{server}; "
-            f"{w['checkpoints']} checkpoints ({rate}) of {_f(w['checkpoint_mean_ms'])} ms on average")
+            f"{w['checkpoints']} checkpoints ({rate}) of {_f(w['checkpoint_mean_ms'])} ms on average"
+            + state_kb_per_post(p))
 
 
 def profile_lines(profile: dict | None, top: int = 8) -> list[str]:
@@ -192,7 +202,7 @@ def format_text(report: dict) -> str:
         "",
         f"pipeline saturation: steady {_f(sat['posts_per_s_steady'])}/s, overall {_f(sat['posts_per_s_overall'])}/s "
         f"({sat['posts']} posts in {sat['time_to_last_decision_s']} s); items applied without a Kafka hop: "
-        f"{sat['workers']['local_hops']}",
+        f"{sat['workers']['local_hops']}{state_kb_per_post(sat)}",
         "idle stack (nothing to process), cores: " + ", ".join(f"{k} {v}" for k, v in sat["idle_cores"].items()),
         f"Triton during saturation: model busy {_f(100 * (tr['model_busy_share'] or 0), 0)}% of the time, "
         f"server batch {tr['avg_server_batch']}, {_f(tr['model_compute_s'], 2)} s of model time for {tr['rows']} "

@@ -77,6 +77,9 @@ def test_bench_reports_three_paths_and_consistent_ratios(pipeline_settings, tmp_
     # each latency pass says what Triton did in it: every post of the pass computed there (text cache off)
     for p in (low, lat):
         assert p["triton"]["rows"] == p["posts"] and p["triton"]["requests"] >= 1
+    # and what the feature tables' changelogs took: every pass changed user and post states
+    for p in (sat, low, lat):
+        assert p["workers"]["state_written_bytes"]["user"] > 0 and p["workers"]["state_written_bytes"]["post"] > 0
     assert sat["cpu_ms_per_post"]["workers"] > 0
 
     # ratios are the quotients of the reported rates; targets carry the measured values
@@ -114,6 +117,7 @@ def test_bench_reports_three_paths_and_consistent_ratios(pipeline_settings, tmp_
     text = format_text(report)
     assert "targets" in text and f"s of model time for {POSTS} texts" in text  # the run's machine speed
     assert "worker-0 event loop (py-spy" in text
+    assert text.count("KB of feature-table states written a post") == 3  # saturation and both latency passes
     assert text.count("ms computing; model busy") == 2  # both latency passes split Triton's queue from compute
     path = write_markdown(report, tmp_path / "bench.md")
     assert "| pipeline / sorted ceiling (text model on CPU) |" in path.read_text()

@@ -210,6 +210,23 @@ def test_the_changelog_writer_uses_the_table_partition_of_the_event_and_writes_a
     assert box.records == [("app-features-user-changelog", orjson.dumps({"n": 1}), orjson.dumps("u1"), 2, pending)]
 
 
+def test_the_changelog_writer_counts_the_bytes_of_each_state_it_writes():
+    from prometheus_client import REGISTRY
+
+    def written() -> float:
+        return REGISTRY.get_sample_value("modpipe_state_written_bytes_total", {"table": "user"}) or 0.0
+
+    table = Table("user", "app-features-user-changelog")
+    box = FakeOutbox()
+    writer = ChangelogWriter(table, box)
+    before = written()
+    writer("u1", {"n": 1, "recent": list(range(100))}, event(partition=0), None)
+    writer("u1", {"n": 2}, event(partition=0), None)  # the same key again: its whole state again
+    assert written() - before == sum(len(r[1]) for r in box.records) > 300
+    writer.expire(None)  # a tombstone carries no state (and this table has no retention: none written)
+    assert written() - before == sum(len(r[1]) for r in box.records)
+
+
 def test_table_states_over_a_changelog_writer_keep_partitions_apart():
     table = Table("user", "app-features-user-changelog")
     box = FakeOutbox()
