@@ -585,7 +585,7 @@ def test_dashboard_covers_what_an_sre_looks_at_and_uses_only_exported_series():
     assert {"modpipe_posts_consumed_total", "modpipe_decisions_total", "modpipe_end_to_end_latency_seconds_bucket",
             "modpipe_batch_size_posts_sum", "nv_inference_queue_duration_us", "nv_inference_compute_infer_duration_us",
             "modpipe_consumer_lag_messages", "modpipe_dead_letters_total",
-            "modpipe_degraded_decisions_total"} <= used
+            "modpipe_degraded_decisions_total", "modpipe_state_written_bytes_total"} <= used
     exprs = [e for _, e in dashboard_queries()]
     assert any("sum by (verdict)" in e for e in exprs) and any("sum by (reason)" in e for e in exprs)
     assert {q for q in ("0.5", "0.9", "0.99") if any(f"histogram_quantile({q}," in e for e in exprs)} == {"0.5", "0.9", "0.99"}
