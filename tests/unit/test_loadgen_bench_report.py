@@ -47,17 +47,30 @@ def test_a_latency_pass_says_where_its_time_went():
     from loadgen.bench.report import _latency_parts
 
     before = {"modpipe_checkpoint_duration_seconds_count": 10.0, "modpipe_checkpoint_duration_seconds_sum": 0.1,
-              "modpipe_batch_size_posts_count": 4.0, "modpipe_batch_size_posts_sum": 4.0}
+              "modpipe_batch_size_posts_count": 4.0, "modpipe_batch_size_posts_sum": 4.0,
+              "modpipe_state_written_bytes_total{table=user}": 100_000.0}
     after = {"modpipe_checkpoint_duration_seconds_count": 70.0, "modpipe_checkpoint_duration_seconds_sum": 0.58,
              "modpipe_batch_size_posts_count": 54.0, "modpipe_batch_size_posts_sum": 79.0,
-             "modpipe_triton_request_duration_seconds_count": 50.0, "modpipe_triton_request_duration_seconds_sum": 1.8}
+             "modpipe_triton_request_duration_seconds_count": 50.0, "modpipe_triton_request_duration_seconds_sum": 1.8,
+             "modpipe_state_written_bytes_total{table=user}": 400_000.0,
+             "modpipe_state_written_bytes_total{table=post}": 150_000.0}
     w = _worker_metrics(before, after)
     assert (w["checkpoints"], w["checkpoint_mean_ms"], w["avg_batch"], w["triton_request_mean_ms"]) == (60, 8.0, 1.5, 36.0)
+    assert w["state_written_bytes"] == {"post": 150_000, "user": 300_000}
     assert _worker_metrics(after, after)["checkpoint_mean_ms"] is None  # none in the pass: no mean to divide by
-    line = _latency_parts({"offered_posts_per_s": 5.0, "published": {"p50_ms": 52.2, "p99_ms": 267.4}, "p50_ms": 70.7,
-                           "p99_ms": 307.2, "workers": w, "cpu": {"wall_s": 30.0}})
-    assert line == ("at 5.0 posts/s: published p50 / p99 52 / 267 ms, visible 71 / 307 ms; Triton batches of 1.5 "
-                    "posts, 36.0 ms a request; 60 checkpoints (2.0/s) of 8.0 ms on average")
+    pass_ = {"offered_posts_per_s": 5.0, "posts": 150, "published": {"p50_ms": 52.2, "p99_ms": 267.4}, "p50_ms": 70.7,
+             "p99_ms": 307.2, "workers": w, "cpu": {"wall_s": 30.0},
+             "triton": {"requests": 50, "executions": 48, "queue_s": 0.6, "model_compute_s": 1.2,
+                        "model_busy_share": 0.04}}
+    assert _latency_parts(pass_) == (
+        "at 5.0 posts/s: published p50 / p99 52 / 267 ms, visible 71 / 307 ms; Triton batches of 1.5 posts, 36.0 ms "
+        "a request (in Triton: 12.0 ms queued, 25.0 ms computing; model busy 4% of the pass); 60 checkpoints (2.0/s) "
+        "of 8.0 ms on average; 3.0 KB of feature-table states written a post")
+    # a report written before Triton's statistics and the byte counter were read still renders
+    old = {**pass_, "workers": {k: v for k, v in w.items() if k != "state_written_bytes"}}
+    del old["triton"], old["posts"]
+    assert _latency_parts(old) == ("at 5.0 posts/s: published p50 / p99 52 / 267 ms, visible 71 / 307 ms; Triton "
+                                   "batches of 1.5 posts, 36.0 ms a request; 60 checkpoints (2.0/s) of 8.0 ms on average")
 
 
 def test_the_machine_line_names_the_gpu_and_where_the_text_model_ran():
