@@ -138,6 +138,13 @@ SETTINGS_SPEC: dict[str, Spec] = {
                                "passed since it started, or at once when every round since is complete "
                                "(streams/checkpoint.py). Longer: fewer, larger transactions and later decisions "
                                "under load.", float),
+    "purge_interval_ms": Spec("MODPIPE_PURGE_INTERVAL_MS", "30000",
+                              "How often a worker deletes the records of the internal topics (the stage topics and "
+                              "posts.awaiting-text) that its checkpoints have committed (DeleteRecords, as Kafka "
+                              "Streams purges its repartition topics; streams/purge.py). Only this group reads them "
+                              "and never again before its committed offset; the platform's topics and the "
+                              "changelogs are never touched. `0`: never (they stay for the topics' retention).",
+                              float),
     "fetch_pause_ms": Spec("MODPIPE_FETCH_PAUSE_MS", "20",
                            "After a fetch that brought records, a consumer that reads continuously (the worker, "
                            "the load generator's and the benchmark's decision readers) pauses its partitions this "
@@ -278,6 +285,7 @@ class Settings:
     redecide_reports: int
     local_hops: str
     commit_interval_ms: float
+    purge_interval_ms: float
     fetch_pause_ms: float
     fetch_idle_pause_ms: float
     group_rejoin_s: float
@@ -348,6 +356,8 @@ class Settings:
             raise SettingsError("MODPIPE_STATIC_MEMBERSHIP must be `on` or `off`")
         if self.commit_interval_ms <= 0:
             raise SettingsError("MODPIPE_COMMIT_INTERVAL_MS must be > 0")
+        if self.purge_interval_ms < 0:
+            raise SettingsError("MODPIPE_PURGE_INTERVAL_MS must be >= 0 (0: never)")
         if self.fetch_pause_ms < 0:
             raise SettingsError("MODPIPE_FETCH_PAUSE_MS must be >= 0")
         if self.fetch_idle_pause_ms < 0:

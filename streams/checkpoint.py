@@ -22,6 +22,8 @@ The steps, in order:
 5. Send the closed epoch's input offsets (the next offset after the last record processed, per partition)
    to the transaction with the consumer's group metadata, and commit the transaction; the next one opens.
 6. The next epoch's records held back meanwhile go into it (`outbox.advance()`).
+7. The committed offsets of the internal topics go to the purger (streams/purge.py), which deletes the
+   records before them every MODPIPE_PURGE_INTERVAL_MS, on a thread of its own.
 A checkpoint that fails stops the worker without committing: the transaction is aborted, and the partitions'
 next owner (this worker after its restart) restores the tables from their changelogs, which hold only
 committed states, and processes the input again from the committed offsets.
@@ -134,8 +136,9 @@ class Checkpointer:
     `outbox` holds the transaction."""
 
     def __init__(self, runner, wiring, outbox, consumer, interval_s: float, watch: FreezeWatch,
-                 expiry_check_s: float = EXPIRY_CHECK_S):
+                 expiry_check_s: float = EXPIRY_CHECK_S, purger=None):
         self.runner, self.wiring, self.outbox, self.consumer = runner, wiring, outbox, consumer
+        self.purger = purger  # streams/purge.py: deletes internal-topic records behind the committed offsets
         self.interval_s = interval_s
         self.expiry_check_s = expiry_check_s
         self.watch = watch
@@ -223,5 +226,7 @@ class Checkpointer:
                 self.dirty = True  # still uncommitted (the worker stops)
                 raise
             self.outbox.advance()                                            # 6
+            if self.purger is not None:                                      # 7
+                self.purger.committed(offsets)
             self.commits += 1
             metrics.CHECKPOINT_DURATION.observe(time.perf_counter() - started)

@@ -25,6 +25,7 @@ from streams import metrics, tables
 from streams.checkpoint import Checkpointer, FreezeWatch
 from streams.kafka.consumer import GroupConsumer
 from streams.kafka.records import TP, Record
+from streams.purge import PurgePlan, Purger
 from streams.waiting import wait_at_most
 
 _log = log.get(__name__)
@@ -49,8 +50,11 @@ class Runner:
         session_s = float(consumer_conf.get("session.timeout.ms", 10_000)) / 1000
         heartbeat_s = float(consumer_conf.get("heartbeat.interval.ms", 2_000)) / 1000
         self.watch = FreezeWatch(limit_s=max(1.0, session_s - heartbeat_s))
+        internal = [*wiring.topics.stages.values(), wiring.topics.awaiting_text]
+        self.purger = Purger(PurgePlan(internal, settings.purge_interval_ms / 1000),
+                             {**settings.kafka_client_config(), "bootstrap.servers": bootstrap})
         self.checkpoint = Checkpointer(self, wiring, outbox, self.consumer, settings.commit_interval_ms / 1000,
-                                       self.watch)
+                                       self.watch, purger=self.purger)
         self._batches: collections.deque[list[Record]] = collections.deque()
         self._wake = asyncio.Event()
         self._rounds_open = asyncio.Event()

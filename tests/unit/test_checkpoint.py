@@ -152,11 +152,21 @@ class FakeWatch:
         return self.frozen_from is not None and self.checks >= self.frozen_from
 
 
+class FakePurger:
+    def __init__(self, steps: Steps):
+        self.steps = steps
+        self.offsets: list[dict] = []
+
+    def committed(self, offsets):
+        self.steps.append("purger.committed")
+        self.offsets.append(offsets)
+
+
 def checkpointer(*, frozen=False, fail=None, offsets=None, interval_s=60.0, frozen_from=None):
     steps = Steps()
     runner = FakeRunner(steps, {("posts", 0): 11, ("features.user", 2): 4} if offsets is None else offsets)
     cp = Checkpointer(runner, FakeWiring(steps), FakeOutbox(steps, fail), FakeConsumer(steps), interval_s,
-                      FakeWatch(steps, frozen, frozen_from))
+                      FakeWatch(steps, frozen, frozen_from), purger=FakePurger(steps))
     return cp, steps
 
 
@@ -169,8 +179,10 @@ def test_the_steps_happen_in_the_documented_order():
 
     cp, steps = asyncio.run(scenario())
     assert steps == ["switch", "flush_states", "idle", "freeze_check", "take_offsets", "group_metadata",
-                     "freeze_check", "outbox.commit", "outbox.advance"]
+                     "freeze_check", "outbox.commit", "outbox.advance", "purger.committed"]
     assert cp.outbox.commits == [({("posts", 0): 11, ("features.user", 2): 4}, "generation-7")]
+    # the purger hears of offsets only once their transaction has committed
+    assert cp.purger.offsets == [{("posts", 0): 11, ("features.user", 2): 4}]
     assert cp.wiring.flushed == [0] and cp.wiring.open_epoch == 1  # epoch 0 committed, rounds go on in 1
     assert cp.commits == 1 and not cp.dirty and not cp.wiring.crashes
 
@@ -221,6 +233,7 @@ def test_a_failing_outbox_commit_crashes_the_wiring_and_holds_the_next_epoch_bac
 
     cp, steps, ok = asyncio.run(scenario())
     assert not ok and steps[-2:] == ["outbox.commit", "crash"] and "outbox.advance" not in steps
+    assert cp.purger.offsets == []  # uncommitted offsets are never purged behind
     assert [str(e) for e in cp.wiring.crashes] == ["transaction coordinator gone"]
     assert cp.commits == 0 and cp.dirty
 
