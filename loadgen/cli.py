@@ -158,7 +158,9 @@ latency at 5 posts/s and at 50% load) with the measured values, the ratios pipel
 pipeline/ceiling, where the pipeline's CPU went, the capacity per worker core beside what one GPU
 serves, and how busy the machine was with other work; the markdown table goes to --markdown. The
 stack runs on its own ports, topics and state directory (KAFKA_BOOTSTRAP_SERVERS / TRITON_URL, when
-set, are used instead of starting them).
+set, are used instead of starting them). Before each pass, the posts and decisions the earlier passes
+left on its own embedded broker are deleted (the tables' changelogs stay): that broker's CPU grows with
+what it holds, Apache Kafka's does not (--keep-records keeps them).
 
 Targets: `model` (Triton vs ONNX Runtime by batch size and padding), `features` (the feature path
 with the text model off vs a plain Kafka loop), `transport` (exactly-once delivery options: records/s,
@@ -192,7 +194,7 @@ def _bench_e2e(args: argparse.Namespace) -> int:
                      low_posts=args.low_posts, arrivals=args.arrivals,
                      scenario=args.scenario, seed=args.seed, ceiling_batch_sizes=batches, timeout_s=args.timeout,
                      progress=not args.json, keep_state=args.keep_state, baseline_posts=args.baseline_posts,
-                     profile_dir=args.profile_workers)
+                     profile_dir=args.profile_workers, keep_records=args.keep_records)
     except (BenchError, ValueError) as exc:
         print(f"modpipe bench: {exc}", file=sys.stderr)
         return 1
@@ -243,6 +245,9 @@ def register_bench(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--markdown", metavar="FILE.md", default=None,
                    help="where to write the markdown table (default $MODPIPE_STATE_DIR/bench/e2e.md)")
     p.add_argument("--keep-state", action="store_true", help="keep the run's broker data, tables and logs")
+    p.add_argument("--keep-records", action="store_true",
+                   help="do not delete the posts and decisions earlier passes left on the embedded broker before "
+                        "each pass (its CPU grows with what it holds; Apache Kafka's does not)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object (no progress bars)")
     p.set_defaults(func=_bench_e2e)
 

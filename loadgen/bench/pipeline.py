@@ -313,13 +313,49 @@ def latency_pass(settings: Settings, stack, producer, events: list[Event], rate:
         "cpu": cpu_lat,
     }
 
+def release_consumed(settings: Settings, bootstrap: str, posts_topic: str, decisions_read: dict[str, dict[int, int]],
+                     data_dir: Path) -> float:
+    """Delete (DeleteRecords) what the passes so far left behind on the bench's own broker: the posts the
+    group has committed and the decisions the bench has read (`decisions_read`: topic -> partition -> next
+    offset). The embedded broker rewrites all it holds to one file while anything changes, so its CPU grows
+    with what it holds (docs/benchmarks.md, "What the embedded broker holds"), and a latency pass would pay
+    for the saturation passes before it; an Apache Kafka broker appends instead. The changelogs, the tables'
+    state, stay. Returns the broker's data size in MB afterwards."""
+    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    conf = {**settings.kafka_client_config(), "bootstrap.servers": bootstrap}
+    group = Consumer({**settings.kafka_consumer_config(), "bootstrap.servers": bootstrap, "group.id": settings.app_id,
+                      "enable.auto.commit": False})
+    try:
+        parts = [TopicPartition(posts_topic, p) for p in range(settings.partitions)]
+        gone = [tp for tp in group.committed(parts, timeout=10) if tp.offset > 0]
+    finally:
+        group.close()
+    gone += [TopicPartition(topic, p, off) for topic, read in decisions_read.items() for p, off in read.items() if off > 0]
+    if gone:
+        admin = AdminClient(conf)  # held while its futures resolve: a collected client fails them all
+        for future in admin.delete_records(gone, request_timeout=30).values():
+            future.result(30)
+    time.sleep(1.0)  # the broker rewrites its file within a second of a change
+    return round(sum(f.stat().st_size for f in data_dir.rglob("*") if f.is_file()) / 1e6, 1)
+
+
 def pipeline_passes(settings: Settings, stack, warmup: list[Event], saturation: list[Event],
                     latency_events: list[Event], low_events: list[Event], cached_events: list[Event], *,
                     load: float, low_rate: float, arrivals: str, seed: int, timeout_s: float,
                     decisions: DecisionLog, progress: bool, idle_s: float = 3.0,
-                    load_rate: float | None = None, profile_dir: Path | None = None) -> dict:
+                    load_rate: float | None = None, profile_dir: Path | None = None,
+                    keep_records: bool = False) -> dict:
     """The pipeline's passes (see the module docstring). The stack's workers run with the text cache off;
-    they are restarted with it on for the last pass."""
+    they are restarted with it on for the last pass. Before each pass the records the earlier ones left are
+    deleted (`release_consumed`), unless `keep_records`."""
+
+    def release() -> float | None:  # an external broker's records are not the bench's to delete
+        if keep_records or stack.broker is None:
+            return None
+        return release_consumed(settings, stack.bootstrap, stack.topics.posts, {decisions.topic: decisions.read_to},
+                                stack.broker.data_dir)
 
     def healthy() -> bool:
         return all(w.process.alive() for w in stack.workers)
@@ -336,15 +372,19 @@ def pipeline_passes(settings: Settings, stack, warmup: list[Event], saturation: 
     idle = cpu.stop()
     idle_cores = {k: round(v / idle["wall_s"], 2) for k, v in idle["cpu_s"].items()}
 
+    held = release()
     sat = saturation_pass(settings, stack, producer, saturation, label="pipeline saturation", profile_dir=profile_dir,
                           **common)
-    sat["idle_cores"] = idle_cores
+    sat["idle_cores"], sat["broker_data_mb"] = idle_cores, held
+    held = release()
     low = latency_pass(settings, stack, producer, low_events, low_rate, arrivals=arrivals, seed=seed,
                        label=f"pipeline at {low_rate:g} posts/s", **common)
+    low["broker_data_mb"] = held
     offered, share = load_offered(sat["posts_per_s"], load, load_rate)
+    held = release()
     lat = latency_pass(settings, stack, producer, latency_events, offered, arrivals=arrivals, seed=seed,
                        label=f"pipeline at {offered:g} posts/s ({share:.0%})", **common)
-    lat["load"] = share
+    lat["load"], lat["broker_data_mb"] = share, held
 
     # the same saturation pass with the text cache on (fresh workers, an empty cache)
     for w in stack.workers:
@@ -357,8 +397,10 @@ def pipeline_passes(settings: Settings, stack, warmup: list[Event], saturation: 
     decisions.wait(set(stats.sent_at), timeout_s, healthy)
     # The pass starts from a quiet stack: wait until Triton has computed nothing for a while (restarted
     # workers' first requests, the warm-up posts) before the pass begins.
+    held = release()
     triton_quiet(stack.triton_url, settings.triton_model, quiet_s=max(2.0, 2 * idle_s), timeout_s=timeout_s)
     cached = saturation_pass(settings, stack, producer, cached_events, label="pipeline saturation, text cache on",
                              **common)
+    cached["broker_data_mb"] = held
     return {"posts_per_s": sat["posts_per_s"], "saturation": sat, "low_rate": low, "latency": lat,
             "saturation_text_cache": cached}

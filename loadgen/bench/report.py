@@ -163,6 +163,16 @@ def state_kb_per_post(p: dict) -> str:
     return f"; {written / max(1, p['posts']) / 1000:.1f} KB of feature-table states written a post"
 
 
+def broker_held(p: dict) -> str:
+    """What the embedded broker held when a pass began and the cores it used meanwhile: its CPU grows with
+    what it holds (it rewrites it all to one file while anything changes)."""
+    held = p.get("broker_data_mb")
+    if held is None:  # an external broker, records kept (--keep-records), or a report from before
+        return ""
+    cores = p["cpu"]["cpu_s"].get("broker", 0.0) / max(p["cpu"]["wall_s"], 1e-9)
+    return f"; the broker held {held:.0f} MB at the start and used {cores:.2f} cores"
+
+
 def _latency_parts(p: dict) -> str:
     """Where a latency pass's time went: the decision published inside its transaction, then visible once the
     transaction committed (and the reader fetched it); Triton's requests and the checkpoints beside them."""
@@ -179,7 +189,7 @@ def _latency_parts(p: dict) -> str:
             f"{_f(p['published']['p99_ms'], 0)} ms, visible {_f(p['p50_ms'], 0)} / {_f(p['p99_ms'], 0)} ms; Triton "
             f"batches of {_f(w['avg_batch'])} posts, {_f(w['triton_request_mean_ms'])} ms a request{server}; "
             f"{w['checkpoints']} checkpoints ({rate}) of {_f(w['checkpoint_mean_ms'])} ms on average"
-            + state_kb_per_post(p))
+            + state_kb_per_post(p) + broker_held(p))
 
 
 def profile_lines(profile: dict | None, top: int = 8) -> list[str]:

@@ -67,7 +67,7 @@ def run(settings: Settings, n_posts: int = DEFAULT_POSTS, workers: int | None = 
         ceiling_batch_sizes: Sequence[int] = DEFAULT_CEILING_BATCHES, warmup_posts: int = 20,
         timeout_s: float = 300.0, progress: bool = True, keep_state: bool = False, idle_s: float = 3.0,
         untrimmed_texts: int = UNTRIMMED_PROBE, baseline_posts: int | None = None,
-        profile_dir: Path | None = None) -> dict:
+        profile_dir: Path | None = None, keep_records: bool = False) -> dict:
     """Run the three paths and return the report (see the module docstring). `baseline_posts`: the seed and
     the ceilings run on the first N of the pipeline's posts (per-text rates; on a GPU host the CPU ceiling of
     a long saturation pass would take longer than the pipeline). `profile_dir`: py-spy on every worker during
@@ -109,7 +109,7 @@ def run(settings: Settings, n_posts: int = DEFAULT_POSTS, workers: int | None = 
     options = ort_options()
     report: dict = {
         "config": {"posts": n_posts, "workers": workers, "scenario": scenario, "seed": seed, "load": load,
-                   "load_rate": load_rate,
+                   "load_rate": load_rate, "keep_records": keep_records,
                    "low_rate": low_rate, "low_posts": low_posts, "local_hops": settings.local_hops,
                    "arrivals": arrivals, "warmup_posts": warmup_posts, "max_batch": settings.max_batch,
                    "max_wait_ms": settings.max_wait_ms, "max_inflight": settings.max_inflight,
@@ -140,7 +140,8 @@ def run(settings: Settings, n_posts: int = DEFAULT_POSTS, workers: int | None = 
                 report["pipeline"] = pipeline_passes(
                     settings, stack, warmup, saturation, latency_events, low_events, cached_events, load=load,
                     low_rate=low_rate, arrivals=arrivals, seed=seed, timeout_s=timeout_s, decisions=decisions,
-                    progress=progress, idle_s=idle_s, load_rate=load_rate, profile_dir=profile_dir)
+                    progress=progress, idle_s=idle_s, load_rate=load_rate, profile_dir=profile_dir,
+                    keep_records=keep_records)
             finally:
                 decisions.close()
             for w in stack.workers:  # the seed gets the machine to itself (with its Triton)

@@ -81,6 +81,8 @@ def test_bench_reports_three_paths_and_consistent_ratios(pipeline_settings, tmp_
     for p in (sat, low, lat):
         assert p["workers"]["state_written_bytes"]["user"] > 0 and p["workers"]["state_written_bytes"]["post"] > 0
     assert sat["cpu_ms_per_post"]["workers"] > 0
+    # the test's broker is not the stack's own: nothing of it was deleted between the passes
+    assert all(p["broker_data_mb"] is None for p in (sat, low, lat, cached)) and not report["config"]["keep_records"]
 
     # ratios are the quotients of the reported rates; targets carry the measured values
     r = report["ratios"]
@@ -123,3 +125,44 @@ def test_bench_reports_three_paths_and_consistent_ratios(pipeline_settings, tmp_
     assert "| pipeline / sorted ceiling (text model on CPU) |" in path.read_text()
     # the run cleaned up after itself
     assert not list((pipeline_settings.state_dir / "bench").glob("e2e-*"))
+
+
+def test_release_deletes_only_what_was_committed_and_read(bootstrap, tmp_path):
+    """Between passes the bench deletes the posts the group committed and the decisions it read; nothing
+    past them, and never a changelog (the tables' state)."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    from loadgen.bench.pipeline import release_consumed
+    from modpipe.settings import Settings
+    from streams.topics import TopicNames, ensure_topics
+
+    tag = tmp_path.name[-8:].replace("-", "_")
+    settings = Settings.from_env(state_dir=tmp_path / "state", bootstrap_servers=bootstrap, topic_prefix=f"r{tag}.",
+                                 app_id=f"modpipe-release-{tag}")
+    ensure_topics(settings, bootstrap)
+    names = TopicNames.from_settings(settings)
+    changelog = next(iter(names.changelogs.values()))
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for topic in (names.posts, names.decisions, changelog):
+        for i in range(6):
+            producer.produce(topic, value=b"{}", key=str(i).encode(), partition=0)
+    assert producer.flush(30) == 0
+    group = Consumer({"bootstrap.servers": bootstrap, "group.id": settings.app_id, "enable.auto.commit": False,
+                      "isolation.level": "read_committed"})
+    group.commit(offsets=[TopicPartition(names.posts, 0, 4)], asynchronous=False)  # the workers committed 4
+    group.close()
+    data = tmp_path / "broker-data"
+    data.mkdir()
+    (data / "kafka.json").write_bytes(b"x" * 250_000)
+    held = release_consumed(settings, bootstrap, names.posts, {names.decisions: {0: 2, 1: 0}}, data)
+    assert held == 0.2
+
+    def lows(topic: str) -> list[int]:
+        c = Consumer({"bootstrap.servers": bootstrap, "group.id": "watermarks", "isolation.level": "read_committed"})
+        try:
+            return [c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[0] for p in range(settings.partitions)]
+        finally:
+            c.close()
+    assert lows(names.posts) == [4] + [0] * (settings.partitions - 1)
+    assert lows(names.decisions) == [2] + [0] * (settings.partitions - 1)
+    assert lows(changelog) == [0] * settings.partitions
