@@ -6,8 +6,8 @@ before it are never read again (a restart or a new owner resumes from the commit
 restored from their changelogs, not from these). So they are deleted (DeleteRecords up to the committed
 offset), as Kafka Streams purges its repartition topics (`repartition.purge.interval.ms`, 30 s). Without it
 they keep every bundle for the topic's retention: on Apache Kafka that is disk, and the embedded broker
-rewrites everything it holds to one file several times a second, so its CPU grows with what it holds
-(docs/benchmarks.md, "What the embedded broker's CPU follows").
+rewrites everything it holds to one file about once a second while written to, so its CPU grows with what it
+holds (docs/benchmarks.md, "What the embedded broker holds, and the passes' order").
 
 Only offsets a transaction has committed are purged, so nothing still to be read is ever deleted: a zombie
 worker's commits fail (it is fenced), so its offsets never come here. The platform's topics (posts, reports,
