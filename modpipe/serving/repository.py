@@ -182,8 +182,8 @@ def assemble(dest: Path, build: ModelBuild, variant: str = "cpu", model_name: st
                 _set_params(config, onnx_file="model.onnx")
                 _place(build.onnx, version / "model.onnx", link)
             elif config.platform == "tensorrt_plan":
-                # TensorRT cannot parse ONNX Runtime's dynamic-quantization ops (MatMulInteger,
-                # DynamicQuantizeLinear): the engine is built from the fp32 export, in FP16.
+                # The engine is built from the fp32 export, in FP16: the int8 export's scales were
+                # calibrated and validated for ONNX Runtime on a CPU, not for TensorRT's kernels.
                 fp32 = build.path / "model.fp32.onnx"
                 _place(fp32 if fp32.exists() else build.onnx, version / "model.onnx", link)
                 if plan is not None:

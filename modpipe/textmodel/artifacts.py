@@ -5,7 +5,7 @@ A build directory (``$MODPIPE_CACHE_DIR/models/<key>/``) holds:
 - ``model.onnx``          the served model (a copy of the fp32 or int8 export, per ``served.json``)
 - ``model.fp32.onnx``     fp32 export; inputs ``input_ids``, ``attention_mask`` (int64 [batch, seq]),
                           output ``logits`` (float32 [batch, 2]; index 1 = spam)
-- ``model.int8.onnx``     dynamically quantized variant, evaluated beside fp32
+- ``model.int8.onnx``     static int8 variant (calibrated scales, batch-invariant), evaluated beside fp32
 - ``tokenizer.json``      the fast (WordPiece, uncased) tokenizer
 - ``served.json``         {"version", "precision", "max_seq_len", "tail_tokens", "labels", "profile",
                           "built_at", "threshold", "stack", ...}

@@ -138,7 +138,9 @@ classification head (pre-classifier 384x384 + ReLU + dropout 0.2 + linear 384x2)
 - ONNX opset {export['opset']} (legacy TorchScript exporter), dynamic batch and sequence axes. ONNX Runtime vs
   PyTorch on {export['check']['texts']} held-out texts: max |logit diff| = {export['check']['max_abs_diff']:.2e}
   (limit {export['check']['tolerance']:.0e}).
-- `model.int8.onnx`: ONNX Runtime dynamic quantization (int8 weights, per channel).
+- `model.int8.onnx`: ONNX Runtime static quantization (QDQ): every MatMul but the FFN output projections of
+  the lower half of the layers; weights int8 per channel (7-bit), activations uint8 with ranges calibrated
+  on training texts, so a text's probability does not depend on its batch.
 - `torch/` (config.json + model.safetensors): the same weights for PyTorch, served by Triton's cuda variant
   (fp16 on a GPU, fp32 on a CPU).
 - Validation spam F1, fp32 vs int8: {json.dumps(val)}.

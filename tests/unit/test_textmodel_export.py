@@ -64,9 +64,13 @@ def test_onnx_matches_torch_and_int8_runs(tiny):
     window = BatchTokenizer(tok, 16)
     check = export.compare_with_torch(model, path, window, TEXTS, batch_size=3)
     assert check["ok"] and check["max_abs_diff"] <= 1e-4
-    q = export.quantize_int8(path, d / "model.int8.onnx")
+    q = export.quantize_int8(path, d / "model.int8.onnx", window, TEXTS * 3)
     prob = evaluate.onnx_spam_proba(q, window, TEXTS, batch_size=2)
     assert prob.shape == (4,) and np.all((prob >= 0) & (prob <= 1))
+    # static scales: a text's probability does not depend on what it is batched with
+    alone = evaluate.onnx_spam_proba(q, window, TEXTS, batch_size=1)
+    together = evaluate.onnx_spam_proba(q, window, TEXTS, batch_size=len(TEXTS))
+    assert np.max(np.abs(alone - together)) <= 1e-6
     prob32 = evaluate.onnx_spam_proba(path, window, TEXTS, batch_size=2)
     ref = train.predict_proba(model, window.ids(TEXTS))
     assert np.allclose(prob32, ref, atol=1e-5)
@@ -166,3 +170,21 @@ def test_robustness_report_fields_on_a_tiny_model(tiny):
     sets = robustness.attack_sets(test, seed=5, rate=1.0)
     assert all(sets[f] != sets["clean"] for f in ("leet", "spaced", "lookalike"))
     assert "target met" in robustness.format_report(result)
+
+
+def test_int8_quantizes_every_matmul_but_the_lower_ffn_outputs(tmp_path):
+    """4 layers: every MatMul (linear layers and attention's two products) reads both inputs through a
+    DequantizeLinear, except lin2 of layers 0 and 1, which stay fp32."""
+    import onnx
+
+    model, path, tok = tiny_model(tmp_path, "free win prize call now hello see you at the lunch", layers=4)
+    window = BatchTokenizer(tok, 16)
+    lower = [f"/model/distilbert/transformer/layer.{i}/ffn/lin2/MatMul" for i in (0, 1)]
+    assert export.fp32_nodes(path) == lower
+    q = export.quantize_int8(path, tmp_path / "model.int8.onnx", window, TEXTS * 3)
+    graph = onnx.load(str(q)).graph
+    dequantized = {o for n in graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    fed = {n.name: sum(i in dequantized for i in n.input) for n in graph.node if n.op_type == "MatMul"}
+    assert len(fed) == 4 * 8
+    assert {name for name, k in fed.items() if k == 0} == set(lower)
+    assert all(k == 2 for name, k in fed.items() if name not in lower)
