@@ -54,6 +54,11 @@ def rfc3339(ms: int | float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
 
 
+def epoch_ms(timestamp: str) -> int:
+    """RFC 3339 (as `rfc3339` writes it, or with an offset) -> epoch milliseconds."""
+    return int(datetime.fromisoformat(str(timestamp).replace("Z", "+00:00")).timestamp() * 1000)
+
+
 # ---------------------------------------------------------------------------------------------- decoding helpers
 
 def _load_object(raw: bytes | str) -> dict:

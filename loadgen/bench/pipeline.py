@@ -68,6 +68,8 @@ class DecisionLog:
         self.partitions = sorted(meta.partitions)
         self.read_to = self.highs()  # everything before this run is skipped
         self.decided: dict[str, float] = {}  # post_id -> wall time (s) of its first decision
+        # post_id -> (the post's own timestamp, the verdict's time), as the decision record says
+        self.worker_times: dict[str, tuple[float, float]] = {}
         self.records = 0
 
     def highs(self) -> dict[int, int]:
@@ -86,12 +88,14 @@ class DecisionLog:
                         continue
                     self.records += 1
                     try:
-                        pid = schema.decode_decision(msg.value())["post_id"]
+                        record = schema.decode_decision(msg.value())
                     except schema.InvalidMessage:
                         continue
-                    if pid.startswith(self.prefix):
+                    pid = record["post_id"]
+                    if pid.startswith(self.prefix) and pid not in self.decided:
                         _, ts_ms = msg.timestamp()
-                        self.decided.setdefault(pid, ts_ms / 1000.0)
+                        self.decided[pid] = ts_ms / 1000.0
+                        self.worker_times[pid] = (schema.epoch_ms(record["received_at"]) / 1000, schema.epoch_ms(record["decided_at"]) / 1000)
                 # by position: the last offset of a transaction is its commit marker, never delivered
                 for tp in self.consumer.position([self._tp(self.topic, p) for p in todo]):
                     if tp.offset >= 0:
@@ -273,6 +277,42 @@ def saturation_pass(settings: Settings, stack, producer, events: list[Event], *,
         **({"profile": profile} if profile is not None else {}),
     }
 
+def where_the_tail_sits(sent_at: dict[str, float], seen: dict[str, float], started: float,
+                        published: dict[str, float] | None = None,
+                        worker_times: dict[str, tuple[float, float]] | None = None,
+                        share: float = 0.01, gap_s: float = 1.0) -> dict:
+    """When the slowest `share` of a pass's posts were produced (s into the pass) and in how many episodes
+    (slow posts produced more than `gap_s` apart start a new one): a p99 made of one episode is a stall, of
+    many it is the queue's bursts. Also the most posts produced within any 1 s, beside the mean rate, and,
+    given the decisions' times, where the slowest and all posts waited (medians, ms): until the worker had
+    its verdict (fetch, feature stages, Triton), until the decision was produced, and until a read_committed
+    reader saw it (the checkpoint's commit and the reader's fetch)."""
+    ranked = sorted(seen, key=lambda pid: seen[pid] - sent_at[pid])
+    slowest = ranked[len(ranked) - max(1, math.ceil(len(ranked) * share)):] if ranked else []
+    slow = sorted(sent_at[pid] - started for pid in slowest)
+    episodes = 1 + sum(1 for a, b in zip(slow, slow[1:], strict=False) if b - a > gap_s) if slow else 0
+    times = sorted(sent_at.values())
+    busiest, lo = 0, 0
+    for hi, t in enumerate(times):
+        while t - times[lo] >= 1.0:
+            lo += 1
+        busiest = max(busiest, hi - lo + 1)
+    span = times[-1] - times[0] if len(times) > 1 else 0.0
+    out = {"pass_started_at": schema.rfc3339(started * 1000), "slowest_posts": len(slow),
+           "produced_at_s": [round(t, 1) for t in slow], "episodes": episodes, "busiest_second_posts": busiest,
+           "mean_posts_per_s": round((len(times) - 1) / span, 1) if span > 0 else None}
+    if published and worker_times:
+        def parts(pids: list[str]) -> dict:
+            pids = [pid for pid in pids if pid in published and pid in worker_times]
+            marks = {"to_decided_ms": lambda p: worker_times[p][1] - sent_at[p],
+                     "to_published_ms": lambda p: published[p] - worker_times[p][1],
+                     "to_visible_ms": lambda p: seen[p] - published[p]}
+            return {k: round(1000 * percentile([f(p) for p in pids], 50), 1) if pids else None
+                    for k, f in marks.items()}
+        out["slowest_waited"], out["all_waited"] = parts(slowest), parts(ranked)
+    return out
+
+
 def latency_pass(settings: Settings, stack, producer, events: list[Event], rate: float, *, arrivals: str,
                  seed: int, timeout_s: float, decisions: DecisionLog, progress: bool,
                  healthy: Callable[[], bool], label: str) -> dict:
@@ -307,6 +347,7 @@ def latency_pass(settings: Settings, stack, producer, events: list[Event], rate:
         **{k: lat[k] for k in ("p50_ms", "p95_ms", "p99_ms", "max_ms", "mean_ms")},
         "latency_is": "produce() call -> decision seen by a live read_committed reader (its transaction committed)",
         "published": {k: published[k] for k in ("p50_ms", "p99_ms")},
+        "tail": where_the_tail_sits(stats.sent_at, seen, stats.started, decided, decisions.worker_times),
         "workers": _worker_metrics(metrics0, stack.scrape()),
         # where a post's wait at Triton went: its queue (behind the other batch in flight) against compute
         "triton": stats_delta(triton0, triton_stats(stack.triton_url, settings.triton_model), cpu_lat["wall_s"]),

@@ -189,7 +189,26 @@ def _latency_parts(p: dict) -> str:
             f"{_f(p['published']['p99_ms'], 0)} ms, visible {_f(p['p50_ms'], 0)} / {_f(p['p99_ms'], 0)} ms; Triton "
             f"batches of {_f(w['avg_batch'])} posts, {_f(w['triton_request_mean_ms'])} ms a request{server}; "
             f"{w['checkpoints']} checkpoints ({rate}) of {_f(w['checkpoint_mean_ms'])} ms on average"
-            + state_kb_per_post(p) + broker_held(p))
+            + state_kb_per_post(p) + broker_held(p) + tail_episodes(p))
+
+
+def tail_episodes(p: dict) -> str:
+    """When the pass's slowest 1% were produced: one episode is a stall, many are the queue's bursts."""
+    t = p.get("tail")
+    if not t:  # a report from before the tail was recorded
+        return ""
+    return (f"; its slowest {t['slowest_posts']} posts were produced in {t['episodes']} episode(s) at "
+            f"{', '.join(f'{s:g}' for s in t['produced_at_s'][:12])} s (the busiest second brought "
+            f"{t['busiest_second_posts']} posts, the mean {_f(t['mean_posts_per_s'])})" + _waited(t))
+
+
+def _waited(t: dict) -> str:
+    if not t.get("slowest_waited"):
+        return ""
+    def ms(w):
+        return " / ".join(_f(w[k], 0) for k in ("to_decided_ms", "to_published_ms", "to_visible_ms"))
+    return (f"; waited (ms to the verdict / to publish / to be seen, medians): those {ms(t['slowest_waited'])}, "
+            f"all {ms(t['all_waited'])}")
 
 
 def profile_lines(profile: dict | None, top: int = 8) -> list[str]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from modpipe import log
+from modpipe import log, schema
 from modpipe.decision import dataset
 from modpipe.decision.model import DECISION_FEATURES, DecisionModel
 from modpipe.settings import Settings
@@ -59,22 +59,15 @@ def label_rows(decisions: Iterable[dict], labels: Iterable[dict]) -> list[datase
             continue
         before = [d for d in candidates if str(d.get("decided_at")) <= str(label["created_at"])] or candidates
         d = max(before, key=lambda x: (x.get("revision") or 1, str(x.get("decided_at"))))
-        rows.append(dataset.Row(post_id=post_id, run=LABEL_RUN, at_ms=_ms(label["created_at"]), features=d["features"],
+        rows.append(dataset.Row(post_id=post_id, run=LABEL_RUN, at_ms=schema.epoch_ms(label["created_at"]), features=d["features"],
                                 truth={"is_spam": label["label"] == "spam", "moderator_id": label.get("moderator_id")}))
     rows.sort(key=lambda r: (r.at_ms, r.post_id))
     return rows
 
 
-def _ms(rfc3339: str) -> int:
-    import datetime
-
-    return int(datetime.datetime.fromisoformat(str(rfc3339).replace("Z", "+00:00")).timestamp() * 1000)
-
-
 def _read_with_labels(settings: Settings, bootstrap: str, topic: str, decode) -> tuple[list[dict], list[dict]]:
     """(records of `topic` decoded, labels) as the broker holds them; what does not decode is skipped (the
     pipeline dead-lettered it; nothing to learn from)."""
-    from modpipe import schema
     from modpipe.services.readback import read_to_end
 
     records, labels = [], []

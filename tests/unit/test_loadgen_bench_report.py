@@ -66,6 +66,14 @@ def test_a_latency_pass_says_where_its_time_went():
         "at 5.0 posts/s: published p50 / p99 52 / 267 ms, visible 71 / 307 ms; Triton batches of 1.5 posts, 36.0 ms "
         "a request (in Triton: 12.0 ms queued, 25.0 ms computing; model busy 4% of the pass); 60 checkpoints (2.0/s) "
         "of 8.0 ms on average; 3.0 KB of feature-table states written a post")
+    tailed = {**pass_, "tail": {"slowest_posts": 2, "produced_at_s": [12.0, 12.4], "episodes": 1,
+                                "busiest_second_posts": 11, "mean_posts_per_s": 5.0}}
+    assert _latency_parts(tailed).endswith("; its slowest 2 posts were produced in 1 episode(s) at 12, 12.4 s (the "
+                                           "busiest second brought 11 posts, the mean 5.0)")
+    tailed["tail"]["slowest_waited"] = {"to_decided_ms": 262.0, "to_published_ms": 1.0, "to_visible_ms": 30.0}
+    tailed["tail"]["all_waited"] = {"to_decided_ms": 40.0, "to_published_ms": 1.0, "to_visible_ms": 12.0}
+    assert _latency_parts(tailed).endswith("; waited (ms to the verdict / to publish / to be seen, medians): "
+                                           "those 262 / 1 / 30, all 40 / 1 / 12")
     # a report written before Triton's statistics and the byte counter were read still renders
     old = {**pass_, "workers": {k: v for k, v in w.items() if k != "state_written_bytes"}}
     del old["triton"], old["posts"]
