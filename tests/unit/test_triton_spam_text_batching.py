@@ -54,3 +54,42 @@ def test_mixed_batch_computes_far_fewer_tokens_than_padding_to_the_longest():
     padded = sum(len(r) * w for r, w in model.length_runs(lengths, 2048))
     assert padded == 48 * 20 + 16 * 128
     assert padded < 0.4 * len(lengths) * 128
+
+
+def _cost(runs, overhead):
+    return sum(overhead + len(rows) * width for rows, width in runs)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 128), min_size=1, max_size=9), st.sampled_from([1, 64, 256, 2048]),
+       st.sampled_from([1, 12, 100]))
+def test_cheapest_runs_are_the_cheapest_contiguous_split(lengths, budget, overhead):
+    lengths = np.array(lengths)
+    runs = list(model.length_runs(lengths, budget, overhead))
+    rows = np.concatenate([r for r, _ in runs])
+    assert sorted(rows.tolist()) == list(range(len(lengths)))
+    widths = sorted(max(1, int(x)) for x in lengths)
+    previous_width = 0
+    for run_rows, width in runs:
+        assert width == max(1, int(lengths[run_rows].max()))
+        assert len(run_rows) == 1 or width * len(run_rows) <= budget
+        assert width >= previous_width
+        previous_width = width
+    # every split of the sorted rows into consecutive runs within the budget, tried by brute force
+    n, best = len(widths), float("inf")
+    for mask in range(1 << (n - 1)):
+        cuts = [0] + [i + 1 for i in range(n - 1) if mask >> i & 1] + [n]
+        spans = list(zip(cuts, cuts[1:], strict=False))
+        if all(e - s == 1 or (e - s) * widths[e - 1] <= budget for s, e in spans):
+            best = min(best, sum(overhead + (e - s) * widths[e - 1] for s, e in spans))
+    assert _cost(runs, overhead) == best
+    assert _cost(runs, overhead) <= _cost(list(model.length_runs(lengths, budget)), overhead)
+
+
+def test_a_chat_line_is_not_padded_to_an_e_mail_when_a_call_of_its_own_costs_less():
+    # ONNX Runtime's fixed cost of a call is ~12 tokens of compute on a CPU (MODEL_CARD.md)
+    assert [w for _, w in model.length_runs(np.array([128, 40]), 2048, 12)] == [40, 128]
+    assert [w for _, w in model.length_runs(np.array([128, 40]), 2048)] == [128]  # without: one run
+    assert [w for _, w in model.length_runs(np.array([40, 32]), 2048, 12)] == [40]  # close lengths stay together
+    mixed = np.array([20] * 48 + [128] * 16)
+    assert [(len(r), w) for r, w in model.length_runs(mixed, 2048, 12)] == [(48, 20), (16, 128)]

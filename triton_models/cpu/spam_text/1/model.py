@@ -7,7 +7,8 @@ lays it over this one, so both variants run this file and differ by the config's
 Triton hands `execute` every request the dynamic batcher grouped together, each with its own
 sequence length (clients pad per batch). We gather their rows, sort them by true length (the mask)
 and run ONNX Runtime on runs of similar length, each padded only to its own longest row and holding
-at most `bucket_tokens` padded tokens, then put the logits back in request order.
+at most `bucket_tokens` padded tokens (split where a call of its own costs less than the padding,
+`run_overhead_tokens`), then put the logits back in request order.
 
 Why: a streamed batch mixes 20-token chat lines with 128-token e-mails. Padding all of them to 128
 computes mostly padding; sorted sub-batches compute (almost) only real tokens. On a CPU, runs of
@@ -34,22 +35,50 @@ def real_lengths(mask):
     return np.where(present.any(axis=1), last, 0)
 
 
-def length_runs(lengths, bucket_tokens):
+def length_runs(lengths, bucket_tokens, run_overhead_tokens=0):
     """Row indices grouped into runs of similar length, shortest first: each run is padded to its own
     longest row (at least 1) and holds at most `bucket_tokens` padded tokens (at least one row).
-    Yields (row indices, width)."""
+    Yields (row indices, width).
+
+    `run_overhead_tokens` > 0: the runs are the cheapest split of the sorted rows, a run costing that
+    many tokens more than the tokens it computes (ONNX Runtime's fixed cost of a call, in tokens): a
+    20-token chat line is then not padded to a 128-token e-mail's width for a batch of two, which
+    would cost more than a call of its own. 0: consecutive rows fill each run up to `bucket_tokens`."""
     order = np.argsort(lengths, kind="stable")
-    start = 0
-    while start < len(order):
-        end = start + 1
-        width = max(1, int(lengths[order[start]]))
-        while end < len(order):
-            w = max(width, int(lengths[order[end]]))
-            if w * (end - start + 1) > bucket_tokens:
+    widths = [max(1, int(lengths[i])) for i in order]
+    if run_overhead_tokens > 0:
+        bounds = _cheapest_runs(widths, bucket_tokens, run_overhead_tokens)
+    else:
+        bounds, start = [], 0
+        while start < len(widths):
+            end = start + 1
+            while end < len(widths) and widths[end] * (end - start + 1) <= bucket_tokens:
+                end += 1
+            bounds.append((start, end))
+            start = end
+    for start, end in bounds:
+        yield order[start:end], widths[end - 1]
+
+
+def _cheapest_runs(widths, bucket_tokens, overhead):
+    """(start, end) of the runs of `widths` (ascending) that minimise the sum over runs of overhead +
+    rows x width, each within `bucket_tokens` unless it is one row: dynamic programming over split points."""
+    n = len(widths)
+    best, cut = [0.0] + [float("inf")] * n, [0] * (n + 1)
+    for end in range(1, n + 1):
+        width = widths[end - 1]  # the longest row of any run that ends here
+        for start in range(end - 1, -1, -1):
+            rows = end - start
+            if rows > 1 and rows * width > bucket_tokens:
                 break
-            width, end = w, end + 1
-        yield order[start:end], width
-        start = end
+            cost = best[start] + overhead + rows * width
+            if cost < best[end]:
+                best[end], cut[end] = cost, start
+    bounds, end = [], n
+    while end > 0:
+        bounds.append((cut[end], end))
+        end = cut[end]
+    return bounds[::-1]
 
 
 def _param(config, key, default):
@@ -147,6 +176,7 @@ class TritonPythonModel:
         # 0: one ORT run over the whole merged batch (padded to its longest row, or to the widest request
         # when trim_padding is off).
         self.bucket_tokens = int(_param(config, "bucket_tokens", "2048"))
+        self.run_overhead_tokens = float(_param(config, "run_overhead_tokens", "0"))
         self.logits_dtype = pb_utils.triton_string_to_numpy(
             pb_utils.get_output_config_by_name(config, "logits")["data_type"])
 
@@ -177,7 +207,8 @@ class TritonPythonModel:
 
         logits = np.zeros((total, 2), dtype=np.float32)
         if total and self.bucket_tokens > 0:
-            for rows_of_run, run_width in length_runs(real_lengths(mask), self.bucket_tokens):
+            for rows_of_run, run_width in length_runs(real_lengths(mask), self.bucket_tokens,
+                                                      self.run_overhead_tokens):
                 logits[rows_of_run] = self._run(ids[rows_of_run, :run_width], mask[rows_of_run, :run_width])
         elif total:
             if self.trim_padding:
