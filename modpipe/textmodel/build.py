@@ -31,7 +31,12 @@ _log = log.get(__name__)
 BUILD_MARKER = "build.json"  # written last: its presence means the build is complete
 COMPLETE_FILES = artifacts.REQUIRED_FILES + ("model.fp32.onnx", "model.int8.onnx", "metrics.json", "split.json",
                                              "heldout.jsonl", "MODEL_CARD.md", *artifacts.TORCH_FILES, BUILD_MARKER)
+# int8 is served when it keeps fp32's validation accuracy: spam F1 over all validation texts within
+# INT8_MAX_F1_DROP, and on each data set at most INT8_MAX_EXTRA_ERRORS more misclassified texts. A tolerance
+# in F1 per data set read noise: one SMS validation spam is worth ~0.006 F1, so 0.002 there meant "no text
+# may change", and int8 passed or failed on one message either way.
 INT8_MAX_F1_DROP = 0.002
+INT8_MAX_EXTRA_ERRORS = 1
 # training texts the int8 model's activation ranges are calibrated on (~30 s on 2 cores)
 INT8_CALIBRATION_TEXTS = 200
 # A text's probability may move by at most this much with what it is batched with. Triton's dynamic batcher
@@ -100,6 +105,21 @@ PROFILES = {
 }
 # Profiles whose training belongs on a GPU: on a CPU they need --device cpu said explicitly.
 GPU_PROFILES = ("gpu",)
+
+
+def int8_keeps_accuracy(fp32: dict[str, dict], int8: dict[str, dict]) -> tuple[bool, dict, dict]:
+    """Whether the int8 model keeps the fp32 model's validation accuracy (see INT8_MAX_F1_DROP).
+
+    `fp32`, `int8`: {data set or "all": evaluate.classification_metrics}. Returns (kept, F1 drop per data set,
+    errors int8 makes beyond fp32's per data set)."""
+    drops = {ds: round(fp32[ds]["f1"] - int8[ds]["f1"], 4) for ds in fp32}
+
+    def errors(m: dict) -> int:
+        return m["confusion"]["fp"] + m["confusion"]["fn"]
+
+    extra = {ds: errors(int8[ds]) - errors(fp32[ds]) for ds in fp32 if ds != "all"}
+    kept = drops["all"] <= INT8_MAX_F1_DROP and max(extra.values(), default=0) <= INT8_MAX_EXTRA_ERRORS
+    return kept, drops, extra
 
 
 def batch_shift(onnx_path: Path, tok: BatchTokenizer, texts: list[str]) -> float:
@@ -332,23 +352,25 @@ def _build_into(out: Path, settings: Settings, profile: Profile, base: Path | No
     export.quantize_int8(fp32, int8, window, calibration)
     t = lap("export_s", t)
 
-    # served precision: accuracy first (validation spam F1), int8 only if within INT8_MAX_F1_DROP of fp32
+    # served precision: accuracy first (validation errors and spam F1), int8 only if int8_keeps_accuracy
     val = train.subset(splits["validation"], cfg.val_fraction, seed)
     val_labels = np.array([e.label for e in val])
-    val_f1, val_proba = {}, {}
+    val_metrics, val_proba = {}, {}
     for name, path in (("fp32", fp32), ("int8", int8)):
         prob = val_proba[name] = evaluate.onnx_spam_proba(path, window, [e.text for e in val], desc=f"validation {name}")
-        per = {ds: evaluate.classification_metrics(val_labels[idx], prob[idx], 0.5)["f1"]
+        per = {ds: evaluate.classification_metrics(val_labels[idx], prob[idx], 0.5)
                for ds, idx in evaluate.by_dataset(val).items()}
-        per["all"] = evaluate.classification_metrics(val_labels, prob, 0.5)["f1"]
-        val_f1[name] = per
-    drops = {ds: round(val_f1["fp32"][ds] - val_f1["int8"][ds], 4) for ds in val_f1["fp32"]}
+        per["all"] = evaluate.classification_metrics(val_labels, prob, 0.5)
+        val_metrics[name] = per
+    val_f1 = {name: {ds: m["f1"] for ds, m in per.items()} for name, per in val_metrics.items()}
+    keeps, drops, extra_errors = int8_keeps_accuracy(val_metrics["fp32"], val_metrics["int8"])
     shift = {name: batch_shift(path, window, [e.text for e in val[:64]])
              for name, path in (("fp32", fp32), ("int8", int8))}
-    if max(drops.values()) > INT8_MAX_F1_DROP:
+    if not keeps:
         precision = "fp32"
-        reason = (f"int8 loses more than {INT8_MAX_F1_DROP} validation spam F1 (drops {drops}); accuracy comes "
-                  f"first, so fp32 is served.")
+        reason = (f"int8 loses validation accuracy (spam F1 drops {drops}, more than {INT8_MAX_F1_DROP} over all; "
+                  f"errors beyond fp32's {extra_errors}, at most {INT8_MAX_EXTRA_ERRORS} a data set); accuracy "
+                  f"comes first, so fp32 is served.")
     elif shift["int8"] > BATCH_INVARIANCE_TOLERANCE:
         precision = "fp32"
         reason = (f"int8 keeps validation spam F1 (drops {drops}) but a text's probability moves by up to "
@@ -356,8 +378,9 @@ def _build_into(out: Path, settings: Settings, profile: Profile, base: Path | No
                   f"{shift['fp32']:.1e}): a verdict must not depend on what it was batched with, so fp32 is served.")
     else:
         precision = "int8"
-        reason = (f"int8 validation spam F1 is within {INT8_MAX_F1_DROP} of fp32 on every data set "
-                  f"(drops {drops}) and batch-invariant (max shift {shift['int8']:.1e}); it is "
+        reason = (f"int8 keeps validation accuracy (spam F1 drops {drops}, at most {INT8_MAX_F1_DROP} over all; "
+                  f"errors beyond fp32's {extra_errors}, at most {INT8_MAX_EXTRA_ERRORS} a data set) and "
+                  f"batch-invariant (max shift {shift['int8']:.1e}); it is "
                   f"{fp32.stat().st_size / int8.stat().st_size:.1f}x smaller and, on a CPU with VNNI or AMX, "
                   f"~1.6x faster a text (docs/benchmarks.md, \"Static int8\").")
     shutil.copy2(fp32 if precision == "fp32" else int8, out / "model.onnx")
@@ -374,6 +397,7 @@ def _build_into(out: Path, settings: Settings, profile: Profile, base: Path | No
         "precision": precision,
         "precision_reason": reason,
         "validation": {"spam_f1": val_f1, "f1_drop_int8": drops, "max_allowed_drop": INT8_MAX_F1_DROP,
+                       "extra_errors_int8": extra_errors, "max_allowed_extra_errors": INT8_MAX_EXTRA_ERRORS,
                        "batch_shift": shift, "max_allowed_batch_shift": BATCH_INVARIANCE_TOLERANCE},
         "max_seq_len": cfg.max_seq_len,
         "tail_tokens": cfg.tail_tokens,

@@ -52,7 +52,8 @@ def test_build_recorded_its_export_check_and_precision(build):
     assert set(served["labels"]) == {"ham", "spam"} and served["labels"][1] == "spam"
     assert _sha(build.onnx) == _sha(build.path / f"model.{served['precision']}.onnx")
     v = served["validation"]
-    int8_qualifies = (max(v["f1_drop_int8"].values()) <= v["max_allowed_drop"]
+    int8_qualifies = (v["f1_drop_int8"]["all"] <= v["max_allowed_drop"]
+                      and max(v["extra_errors_int8"].values()) <= v["max_allowed_extra_errors"]
                       and v["batch_shift"]["int8"] <= v["max_allowed_batch_shift"])
     assert (served["precision"] == "int8") == int8_qualifies
     assert v["batch_shift"]["fp32"] <= v["max_allowed_batch_shift"]  # the served fp32 model is batch-invariant

@@ -158,3 +158,27 @@ def test_extra_data_trains_the_extra_set_more_often_and_changes_the_key():
     assert extra.train.oversample == {**full.train.oversample, "extra": 3}
     assert "extra" not in full.train.oversample  # the plain recipe (and its key) is untouched
     assert extra.to_dict() != full.to_dict()
+
+
+def _metrics(fp: int, fn: int, f1: float) -> dict:
+    return {"f1": f1, "confusion": {"tn": 100, "fp": fp, "fn": fn, "tp": 50}}
+
+
+def test_int8_is_kept_within_one_extra_error_a_data_set_and_the_f1_tolerance_over_all():
+    fp32 = {"sms": _metrics(2, 4, 0.936), "spamassassin": _metrics(3, 3, 0.987), "all": _metrics(5, 7, 0.9456)}
+    # one SMS message more misclassified: F1 there drops 0.007, over all 0.0017
+    int8 = {"sms": _metrics(2, 5, 0.929), "spamassassin": _metrics(3, 3, 0.987), "all": _metrics(5, 8, 0.9439)}
+    kept, drops, extra = B.int8_keeps_accuracy(fp32, int8)
+    assert kept and drops == {"sms": 0.007, "spamassassin": 0.0, "all": 0.0017}
+    assert extra == {"sms": 1, "spamassassin": 0}
+    # two more on one data set: refused, whatever the F1 over all
+    int8["sms"] = _metrics(3, 5, 0.922)
+    assert not B.int8_keeps_accuracy(fp32, int8)[0]
+    # within a text everywhere, but F1 over all drops by more than the tolerance: refused
+    int8 = {"sms": _metrics(2, 5, 0.929), "spamassassin": _metrics(4, 3, 0.984), "all": _metrics(6, 8, 0.9420)}
+    kept, drops, extra = B.int8_keeps_accuracy(fp32, int8)
+    assert not kept and extra == {"sms": 1, "spamassassin": 1} and drops["all"] > B.INT8_MAX_F1_DROP
+    # fewer errors than fp32 is never a reason to refuse
+    better = {"sms": _metrics(1, 3, 0.95), "spamassassin": _metrics(3, 3, 0.987), "all": _metrics(4, 6, 0.955)}
+    assert B.int8_keeps_accuracy(fp32, better) == (True, {"sms": -0.014, "spamassassin": 0.0, "all": -0.0094},
+                                                        {"sms": -2, "spamassassin": 0})
