@@ -53,14 +53,14 @@ def main() -> None:
     base_fp = {n: float(np.mean(baseline.decision(r) >= 0)) for n, r in ood.items() if not stats[n].get("label", 0)}
     yv, yt = np.array([e.label for e in val]), np.array([e.label for e in test])
     dt = np.array([e.dataset for e in test])
-    groups, plain = train.validation_groups(val)
+    groups, registers = train.validation_groups(val)
 
     def features(cols: list[str], key: str) -> np.ndarray:
         return np.c_[tuple(lexical.model_logit(proba[key]) if c == "model" else margins[c][key] for c in cols)]
 
     for name, cols in STACKS.items():
         lr = LogisticRegression(C=1.0).fit(features(cols, "val"), yv)
-        shift, _ = train.choose_shift(lr.decision_function(features(cols, "val")), yv, groups, plain, 0.02)
+        shift, _ = train.choose_shift(lr.decision_function(features(cols, "val")), yv, groups, registers, 0.02)
         flagged = {k: lr.decision_function(features(cols, k)) + shift >= 0 for k in texts}
         f1 = {ds: round(f1_score(yt[dt == ds], flagged["test"][dt == ds]), 4) for ds in ("sms", "spamassassin")}
         ham = np.concatenate([flagged[f"ood:{n}"] for n in base_fp])

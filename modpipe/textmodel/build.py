@@ -279,9 +279,9 @@ def lexical_stack(out: Path, splits: dict, window: BatchTokenizer, normalizer, f
         val_proba = evaluate.onnx_spam_proba(out / "model.onnx", window, [e.text for e in val], desc="validation stack")
     labels = np.array([e.label for e in val])
     stacked = lexical.fit_stack(head, [norm(e.text) for e in val], labels, val_proba, normalize=norm)
-    groups, plain = train.validation_groups(val)
+    groups, registers = train.validation_groups(val)
     decision = stacked.decision(val_proba, stacked.margins([e.text for e in val]))
-    shift, info = train.choose_shift(decision, labels, groups, plain, fp_budget)
+    shift, info = train.choose_shift(decision, labels, groups, registers, fp_budget)
     stacked.intercept += shift
     stacked.info["threshold"] = info
     stacked.save(str(out))

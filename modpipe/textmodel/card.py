@@ -125,7 +125,7 @@ classification head (pre-classifier 384x384 + ReLU + dropout 0.2 + linear 384x2)
   `{train['result']['stopped']}`; best at epoch {best.get('epoch')} (validation F1 SMS
   {best.get('sms', float('nan')):.4f}, SpamAssassin {best.get('spamassassin', float('nan')):.4f}).
 - Served threshold chosen on the validation split: the spam-logit shift with the best mean spam F1 among
-  those keeping the false-positive rate on the validation-only registers (writing never trained on) within
+  those keeping the false-positive rate of every validation-only register (writing never trained on) within
   {cfg.get('fp_budget', 1.0):.0%} (shift {train['result']['bias_shift']:+.2f}, folded into the classifier bias so the
   served threshold stays 0.5): {json.dumps(train['result']['bias_calibration'])}.{augmented}
 - Out-of-domain sources this build was never trained on (`modpipe model eval --ood`), sha256:

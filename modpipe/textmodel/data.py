@@ -210,13 +210,11 @@ def split(examples: list[Example], seed: int, fractions=DEFAULT_FRACTIONS) -> di
 
 
 def split_with_validation_only(examples: list[Example], seed: int, held: set[str]) -> dict[str, list[Example]]:
-    """`split`, then every example of the data sets in `held` moved to validation: never trained on, and
-    not in the test split, where the in-domain metrics are."""
-    out = split(examples, seed)
-    moved = [e for s in ("train", "test") for e in out[s] if e.dataset in held]
-    for s in ("train", "test"):
-        out[s] = [e for e in out[s] if e.dataset not in held]
-    out["validation"] += moved
+    """`split` of the other data sets, and every example of the data sets in `held` in validation: never
+    trained on, and not in the test split, where the in-domain metrics are. The held data sets take no part
+    in the split, so adding one leaves the train and test splits, and their order, as they were."""
+    out = split([e for e in examples if e.dataset not in held], seed)
+    out["validation"] += [e for e in examples if e.dataset in held]
     return out
 
 

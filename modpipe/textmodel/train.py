@@ -203,30 +203,35 @@ def subset(examples: list[Example], fraction: float, seed: int) -> list[Example]
     return out
 
 
-def validation_groups(val_examples: list[Example]) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """({data set with spam: mask}, mask of the examples the false-positive budget is about: the
-    validation-only registers when there are any, else every ham-only data set)."""
+def validation_groups(val_examples: list[Example]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """({data set with spam: mask}, {register the false-positive budget is about: mask}): the budgeted
+    registers are the validation-only ones when there are any, else every ham-only data set."""
     from modpipe.textmodel.corpora import validation_only
     from modpipe.textmodel.data import ham_only
 
     plain = ham_only(val_examples)
     budgeted = (validation_only() & plain) or plain
-    groups = {ds: np.array([e.dataset == ds for e in val_examples])
-              for ds in sorted({e.dataset for e in val_examples} - plain)}
-    return groups, np.array([e.dataset in budgeted for e in val_examples], dtype=bool)
+    datasets = np.array([e.dataset for e in val_examples])
+    groups = {ds: datasets == ds for ds in sorted({e.dataset for e in val_examples} - plain)}
+    return groups, {ds: datasets == ds for ds in sorted(budgeted)}
+
+
+def registers_fp(prob: np.ndarray, registers: dict[str, np.ndarray], threshold: float = 0.5) -> dict[str, float]:
+    """Share of each budgeted register flagged at `threshold`."""
+    return {ds: round(float(np.mean(prob[m] >= threshold)), 4) for ds, m in registers.items() if m.any()}
 
 
 def validation_score(model, val_seqs, val_examples: list[Example], batch_size: int = 64,
                      device: str = "cpu", bf16: bool = False) -> dict:
     """Spam F1 per data set with spam and their mean (what picks the checkpoint), and the false-positive
-    rate on the validation-only registers (reported)."""
+    rate of the worst validation-only register (reported)."""
     prob = predict_proba(model, val_seqs, batch_size, device=device, bf16=bf16)
     labels = np.array([e.label for e in val_examples])
-    groups, plain = validation_groups(val_examples)
+    groups, registers = validation_groups(val_examples)
     scores = {ds: spam_f1(labels[m], prob[m]) for ds, m in groups.items()}
     scores["mean_f1"] = float(np.mean([scores[d] for d in groups]))
-    if plain.any():
-        scores["registers_fp"] = round(float(np.mean(prob[plain] >= 0.5)), 4)
+    if registers:
+        scores["registers_fp_worst"] = max(registers_fp(prob, registers).values())
     return scores
 
 
@@ -263,6 +268,11 @@ def train(model, tokenizer, train_examples: list[Example], val_examples: list[Ex
     seqs = encode_ids(tokenizer, [e.text for e in train_examples], cfg.max_seq_len, cfg.tail_tokens)
     labels = torch.tensor([e.label for e in train_examples], dtype=torch.long)
     val_seqs = encode_ids(tokenizer, [e.text for e in val_examples], cfg.max_seq_len, cfg.tail_tokens)
+    # the checkpoint is picked by the spam data sets' F1 alone, so the periodic validation reads only them;
+    # the ham-only registers (most of the validation split) are read once, when the threshold is chosen
+    spam_sets = {e.dataset for e in val_examples if e.label == 1}
+    picking = [i for i, e in enumerate(val_examples) if e.dataset in spam_sets]
+    pick_examples, pick_seqs = [val_examples[i] for i in picking], [val_seqs[i] for i in picking]
     lengths = [len(s) for s in seqs]
     rng = random.Random(seed)
 
@@ -302,7 +312,8 @@ def train(model, tokenizer, train_examples: list[Example], val_examples: list[Ex
     stopped = "completed"
     running = 0.0
     bar = tqdm(total=total_steps, desc="fine-tune", unit="step")
-    _log.info("training", extra={"examples": len(seqs), "val_examples": len(val_seqs), "total_steps": total_steps,
+    _log.info("training", extra={"examples": len(seqs), "val_examples": len(val_seqs),
+                                 "val_examples_picking": len(pick_seqs), "total_steps": total_steps,
                                  "eval_every": eval_every, "bf16": use_bf16, "augmentation": augmentation,
                                  "config": cfg.to_dict()})
     done = False
@@ -328,7 +339,7 @@ def train(model, tokenizer, train_examples: list[Example], val_examples: list[Ex
             if step % eval_every == 0 or step == total_steps or over_time:
                 if average:
                     average.swap()  # validate (and keep) the averaged weights
-                scores = validation_score(model, val_seqs, val_examples, device=device, bf16=use_bf16)
+                scores = validation_score(model, pick_seqs, pick_examples, device=device, bf16=use_bf16)
                 entry = {"step": step, "epoch": round(step / steps_per_epoch, 3), "loss": round(running, 5),
                          "seconds": round(time.monotonic() - t0, 1), **scores}
                 history.append(entry)
@@ -370,15 +381,18 @@ SHIFT_GRID = tuple(round(x * 0.25, 2) for x in range(-12, 13))  # spam-logit shi
 MIN_CALIBRATION_GAIN = 0.01
 
 
-def choose_shift(margin: np.ndarray, labels: np.ndarray, groups: dict[str, np.ndarray], plain: np.ndarray,
-                 fp_budget: float) -> tuple[float, dict]:
+def choose_shift(margin: np.ndarray, labels: np.ndarray, groups: dict[str, np.ndarray],
+                 registers: dict[str, np.ndarray], fp_budget: float) -> tuple[float, dict]:
     """The served threshold, as a shift of the spam-vs-ham logit margin (0.5 after the shift = the raw
-    probability sigmoid(-shift)): among the shifts whose false-positive rate on `plain` (the validation-only
-    registers) is within `fp_budget`, the one with the best mean spam F1 of the other data sets; the
-    smallest such shift, and none unless it gains MIN_CALIBRATION_GAIN (no chasing noise). When no shift
-    keeps the budget, the one with the fewest false positives."""
+    probability sigmoid(-shift)): among the shifts that keep the false-positive rate of every register in
+    `registers` (the validation-only ones) within `fp_budget`, the one with the best mean spam F1 of the
+    other data sets; the smallest such shift, and none unless it gains MIN_CALIBRATION_GAIN (no chasing
+    noise). When no shift keeps the budget, the one whose worst register is flagged least.
+
+    Per register, not pooled: registers differ by far more than the budget (the model flagged 20% of one,
+    none of another), and a pooled rate lets a large clean register hide a small one the model misreads."""
     def fp(shift: float) -> float:
-        return float(np.mean(margin[plain] + shift >= 0)) if plain.any() else 0.0
+        return max((float(np.mean(margin[m] + shift >= 0)) for m in registers.values() if m.any()), default=0.0)
 
     def f1(shift: float) -> float:
         p = 1 / (1 + np.exp(-(margin + shift)))
@@ -393,10 +407,13 @@ def choose_shift(margin: np.ndarray, labels: np.ndarray, groups: dict[str, np.nd
             chosen = 0.0
     else:
         chosen = min(SHIFT_GRID, key=lambda s: (scores[s][1], -scores[s][0]))
+    after = 1 / (1 + np.exp(-(margin + chosen)))
     info = {"shift": chosen, "served_threshold_raw": round(float(1 / (1 + np.exp(chosen))), 4),
-            "fp_budget": fp_budget, "budget_met": chosen in allowed,
+            "fp_budget": fp_budget, "budget_per": "register", "budget_met": chosen in allowed,
             "val_mean_f1_before": round(scores[0.0][0], 4), "val_mean_f1_after": round(scores[chosen][0], 4),
-            "val_registers_fp_before": round(scores[0.0][1], 4), "val_registers_fp_after": round(scores[chosen][1], 4),
+            "val_registers_fp_worst_before": round(scores[0.0][1], 4),
+            "val_registers_fp_worst_after": round(scores[chosen][1], 4),
+            "val_registers_fp_after": registers_fp(after, registers),
             "grid": [SHIFT_GRID[0], SHIFT_GRID[-1]], "min_gain": MIN_CALIBRATION_GAIN}
     return chosen, info
 
@@ -412,8 +429,8 @@ def calibrate_bias(model, val_seqs, val_examples: list[Example], device: str = "
     prob = np.clip(predict_proba(model, val_seqs, device=device), 1e-7, 1 - 1e-7)
     margin = np.log(prob / (1 - prob))
     labels = np.array([e.label for e in val_examples])
-    groups, plain = validation_groups(val_examples)
-    chosen, info = choose_shift(margin, labels, groups, plain, fp_budget)
+    groups, registers = validation_groups(val_examples)
+    chosen, info = choose_shift(margin, labels, groups, registers, fp_budget)
     if chosen:
         with torch.no_grad():
             model.classifier.bias[1] += chosen / 2
