@@ -185,8 +185,11 @@ def _eval_robustness(args: argparse.Namespace, settings: Settings) -> int:
     except ModelNotBuilt as exc:
         print(f"modpipe model eval: {exc}", file=sys.stderr)
         return 1
+    from modpipe.textmodel.data import split_hash
+
     train, test = build_splits(build.path, settings)
-    if before is not None and build_splits(before.path, settings)[1] != test:
+    # the same texts, in whatever order each build wrote them
+    if before is not None and split_hash(build_splits(before.path, settings)[1]) != split_hash(test):
         print(f"modpipe model eval: {before.path} was tested on another split; --before needs the same one",
               file=sys.stderr)
         return 2

@@ -182,3 +182,23 @@ def test_int8_is_kept_within_one_extra_error_a_data_set_and_the_f1_tolerance_ove
     better = {"sms": _metrics(1, 3, 0.95), "spamassassin": _metrics(3, 3, 0.987), "all": _metrics(4, 6, 0.955)}
     assert B.int8_keeps_accuracy(fp32, better) == (True, {"sms": -0.014, "spamassassin": 0.0, "all": -0.0094},
                                                         {"sms": -2, "spamassassin": 0})
+
+
+def test_robustness_before_needs_the_same_test_texts_in_any_order(monkeypatch, tmp_path):
+    """`--before` compares two builds on one test split: the same texts, whatever order each build wrote them in
+    (a build's split order changes when the data sets around it do); other texts are refused."""
+    import argparse
+
+    from modpipe.textmodel import cli, robustness
+
+    texts = [data.Example(f"text {i}", i % 2, "sms") for i in range(6)]
+    splits = {"new": (texts, texts), "reordered": (texts, texts[::-1]), "other": (texts, texts[:5])}
+    monkeypatch.setattr(cli, "artifacts_build", lambda path: type("Build", (), {"path": path})())
+    monkeypatch.setattr(cli, "build_splits", lambda path, settings: splits[path.name])
+    reports = []
+    monkeypatch.setattr(robustness, "report", lambda build, train, test, seed, rate, before: reports.append(test) or
+                        {"model": {"worst_gap": 0.0}, "targets": {"met": True}})
+    args = lambda before: argparse.Namespace(model_dir=tmp_path / "new", before=tmp_path / before,  # noqa: E731
+                                             attack_seed=None, attack_rate=None, json=True)
+    assert cli._eval_robustness(args("reordered"), Settings.from_env()) == 0 and reports == [texts]
+    assert cli._eval_robustness(args("other"), Settings.from_env()) == 2 and len(reports) == 1
