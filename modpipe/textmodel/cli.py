@@ -185,14 +185,22 @@ def _eval_robustness(args: argparse.Namespace, settings: Settings) -> int:
     except ModelNotBuilt as exc:
         print(f"modpipe model eval: {exc}", file=sys.stderr)
         return 1
-    from modpipe.textmodel.data import split_hash
+    from modpipe.textmodel.data import read_jsonl, shared_datasets
 
     train, test = build_splits(build.path, settings)
-    # the same texts, in whatever order each build wrote them
-    if before is not None and split_hash(build_splits(before.path, settings)[1]) != split_hash(test):
-        print(f"modpipe model eval: {before.path} was tested on another split; --before needs the same one",
-              file=sys.stderr)
-        return 2
+    if before is not None:
+        # two builds compare on the data sets whose test texts they share, in whatever order each wrote them
+        # (a data set added to training adds its own test texts and leaves the others' as they were)
+        shared = shared_datasets(test, read_jsonl(before.path / "heldout.jsonl"))
+        if not shared:
+            print(f"modpipe model eval: {before.path} shares no data set's test texts with {build.path}; "
+                  "--before needs the same ones", file=sys.stderr)
+            return 2
+        left_out = sorted({e.dataset for e in test} - shared)
+        if left_out:
+            _log.warning("robustness compared on the data sets both builds test alike",
+                         extra={"compared": sorted(shared), "left_out": left_out})
+            test = [e for e in test if e.dataset in shared]
     result = robustness.report(build, train, test, seed, rate, before)
     _log.info("robustness evaluated", extra={"model_dir": str(build.path), "worst_gap": result["model"]["worst_gap"],
                                              "target_met": result["targets"]["met"]})

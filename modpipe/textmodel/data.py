@@ -222,6 +222,16 @@ def split_hash(examples: list[Example]) -> str:
     return hashlib.sha256("\n".join(sorted(e.key for e in examples)).encode()).hexdigest()
 
 
+def shared_datasets(a: list[Example], b: list[Example]) -> set[str]:
+    """The data sets whose examples are the same texts in `a` and `b`, in whatever order."""
+    def by_dataset(examples: list[Example]) -> dict[str, str]:
+        names = {e.dataset for e in examples}
+        return {ds: split_hash([e for e in examples if e.dataset == ds]) for ds in names}
+
+    ha, hb = by_dataset(a), by_dataset(b)
+    return {ds for ds in ha.keys() & hb.keys() if ha[ds] == hb[ds]}
+
+
 def split_summary(splits: dict[str, list[Example]], seed: int, dedup_stats: dict) -> dict:
     sizes = {}
     for s, exs in splits.items():

@@ -184,21 +184,27 @@ def test_int8_is_kept_within_one_extra_error_a_data_set_and_the_f1_tolerance_ove
                                                         {"sms": -2, "spamassassin": 0})
 
 
-def test_robustness_before_needs_the_same_test_texts_in_any_order(monkeypatch, tmp_path):
-    """`--before` compares two builds on one test split: the same texts, whatever order each build wrote them in
-    (a build's split order changes when the data sets around it do); other texts are refused."""
+def test_robustness_before_compares_the_data_sets_tested_alike(monkeypatch, tmp_path):
+    """`--before` compares two builds on the test texts they share: a data set's texts count when they are the
+    same in both builds, whatever order each build wrote them in; a data set only one build tests, or tests on
+    other texts, is left out; builds that share none are refused."""
     import argparse
 
     from modpipe.textmodel import cli, robustness
 
-    texts = [data.Example(f"text {i}", i % 2, "sms") for i in range(6)]
-    splits = {"new": (texts, texts), "reordered": (texts, texts[::-1]), "other": (texts, texts[:5])}
+    sms = [data.Example(f"text {i}", i % 2, "sms") for i in range(6)]
+    extra = [data.Example(f"headline {i}", 0, "headlines") for i in range(3)]
+    tests = {"new": sms + extra, "reordered": sms[::-1], "other": sms[:5]}
+    for name, examples in tests.items():
+        (tmp_path / name).mkdir()
+        data.write_jsonl(tmp_path / name / "heldout.jsonl", examples)
     monkeypatch.setattr(cli, "artifacts_build", lambda path: type("Build", (), {"path": path})())
-    monkeypatch.setattr(cli, "build_splits", lambda path, settings: splits[path.name])
+    monkeypatch.setattr(cli, "build_splits", lambda path, settings: (sms, tests[path.name]))
     reports = []
     monkeypatch.setattr(robustness, "report", lambda build, train, test, seed, rate, before: reports.append(test) or
                         {"model": {"worst_gap": 0.0}, "targets": {"met": True}})
     args = lambda before: argparse.Namespace(model_dir=tmp_path / "new", before=tmp_path / before,  # noqa: E731
                                              attack_seed=None, attack_rate=None, json=True)
-    assert cli._eval_robustness(args("reordered"), Settings.from_env()) == 0 and reports == [texts]
+    assert cli._eval_robustness(args("reordered"), Settings.from_env()) == 0 and reports == [sms]
     assert cli._eval_robustness(args("other"), Settings.from_env()) == 2 and len(reports) == 1
+    assert data.shared_datasets(sms + extra, sms[::-1] + extra[:2]) == {"sms"}
