@@ -38,7 +38,10 @@ def text_half(text: str) -> str:
 
 
 def heldout_half(rows: Iterable[dict], half: str) -> list[dict]:
-    return [r for r in rows if isinstance(r.get("text"), str) and text_half(r["text"]) == half]
+    """The half's rows in the order of their texts' hashes, not the build's: two text builds that hold the same
+    held-out texts in another order give the same traffic, so their decision evaluations compare."""
+    rows = [r for r in rows if isinstance(r.get("text"), str) and text_half(r["text"]) == half]
+    return sorted(rows, key=lambda r: hashlib.blake2b(r["text"].encode("utf-8", "surrogatepass")).digest())
 
 
 def simulate(texts: list[dict], scenario: str, seed: int, n_posts: int, rate: float) -> list[Event]:

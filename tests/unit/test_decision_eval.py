@@ -192,3 +192,13 @@ def test_eval_scores_an_earlier_model_beside_the_engine_in_one_run(tiny):
                                                                          "stealth_recall_engine_vs_text_only"}
     text = evaluate.format_report(report)
     assert "before F1" in text and "caught: text / before / engine" in text and "targets of the earlier model" in text
+
+
+def test_heldout_halves_do_not_depend_on_the_build_order():
+    """Two text builds holding the same held-out texts in another order give the same traffic."""
+    rows = [{"text": f"held-out text {i}", "label": i % 2} for i in range(200)]
+    for half in ("train", "eval"):
+        forward, backward = dataset.heldout_half(rows, half), dataset.heldout_half(rows[::-1], half)
+        assert forward == backward and 60 < len(forward) < 140
+    assert not {r["text"] for r in dataset.heldout_half(rows, "train")} & {r["text"] for r in
+                                                                           dataset.heldout_half(rows, "eval")}

@@ -131,6 +131,10 @@ def test_each_attack_changes_words_and_is_seeded(form):
     assert a != TEXT
     assert a == attacks.attacked([TEXT], form, seed=1, rate=1.0)[0]
     assert "09061701461" in a  # numbers are not words: phone numbers and prices survive
+    # a text is disguised alike wherever it stands: builds that test the same texts in another order compare
+    others = ["Are we still on for lunch tomorrow at noon?", "Your parcel could not be delivered, reply now"]
+    assert attacks.attacked([*others, TEXT], form, seed=1, rate=1.0)[2] == a
+    assert attacks.attacked([TEXT], form, seed=2, rate=1.0)[0] != a  # another seed, another disguise
 
 
 def test_attacks_are_undone_by_the_normaliser_where_they_can_be(base_json):
