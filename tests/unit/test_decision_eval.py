@@ -194,6 +194,30 @@ def test_eval_scores_an_earlier_model_beside_the_engine_in_one_run(tiny):
     assert "before F1" in text and "caught: text / before / engine" in text and "targets of the earlier model" in text
 
 
+def test_eval_over_several_seeds_reports_each_seed_and_the_mean(tiny):
+    """`decision eval --seeds N`: the single-seed reports, and each decider's F1 per scenario over the seeds."""
+    from modpipe.decision.engine import DecisionEngine
+    from modpipe.decision.model import DecisionModel
+
+    config = train.PROFILES["tiny"]
+    runs, probs = train._simulation(tiny, FakeBuild(), config, 0, False)
+    booster, _ = train.train_rounds(tiny, runs, probs, config, 0, progress=False)
+    engine = DecisionEngine(DecisionModel(booster, list(DECISION_FEATURES), DecisionModel.version_of(booster)), 0.5, 0.9)
+    kwargs = {"n_posts": 300, "scenarios": ("human_lures", "mixed"), "progress": False}
+    report = evaluate.evaluate_seeds(tiny, FakeBuild(), engine, seeds=(0, 1), **kwargs)
+    assert report["seeds"] == [0, 1] and len(report["reports"]) == 2
+    for seed in (0, 1):  # each seed's column is that seed's own report
+        alone = evaluate.evaluate(tiny, FakeBuild(), engine, seed=seed, **kwargs)
+        assert report["f1"]["mixed"]["engine"]["per_seed"][seed] == alone["scenarios"]["mixed"]["engine"]["flagged"]["f1"]
+        assert report["f1"]["overall"]["text_only"]["per_seed"][seed] == alone["overall"]["text_only"]["flagged"]["f1"]
+    engine_f1 = report["f1"]["overall"]["engine"]
+    assert engine_f1["min"] <= engine_f1["mean"] <= engine_f1["max"]
+    assert engine_f1["mean"] == round(sum(engine_f1["per_seed"]) / 2, 4)
+    assert report["reports"][0]["scenarios"] != report["reports"][1]["scenarios"]  # two seeds, two samples
+    text = evaluate.format_seeds(report)
+    assert "evaluation seeds 0 / 1" in text and "| overall |" in text and "engine mean" in text
+
+
 def test_heldout_halves_do_not_depend_on_the_build_order():
     """Two text builds holding the same held-out texts in another order give the same traffic."""
     rows = [{"text": f"held-out text {i}", "label": i % 2} for i in range(200)]
