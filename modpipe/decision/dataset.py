@@ -31,17 +31,21 @@ from simulation.simulator import Event, Simulation
 _log = log.get(__name__)
 
 
+def text_digest(text: str, size: int) -> bytes:
+    """A stable hash of a text (any str, lone surrogates included) of `size` bytes."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=size).digest()
+
+
 def text_half(text: str) -> str:
     """`train` or `eval`: a stable hash split of held-out texts."""
-    return "train" if hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=4).digest()[0] % 2 == 0 \
-        else "eval"
+    return "train" if text_digest(text, 4)[0] % 2 == 0 else "eval"
 
 
 def heldout_half(rows: Iterable[dict], half: str) -> list[dict]:
     """The half's rows in the order of their texts' hashes, not the build's: two text builds that hold the same
     held-out texts in another order give the same traffic, so their decision evaluations compare."""
     rows = [r for r in rows if isinstance(r.get("text"), str) and text_half(r["text"]) == half]
-    return sorted(rows, key=lambda r: hashlib.blake2b(r["text"].encode("utf-8", "surrogatepass")).digest())
+    return sorted(rows, key=lambda r: text_digest(r["text"], 64))
 
 
 def simulate(texts: list[dict], scenario: str, seed: int, n_posts: int, rate: float) -> list[Event]:
@@ -61,7 +65,7 @@ class TextProbabilities:
 
     @staticmethod
     def _key(text: str) -> str:
-        return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
+        return text_digest(text, 12).hex()
 
     def ensure(self, texts: Iterable[str]) -> None:
         from modpipe.textmodel.evaluate import served_spam_proba
