@@ -48,6 +48,9 @@ def register(subparsers) -> None:
                    help="evaluate on N seeds (--seed .. --seed+N-1) and report each decider's F1 per scenario per "
                         "seed and their mean (one seed's traffic moves overall engine F1 by up to ~0.003); default 1: "
                         "the full single-seed report")
+    e.add_argument("--datasets", metavar="NAME[,NAME...]", default=None,
+                   help="draw the traffic from these data sets' held-out texts only (default: all the text build "
+                        "tests on); two text builds compare on the same posts when named the data sets both test")
     e.add_argument("--model", type=Path, default=None,
                    help="decision model directory (default: $MODPIPE_DECISION_MODEL, else the cached one)")
     e.add_argument("--before", type=Path, default=None, metavar="DIR",
@@ -167,6 +170,10 @@ def _eval(args: argparse.Namespace) -> int:
     from modpipe.decision.evaluate import evaluate, format_report
     from modpipe.textmodel.artifacts import resolve_model
 
+    if args.ablation and (args.seeds != 1 or args.datasets or args.before):
+        print("modpipe decision eval: --ablation trains its own two models on one seed's traffic; it takes no "
+              "--seeds, --datasets or --before", file=sys.stderr)
+        return 2
     settings = Settings.from_env()
     build = resolve_model(settings)
     if args.ablation:
@@ -187,14 +194,19 @@ def _eval(args: argparse.Namespace) -> int:
         return 2
     engine = load_engine(settings, build.version, args.model)
     before = load_engine(settings, build.version, args.before) if args.before else None
-    if args.seeds > 1:
-        from modpipe.decision.evaluate import evaluate_seeds, format_seeds
+    datasets = [name.strip() for name in args.datasets.split(",") if name.strip()] if args.datasets else None
+    common = {"n_posts": args.posts, "rate": args.rate, "progress": not args.no_progress, "before": before,
+              "datasets": datasets}
+    try:
+        if args.seeds > 1:
+            from modpipe.decision.evaluate import evaluate_seeds, format_seeds
 
-        report = evaluate_seeds(settings, build, engine, seeds=range(args.seed, args.seed + args.seeds),
-                                n_posts=args.posts, rate=args.rate, progress=not args.no_progress, before=before)
-        print(json.dumps(report, indent=2) if args.json else format_seeds(report))
-        return 0
-    report = evaluate(settings, build, engine, n_posts=args.posts, rate=args.rate, seed=args.seed,
-                      progress=not args.no_progress, before=before)
+            report = evaluate_seeds(settings, build, engine, seeds=range(args.seed, args.seed + args.seeds), **common)
+            print(json.dumps(report, indent=2) if args.json else format_seeds(report))
+            return 0
+        report = evaluate(settings, build, engine, seed=args.seed, **common)
+    except ValueError as exc:
+        print(f"modpipe decision eval: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0

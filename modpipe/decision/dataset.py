@@ -57,9 +57,10 @@ def simulate(texts: list[dict], scenario: str, seed: int, n_posts: int, rate: fl
 class TextProbabilities:
     """text -> the served model's spam probability, computed in process and cached on disk per model version."""
 
-    def __init__(self, build: ModelBuild, cache_dir: Path, threads: int = 2):
+    def __init__(self, build: ModelBuild, cache_dir: Path, threads: int = 2, progress: bool = True):
         self.build = build
         self.threads = threads
+        self.progress = progress
         self.path = Path(cache_dir) / f"text-probabilities.{build.version}.json"
         self.cache: dict[str, float] = json.loads(self.path.read_text()) if self.path.exists() else {}
 
@@ -74,7 +75,7 @@ class TextProbabilities:
         if not missing:
             return
         _log.info("scoring texts with the text model in process", extra={"texts": len(missing)})
-        probs = served_spam_proba(self.build, missing, threads=self.threads, desc="text model")
+        probs = served_spam_proba(self.build, missing, threads=self.threads, desc="text model", progress=self.progress)
         self.cache.update({self._key(t): round(float(p), 6) for t, p in zip(missing, probs, strict=True)})
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")

@@ -116,15 +116,30 @@ def score(rows: list[dataset.Row], decider: Decider) -> dict:
     }
 
 
+def eval_texts(build: ModelBuild, datasets: Collection[str] | None = None) -> list[dict]:
+    """The held-out texts evaluation traffic is drawn from; `datasets`: only these data sets' texts, so that two
+    text builds of which one tests on a data set the other lacks replay the same posts (names it lacks refused)."""
+    texts = dataset.heldout_half(build.heldout(), "eval")
+    if datasets is None:
+        return texts
+    known = sorted({r.get("dataset") for r in texts})
+    unknown = sorted(set(datasets) - set(known))
+    if unknown or not datasets:
+        raise ValueError(f"no held-out texts of data sets {unknown or '(none named)'} in {build.version} "
+                         f"(it has {', '.join(map(str, known))})")
+    return [r for r in texts if r.get("dataset") in set(datasets)]
+
+
 def replay_scores(settings: Settings, build: ModelBuild, deciders: Mapping[str, Decider], *, n_posts: int,
-                  rate: float, seed: int, scenarios, progress: bool) -> tuple[dict, dict]:
+                  rate: float, seed: int, scenarios, progress: bool,
+                  datasets: Collection[str] | None = None) -> tuple[dict, dict]:
     """Held-out traffic of each scenario replayed once per decider (each feeding back its own blocks):
     ({scenario: {label: score}}, {label: score over every scenario})."""
     from tqdm import tqdm
 
-    texts = dataset.heldout_half(build.heldout(), "eval")
+    texts = eval_texts(build, datasets)
     runs = {s: dataset.simulate(texts, s, EVAL_SEED_OFFSET + seed, n_posts, rate) for s in scenarios}
-    probs = dataset.TextProbabilities(build, settings.cache_dir / "decision")
+    probs = dataset.TextProbabilities(build, settings.cache_dir / "decision", progress=progress)
     probs.ensure(t for events in runs.values() for t in dataset.post_texts(events))
     per_scenario: dict = {}
     all_rows: dict[str, list[dataset.Row]] = {label: [] for label in deciders}
@@ -140,16 +155,17 @@ def replay_scores(settings: Settings, build: ModelBuild, deciders: Mapping[str, 
 
 def evaluate(settings: Settings, build: ModelBuild, engine: DecisionEngine, *, n_posts: int = 1500,
              rate: float = 50.0, seed: int = 0, scenarios=EVAL_SCENARIOS, progress: bool = True,
-             before: DecisionEngine | None = None) -> dict:
-    """`before`: another decision model (an earlier one) scored on the same traffic in the same run."""
+             before: DecisionEngine | None = None, datasets: Collection[str] | None = None) -> dict:
+    """`before`: another decision model (an earlier one) scored on the same traffic in the same run;
+    `datasets`: traffic drawn from these data sets' held-out texts only (`eval_texts`)."""
     text_only = ThresholdDecider(settings.review_threshold, settings.block_threshold)
     deciders: dict[str, Decider] = {"text_only": text_only, "engine": engine}
     if before is not None:
         deciders["before"] = before
     per_scenario, overall = replay_scores(settings, build, deciders, n_posts=n_posts, rate=rate, seed=seed,
-                                          scenarios=scenarios, progress=progress)
+                                          scenarios=scenarios, progress=progress, datasets=datasets)
     report: dict = {"decision_model": engine.version, "text_model": build.version, "posts_per_scenario": n_posts,
-                    "rate": rate, "thresholds": {"review": engine.review_threshold, "block": engine.block_threshold},
+                    "rate": rate, "datasets": sorted(datasets) if datasets is not None else "all", "thresholds": {"review": engine.review_threshold, "block": engine.block_threshold},
                     "text_floor": engine.text_floor, "scenarios": per_scenario, "overall": overall}
     if before is not None:
         report["before"] = {"decision_model": before.version, "text_floor": before.text_floor,
@@ -205,6 +221,7 @@ def evaluate_seeds(settings: Settings, build: ModelBuild, engine: DecisionEngine
                                "mean": round(float(np.mean(known)), 4) if known else None,
                                "min": min(known, default=None), "max": max(known, default=None)}
     return {"decision_model": engine.version, "text_model": build.version, "seeds": list(seeds),
+            "datasets": reports[0]["datasets"],
             "posts_per_scenario": reports[0]["posts_per_scenario"], "rate": reports[0]["rate"],
             "f1": f1, "reports": reports}
 
@@ -212,8 +229,10 @@ def evaluate_seeds(settings: Settings, build: ModelBuild, engine: DecisionEngine
 def format_seeds(report: dict) -> str:
     labels = [x for x in ("text_only", "before", "engine") if x in report["f1"]["overall"]]
     seeds = " / ".join(str(s) for s in report["seeds"])
+    datasets = report.get("datasets", "all")
     lines = [f"decision model {report['decision_model']} over text model {report['text_model']}; "
-             f"{report['posts_per_scenario']} posts per scenario at {report['rate']:g}/s; evaluation seeds {seeds}",
+             f"{report['posts_per_scenario']} posts per scenario at {report['rate']:g}/s; evaluation seeds {seeds}"
+             + ("" if datasets == "all" else f"; texts of {', '.join(datasets)} only"),
              "| scenario | " + " | ".join(f"{label} F1 per seed | {label} mean" for label in labels) + " |",
              "|---|" + "---|---|" * len(labels)]
     for name, per in report["f1"].items():
@@ -273,8 +292,10 @@ def format_table(report: dict) -> str:
     head = f"decision model {report['decision_model']} (text floor {report.get('text_floor')})"
     if before:
         head += f", earlier model {report['before']['decision_model']} as `before`"
+    datasets = report.get("datasets", "all")
     lines = [f"{head}, over text model {report['text_model']}; "
-             f"{report['posts_per_scenario']} posts per scenario at {report['rate']:g}/s",
+             f"{report['posts_per_scenario']} posts per scenario at {report['rate']:g}/s"
+             + ("" if datasets == "all" else f"; texts of {', '.join(datasets)} only"),
              "| scenario | text-only F1 | " + ("before F1 | " if before else "") + "engine F1 | engine block F1 | "
              "stealth caught (text / engine) | obfuscated caught (text / engine) | lures caught (text / " +
              ("before / " if before else "") + "engine) | shortcut rate | engine verdicts (allow/review/block) |",

@@ -264,7 +264,7 @@ def _simulation(settings: Settings, build: ModelBuild, config: TrainConfig, seed
     texts = dataset.heldout_half(build.heldout(), "train")
     runs = list(tqdm(simulated_runs(texts, config, seed), desc="simulate", unit="run", disable=not progress,
                      total=len(config.scenarios) * len(config.rates)))
-    probs = dataset.TextProbabilities(build, decision_root(settings))
+    probs = dataset.TextProbabilities(build, decision_root(settings), progress=progress)
     probs.ensure(t for _, events in runs for t in dataset.post_texts(events))
     return runs, probs
 

@@ -45,7 +45,7 @@ def classification_metrics(labels: Sequence[int], score: Sequence[float], thresh
 
 
 def onnx_spam_proba(onnx_path: Path, tok: BatchTokenizer, texts: Sequence[str], batch_size: int = 32,
-                    threads: int = 2, desc: str | None = None) -> np.ndarray:
+                    threads: int = 2, desc: str | None = None, progress: bool = True) -> np.ndarray:
     """Spam probability per text with ONNX Runtime; batches of similar length, each padded to its longest.
 
     Each distinct model input is scored once: texts the tokenizer makes alike (most obfuscation attacks
@@ -61,7 +61,7 @@ def onnx_spam_proba(onnx_path: Path, tok: BatchTokenizer, texts: Sequence[str], 
     order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]))
     out = np.zeros(len(inputs), dtype=np.float64)
     for start in tqdm(range(0, len(order), batch_size), desc=desc or f"eval {Path(onnx_path).name}",
-                      unit="batch", leave=False):
+                      unit="batch", leave=False, disable=not progress):
         rows = order[start:start + batch_size]
         ids, mask = tok.pad([inputs[i] for i in rows])
         logits = sess.run(["logits"], {"input_ids": ids, "attention_mask": mask})[0].astype(np.float64)
@@ -71,11 +71,13 @@ def onnx_spam_proba(onnx_path: Path, tok: BatchTokenizer, texts: Sequence[str], 
     return out[rows_of_texts]
 
 
-def served_spam_proba(build, texts: Sequence[str], desc: str | None = None, threads: int = 2) -> np.ndarray:
+def served_spam_proba(build, texts: Sequence[str], desc: str | None = None, threads: int = 2,
+                      progress: bool = True) -> np.ndarray:
     """The probability a build serves: the transformer's, through the build's lexical stack when it has one
     (lexical.py; builds before it serve the transformer alone)."""
     texts = list(texts)
-    proba = onnx_spam_proba(build.onnx, BatchTokenizer.for_build(build), texts, threads=threads, desc=desc)
+    proba = onnx_spam_proba(build.onnx, BatchTokenizer.for_build(build), texts, threads=threads, desc=desc,
+                            progress=progress)
     stack = build.stack()
     return proba if stack is None else stack.spam_proba(texts, proba)
 

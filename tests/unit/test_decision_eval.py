@@ -30,7 +30,7 @@ class FakeBuild:
 class FakeTextModel:
     """Spam texts as written score high; a disguised text (not one of the originals) slips through."""
 
-    def __init__(self, build, cache_dir, threads=2):
+    def __init__(self, build, cache_dir, threads=2, progress=True):
         self.spam = set(SPAM)
 
     def ensure(self, texts):
@@ -218,6 +218,29 @@ def test_eval_over_several_seeds_reports_each_seed_and_the_mean(tiny):
     assert "evaluation seeds 0 / 1" in text and "| overall |" in text and "engine mean" in text
 
 
+def test_traffic_of_named_data_sets_is_the_same_for_a_build_that_tests_on_one_more():
+    """`decision eval --datasets`: a text build that adds a data set (and its test texts) replays the same posts
+    as the build without it when both are named the data sets they share."""
+
+    class WithHeadlines(FakeBuild):
+        version = "fake-text-model-with-headlines"
+
+        def heldout(self):
+            return [{"text": f"headline number {i}", "label": 0, "dataset": "headlines"} for i in range(150)] + \
+                super().heldout()
+
+    plain, more = FakeBuild(), WithHeadlines()
+    assert evaluate.eval_texts(plain) != evaluate.eval_texts(more)  # all their texts: other traffic
+    assert evaluate.eval_texts(plain, ["sms"]) == evaluate.eval_texts(more, ["sms"]) == evaluate.eval_texts(plain)
+    assert {r["dataset"] for r in evaluate.eval_texts(more, ["headlines"])} == {"headlines"}
+    for bad in (["headlines"], []):
+        with pytest.raises(ValueError, match="no held-out texts"):
+            evaluate.eval_texts(plain, bad)
+    a = dataset.simulate(evaluate.eval_texts(plain, ["sms"]), "human_lures", 7, 200, 50.0)
+    b = dataset.simulate(evaluate.eval_texts(more, ["sms"]), "human_lures", 7, 200, 50.0)
+    assert dataset.post_texts(a) == dataset.post_texts(b)
+
+
 def test_heldout_halves_do_not_depend_on_the_build_order():
     """Two text builds holding the same held-out texts in another order give the same traffic."""
     rows = [{"text": f"held-out text {i}", "label": i % 2} for i in range(200)]
@@ -226,3 +249,14 @@ def test_heldout_halves_do_not_depend_on_the_build_order():
         assert forward == backward and 60 < len(forward) < 140
     assert not {r["text"] for r in dataset.heldout_half(rows, "train")} & {r["text"] for r in
                                                                            dataset.heldout_half(rows, "eval")}
+
+
+def test_ablation_refuses_the_options_it_would_ignore(capsys):
+    """`decision eval --ablation` trains its own models on one seed: --seeds, --datasets and --before would be
+    silently ignored, so they are refused (exit 2) before any model is loaded."""
+    from modpipe.cli import build_parser
+
+    for extra in (["--seeds", "3"], ["--datasets", "sms"], ["--before", "/nonexistent"]):
+        args = build_parser().parse_args(["decision", "eval", "--ablation", "has_link", *extra])
+        assert args.func(args) == 2
+        assert "--ablation" in capsys.readouterr().err

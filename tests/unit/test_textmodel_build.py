@@ -184,6 +184,17 @@ def test_int8_is_kept_within_one_extra_error_a_data_set_and_the_f1_tolerance_ove
                                                         {"sms": -2, "spamassassin": 0})
 
 
+def test_the_int8_refusal_names_only_the_limit_that_failed():
+    # the headlines build's case: overall F1 rose, one data set lost 3 more texts
+    drops, extra = {"sms": -0.01, "spamassassin": 0.006, "all": -0.001}, {"sms": -2, "spamassassin": 3}
+    assert B.int8_failed_limits(drops, extra) == [
+        f"errors beyond fp32's {{'spamassassin': 3}}, more than {B.INT8_MAX_EXTRA_ERRORS} a data set"]
+    drops, extra = {"sms": 0.003, "spamassassin": 0.003, "all": 0.003}, {"sms": 1, "spamassassin": 1}
+    assert B.int8_failed_limits(drops, extra) == [f"spam F1 over all drops 0.003, more than {B.INT8_MAX_F1_DROP}"]
+    assert len(B.int8_failed_limits(drops, {"sms": 2, "spamassassin": 0})) == 2
+    assert B.int8_failed_limits({"all": 0.0}, {"sms": 1}) == []
+
+
 def test_robustness_before_compares_the_data_sets_tested_alike(monkeypatch, tmp_path):
     """`--before` compares two builds on the test texts they share: a data set's texts count when they are the
     same in both builds, whatever order each build wrote them in; a data set only one build tests, or tests on
