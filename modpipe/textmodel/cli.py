@@ -30,7 +30,7 @@ def register(subparsers) -> None:
         description="Build the text model into $MODPIPE_CACHE_DIR/models/<key>/ and point models/current "
                     "(full) or models/current-demo (demo) at it. A complete build with the same key is reused.")
     b.add_argument("--profile", choices=("full", "gpu", "demo"), default=None,
-                   help="full: the served CPU recipe, 1.3 epochs at 128 tokens (775 steps, ~16-32 min on 2 cores); gpu: 512 "
+                   help="full: the served CPU recipe, 1.3 epochs at 128 tokens (803 steps, ~16-34 min on 2 cores); gpu: 512 "
                         "tokens, trained embeddings, 4 epochs (minutes on a GPU; models/current-gpu); demo: "
                         "<= 3 min, demo quality (default: $MODPIPE_MODEL_PROFILE, else full)")
     b.add_argument("--device", default="auto",
