@@ -165,7 +165,8 @@ def evaluate(settings: Settings, build: ModelBuild, engine: DecisionEngine, *, n
     per_scenario, overall = replay_scores(settings, build, deciders, n_posts=n_posts, rate=rate, seed=seed,
                                           scenarios=scenarios, progress=progress, datasets=datasets)
     report: dict = {"decision_model": engine.version, "text_model": build.version, "posts_per_scenario": n_posts,
-                    "rate": rate, "datasets": sorted(datasets) if datasets is not None else "all", "thresholds": {"review": engine.review_threshold, "block": engine.block_threshold},
+                    "rate": rate, "datasets": sorted(datasets) if datasets is not None else "all",
+                    "thresholds": {"review": engine.review_threshold, "block": engine.block_threshold},
                     "text_floor": engine.text_floor, "scenarios": per_scenario, "overall": overall}
     if before is not None:
         report["before"] = {"decision_model": before.version, "text_floor": before.text_floor,
