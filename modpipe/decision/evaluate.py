@@ -122,12 +122,13 @@ def eval_texts(build: ModelBuild, datasets: Collection[str] | None = None) -> li
     texts = dataset.heldout_half(build.heldout(), "eval")
     if datasets is None:
         return texts
+    wanted = set(datasets)
     known = sorted({r.get("dataset") for r in texts})
-    unknown = sorted(set(datasets) - set(known))
-    if unknown or not datasets:
+    unknown = sorted(wanted - set(known))
+    if unknown or not wanted:
         raise ValueError(f"no held-out texts of data sets {unknown or '(none named)'} in {build.version} "
                          f"(it has {', '.join(map(str, known))})")
-    return [r for r in texts if r.get("dataset") in set(datasets)]
+    return [r for r in texts if r.get("dataset") in wanted]
 
 
 def replay_scores(settings: Settings, build: ModelBuild, deciders: Mapping[str, Decider], *, n_posts: int,
@@ -227,13 +228,18 @@ def evaluate_seeds(settings: Settings, build: ModelBuild, engine: DecisionEngine
             "f1": f1, "reports": reports}
 
 
+def _datasets_suffix(report: dict) -> str:
+    """The report header's note of traffic drawn from named data sets only (`--datasets`)."""
+    datasets = report.get("datasets", "all")
+    return "" if datasets == "all" else f"; texts of {', '.join(datasets)} only"
+
+
 def format_seeds(report: dict) -> str:
     labels = [x for x in ("text_only", "before", "engine") if x in report["f1"]["overall"]]
     seeds = " / ".join(str(s) for s in report["seeds"])
-    datasets = report.get("datasets", "all")
     lines = [f"decision model {report['decision_model']} over text model {report['text_model']}; "
              f"{report['posts_per_scenario']} posts per scenario at {report['rate']:g}/s; evaluation seeds {seeds}"
-             + ("" if datasets == "all" else f"; texts of {', '.join(datasets)} only"),
+             + _datasets_suffix(report),
              "| scenario | " + " | ".join(f"{label} F1 per seed | {label} mean" for label in labels) + " |",
              "|---|" + "---|---|" * len(labels)]
     for name, per in report["f1"].items():
@@ -293,10 +299,8 @@ def format_table(report: dict) -> str:
     head = f"decision model {report['decision_model']} (text floor {report.get('text_floor')})"
     if before:
         head += f", earlier model {report['before']['decision_model']} as `before`"
-    datasets = report.get("datasets", "all")
     lines = [f"{head}, over text model {report['text_model']}; "
-             f"{report['posts_per_scenario']} posts per scenario at {report['rate']:g}/s"
-             + ("" if datasets == "all" else f"; texts of {', '.join(datasets)} only"),
+             f"{report['posts_per_scenario']} posts per scenario at {report['rate']:g}/s" + _datasets_suffix(report),
              "| scenario | text-only F1 | " + ("before F1 | " if before else "") + "engine F1 | engine block F1 | "
              "stealth caught (text / engine) | obfuscated caught (text / engine) | lures caught (text / " +
              ("before / " if before else "") + "engine) | shortcut rate | engine verdicts (allow/review/block) |",
