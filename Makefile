@@ -29,7 +29,8 @@ model-demo: setup
 	$(BIN)/modpipe decision train --profile demo
 
 test: model
-	$(BIN)/python -m pytest
+	# the 15 slowest tests closing every run: where CI's time goes, on whatever machine it ran
+	$(BIN)/python -m pytest --durations=15
 
 test-unit: setup
 	$(BIN)/python -m pytest tests/unit
