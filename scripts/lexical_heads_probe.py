@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import numpy as np
 from sklearn.feature_extraction.text import TfidfVectorizer
-from sklearn.linear_model import LogisticRegression
-from sklearn.metrics import f1_score
 from sklearn.svm import LinearSVC
+from stack_probe import held_out, report_stack
 from tokenizers import Tokenizer
 
 from modpipe.settings import Settings
-from modpipe.textmodel import data, evaluate, lexical, train
+from modpipe.textmodel import evaluate, lexical
 from modpipe.textmodel.artifacts import resolve_model
 from modpipe.textmodel.tokenize import BatchTokenizer
 
@@ -34,41 +33,25 @@ STACKS = {"transformer recalibrated": ["model"], "transformer + word (served)": 
 def main() -> None:
     settings = Settings.from_env()
     build = resolve_model(settings)
-    corpus = data.load_corpus(settings.cache_dir, int(build.served.get("seed", 0)))
-    tr, val = corpus.splits["train"], corpus.splits["validation"]
-    test = data.read_jsonl(build.path / "heldout.jsonl")
+    held = held_out(settings, build)
     norm = Tokenizer.from_file(str(build.path / "tokenizer.json")).normalizer.normalize_str
-    ood, stats = data.ood_texts(settings.cache_dir, 0, {e.key for e in tr + val + test})
     tok = BatchTokenizer.for_build(build)
-    texts = {"val": [e.text for e in val], "test": [e.text for e in test], **{f"ood:{n}": r for n, r in ood.items()}}
+    texts = held.texts()
     proba = {k: evaluate.onnx_spam_proba(build.onnx, tok, t, desc=k) for k, t in texts.items()}
     heads = {"word": TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, token_pattern=lexical.TOKEN_PATTERN),
              "char": TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 5), sublinear_tf=True, min_df=2)}
     margins: dict[str, dict[str, np.ndarray]] = {}
     for name, vec in heads.items():
-        svm = LinearSVC(C=1.0, random_state=0).fit(vec.fit_transform([norm(e.text) for e in tr]), [e.label for e in tr])
+        svm = LinearSVC(C=1.0, random_state=0).fit(vec.fit_transform([norm(e.text) for e in held.train]),
+                                                   [e.label for e in held.train])
         margins[name] = {k: svm.decision_function(vec.transform([norm(x) for x in t])) for k, t in texts.items()}
         print(f"head {name}: {len(vec.vocabulary_):,} features")
-    baseline = evaluate.Baseline().fit(tr)
-    base_fp = {n: float(np.mean(baseline.decision(r) >= 0)) for n, r in ood.items() if not stats[n].get("label", 0)}
-    yv, yt = np.array([e.label for e in val]), np.array([e.label for e in test])
-    dt = np.array([e.dataset for e in test])
-    groups, registers = train.validation_groups(val)
 
     def features(cols: list[str], key: str) -> np.ndarray:
         return np.c_[tuple(lexical.model_logit(proba[key]) if c == "model" else margins[c][key] for c in cols)]
 
     for name, cols in STACKS.items():
-        lr = LogisticRegression(C=1.0).fit(features(cols, "val"), yv)
-        shift, _ = train.choose_shift(lr.decision_function(features(cols, "val")), yv, groups, registers, 0.02)
-        flagged = {k: lr.decision_function(features(cols, k)) + shift >= 0 for k in texts}
-        f1 = {ds: round(f1_score(yt[dt == ds], flagged["test"][dt == ds]), 4) for ds in ("sms", "spamassassin")}
-        ham = np.concatenate([flagged[f"ood:{n}"] for n in base_fp])
-        spam = np.concatenate([flagged[f"ood:{n}"] for n in ood if n not in base_fp])
-        worse = [f"{n} {flagged[f'ood:{n}'].mean():.3f} > {b:.3f}" for n, b in base_fp.items()
-                 if flagged[f"ood:{n}"].mean() > b]
-        print(f"{name:<30} test F1 {f1}  out-of-domain flagged {ham.mean():.4f}, spam recall {spam.mean():.2f}; "
-              f"{len(worse)} sources above the baseline: {worse}")
+        print(report_stack(name, lambda key, cols=cols: features(cols, key), held))
 
 
 if __name__ == "__main__":

@@ -18,12 +18,11 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-from sklearn.linear_model import LogisticRegression
-from sklearn.metrics import f1_score
+from stack_probe import held_out, report_stack
 from tqdm import tqdm
 
 from modpipe.settings import Settings
-from modpipe.textmodel import data, evaluate, lexical, train
+from modpipe.textmodel import lexical
 from modpipe.textmodel.artifacts import resolve_model
 from modpipe.textmodel.export import ort_session
 from modpipe.textmodel.tokenize import BatchTokenizer
@@ -71,41 +70,14 @@ def window_logits(build, texts: list[str], desc: str) -> tuple[np.ndarray, np.nd
 def main() -> None:
     settings = Settings.from_env()
     build = resolve_model(settings)
-    corpus = data.load_corpus(settings.cache_dir, int(build.served.get("seed", 0)))
-    tr, val = corpus.splits["train"], corpus.splits["validation"]
-    test = data.read_jsonl(build.path / "heldout.jsonl")
+    held = held_out(settings, build)
     stack = lexical.StackedScorer.load(str(build.path))
-    ood, stats = data.ood_texts(settings.cache_dir, 0, {e.key for e in tr + val + test})
-    texts = {"val": [e.text for e in val], "test": [e.text for e in test], **{f"ood:{n}": r for n, r in ood.items()}}
     scores: dict[str, dict[str, np.ndarray]] = {}
-    for key, t in texts.items():
+    for key, t in held.texts().items():
         first, last, most = window_logits(build, t, key)
         scores[key] = {"first": first, "last": last, "max": most, "word": stack.margins(t)}
-    baseline = evaluate.Baseline().fit(tr)
-    base_fp = {n: float(np.mean(baseline.decision(r) >= 0)) for n, r in ood.items() if not stats[n].get("label", 0)}
-    yv, yt = np.array([e.label for e in val]), np.array([e.label for e in test])
-    dt = np.array([e.dataset for e in test])
-    groups, registers = train.validation_groups(val)
-
-    def features(cols: list[str], key: str) -> np.ndarray:
-        return np.c_[tuple(scores[key][c] for c in cols)]
-
     for name, cols in STACKS.items():
-        lr = LogisticRegression(C=1.0).fit(features(cols, "val"), yv)
-        val_margin = lr.decision_function(features(cols, "val"))
-        shift, _ = train.choose_shift(val_margin, yv, groups, registers, 0.02)
-        flagged = {k: lr.decision_function(features(cols, k)) + shift >= 0 for k in texts}
-        vf1 = {ds: round(f1_score(yv[m], flagged["val"][m]), 4) for ds, m in groups.items()}
-        reg = max(flagged["val"][m].mean() for m in registers.values())
-        f1 = {ds: round(f1_score(yt[dt == ds], flagged["test"][dt == ds]), 4) for ds in ("sms", "spamassassin")}
-        errors = {ds: int((flagged["test"][dt == ds] != yt[dt == ds]).sum()) for ds in ("sms", "spamassassin")}
-        ham = np.concatenate([flagged[f"ood:{n}"] for n in base_fp])
-        spam = np.concatenate([flagged[f"ood:{n}"] for n in ood if n not in base_fp])
-        worse = [f"{n} {flagged[f'ood:{n}'].sum()} > {round(b * len(ood[n]))}" for n, b in base_fp.items()
-                 if flagged[f"ood:{n}"].mean() > b]
-        print(f"{name:<24} coef {np.round(lr.coef_[0], 2).tolist()} shift {shift:+.1f} | validation F1 {vf1}, "
-              f"worst register {reg:.3f} | test F1 {f1} errors {errors} | out-of-domain flagged {ham.sum()} "
-              f"({ham.mean():.4f}), spam recall {spam.mean():.2f}; above the baseline: {worse}")
+        print(report_stack(name, lambda key, cols=cols: np.c_[tuple(scores[key][c] for c in cols)], held))
 
 
 if __name__ == "__main__":
