@@ -9,7 +9,7 @@ A build directory (``$MODPIPE_CACHE_DIR/models/<key>/``) holds:
 - ``tokenizer.json``      the fast (WordPiece, uncased) tokenizer
 - ``served.json``         {"version", "precision", "max_seq_len", "tail_tokens", "labels", "profile",
                           "built_at", "threshold", "stack", ...}
-- ``lexical_head.json``   the word model and the stack's coefficients (lexical.py): the served probability is
+- ``lexical_head.json``   the lexical model and the stack's coefficients (lexical.py): the served probability is
                           the transformer's stacked with it (builds without the file serve the transformer's)
 - ``metrics.json``        evaluation of the served model and the TF-IDF + linear SVM baseline, per data set
 - ``split.json``          how the data was split (seed, sizes, hashes of each split's texts)

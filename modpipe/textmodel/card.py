@@ -24,7 +24,8 @@ def _stack_text(served: dict) -> str:
     stack = served.get("stack")
     if not stack:
         return "None: this build serves the transformer's probability alone."
-    return (f"`{stack['file']}` (`modpipe/textmodel/lexical.py`): TF-IDF of word 1-2 grams ({stack['terms']:,} terms) "
+    terms = {"word": "word 1-2 grams", "char_wb": "character 2-5 grams within words"}.get(stack.get("analyzer", "word"))
+    return (f"`{stack['file']}` (`modpipe/textmodel/lexical.py`): TF-IDF of {terms} ({stack['terms']:,} terms) "
             f"and a linear SVM fitted on the train split, read as `tokenizer.json` normalises the text; served "
             f"probability = sigmoid({stack['model_logit']} x model logit + {stack['lexical_margin']} x lexical margin "
             f"{stack['intercept']:+}), the coefficients fitted on the validation split by logistic regression, the "

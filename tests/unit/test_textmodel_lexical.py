@@ -43,6 +43,34 @@ def test_numpy_head_reproduces_scikit_learn(sklearn_pair):
     assert head.margin("") == pytest.approx(svm.intercept_[0])  # no known term: the intercept alone
 
 
+def test_character_terms_are_scikit_learns_char_wb():
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    analyse = TfidfVectorizer(analyzer="char_wb", ngram_range=lexical.CHAR_NGRAMS).build_analyzer()
+    # short words (a word no longer than n gives itself once), runs of whitespace of every kind, non-Latin scripts
+    texts = PROBE + [t for t, _ in TRAIN] + ["a", "ab", "abc", "x\u3000y\tz\n\nw", "\u00a0nbsp", "İstanbul ß ǅ"]
+    for text in texts:
+        assert lexical.char_terms(text) == analyse(text), text
+    assert lexical.char_terms("Ab") == [" a", "ab", "b ", " ab", "ab ", " ab "]
+
+
+def test_numpy_character_head_reproduces_scikit_learn():
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.svm import LinearSVC
+
+    texts, labels = zip(*TRAIN, strict=True)
+    vec = TfidfVectorizer(analyzer="char_wb", ngram_range=lexical.CHAR_NGRAMS, sublinear_tf=True, min_df=2)
+    svm = LinearSVC(random_state=0).fit(vec.fit_transform(texts), labels)
+    head = lexical.fit_head(texts, labels, analyzer="char_wb")
+    assert head.analyzer == "char_wb" and len(head.vocabulary) == len(vec.vocabulary_)
+    want = svm.decision_function(vec.transform(PROBE + list(texts)))
+    np.testing.assert_allclose(head.margins(PROBE + list(texts)), want, rtol=0, atol=1e-9)
+    # a misspelling the word model has never seen still shares most of its character n-grams
+    assert head.margin("freee priize") > head.margin("lunch notes")
+    with pytest.raises(ValueError, match="analyzer 'bytes'"):
+        lexical.fit_head(texts, labels, analyzer="bytes")
+
+
 def test_fit_head_is_seeded_and_separates_its_training_data():
     texts, labels = zip(*TRAIN, strict=True)
     a, b = lexical.fit_head(texts, labels), lexical.fit_head(texts, labels)
@@ -108,6 +136,33 @@ def test_saved_stack_loads_with_the_builds_normalizer(tmp_path):
     (tmp_path / lexical.HEAD_FILE).write_text(json.dumps(doc))
     with pytest.raises(ValueError, match="format 99"):
         lexical.StackedScorer.load(str(tmp_path))
+
+
+def test_a_character_stack_names_its_analyzer_and_older_files_read_as_word_heads(tmp_path):
+    texts, labels = zip(*TRAIN, strict=True)
+    _tokenizer_json(tmp_path)
+    stack = _stack(lexical.fit_head([t.lower() for t in texts], labels, analyzer="char_wb"))
+    stack.save(str(tmp_path))
+    doc = json.loads((tmp_path / lexical.HEAD_FILE).read_text())
+    assert doc["format"] == 2 and doc["analyzer"]["kind"] == "char_wb" and doc["analyzer"]["ngram_range"] == [2, 5]
+    loaded = lexical.StackedScorer.load(str(tmp_path))
+    assert loaded.head.analyzer == "char_wb"
+    model = np.linspace(0.05, 0.95, len(PROBE))
+    np.testing.assert_allclose(loaded.spam_proba(PROBE, model), stack.spam_proba(PROBE, model), atol=1e-6)
+    doc["analyzer"]["ngram_range"] = [1, 4]  # n-grams this code does not compute are refused, not misread
+    (tmp_path / lexical.HEAD_FILE).write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=r"character n-grams \[1, 4\]"):
+        lexical.StackedScorer.load(str(tmp_path))
+    # a file of format 1 (builds before the analyzer was named) holds a word head
+    word = _stack(lexical.fit_head([t.lower() for t in texts], labels))
+    word.save(str(tmp_path))
+    doc = json.loads((tmp_path / lexical.HEAD_FILE).read_text())
+    doc["format"] = 1
+    doc["analyzer"] = {"token_pattern": lexical.TOKEN_PATTERN, "ngram_range": [1, 2]}
+    (tmp_path / lexical.HEAD_FILE).write_text(json.dumps(doc))
+    old = lexical.StackedScorer.load(str(tmp_path))
+    assert old.head.analyzer == "word"
+    np.testing.assert_allclose(old.spam_proba(PROBE, model), word.spam_proba(PROBE, model), atol=1e-6)
 
 
 def test_lexical_module_imports_nothing_of_modpipe():
