@@ -43,8 +43,9 @@ def report_stack(name: str, features: Callable[[str], np.ndarray], held: HeldOut
     yv, yt = np.array([e.label for e in held.validation]), np.array([e.label for e in held.test])
     dt = np.array([e.dataset for e in held.test])
     groups, registers = train.validation_groups(held.validation)
-    lr = LogisticRegression(C=1.0).fit(features("val"), yv)
-    shift, _ = train.choose_shift(lr.decision_function(features("val")), yv, groups, registers, 0.02)
+    x_val = features("val")
+    lr = LogisticRegression(C=1.0).fit(x_val, yv)
+    shift, _ = train.choose_shift(lr.decision_function(x_val), yv, groups, registers, 0.02)
     flagged = {k: lr.decision_function(features(k)) + shift >= 0 for k in held.texts()}
     vf1 = {ds: round(f1_score(yv[m], flagged["val"][m]), 4) for ds, m in groups.items()}
     worst = max((flagged["val"][m].mean() for m in registers.values()), default=0.0)

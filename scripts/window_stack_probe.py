@@ -10,7 +10,8 @@ text (the text cut into 126-token pieces, each between [CLS] and [SEP], at most 
 `train.choose_shift` as the build chooses the served one; then test spam F1 of SMS and SpamAssassin, the
 out-of-domain false-positive rate overall, out-of-domain spam recall, and the legitimate sources flagged more
 than the TF-IDF baseline. Scores: `first` (what is served), `last` (the last window), `max` (the largest
-window logit), `word` (the served lexical margin). Texts of one window score the same in all three.
+window logit), `word` (the served build's lexical margin: a word head's on the build docs/text-model.md reports,
+a character head's since). Texts of one window score the same in all three.
 """
 
 from __future__ import annotations
