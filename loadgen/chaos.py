@@ -1,18 +1,26 @@
-"""`modpipe chaos`: simulated traffic through the embedded stack while its processes are killed.
+"""`modpipe chaos`: simulated traffic through the local stack while its processes are killed.
 
-    modpipe chaos --posts 100000 --rate 60 --workers 2 --worker-kills 5 --triton-kills 2 --broker-restarts 1
+    modpipe chaos --posts 10000 --rate 60 --workers 3 --brokers 3 --worker-kills 5 --triton-kills 2 \
+        --leader-kills 1 --txn-coordinator-kills 1 --group-coordinator-kills 1
 
-Workers and Triton are SIGKILLed and the broker is restarted at seeded times spread over the traffic
-(`fault_plan`); the stack's supervisor (`LocalStack.supervise`, what `modpipe up` runs) restarts each with
-its backoff. The embedded broker (noida-db) saves its data about once a second and loses what it
+Workers, Triton and broker nodes are SIGKILLed at seeded times spread over the traffic (`fault_plan`); the
+stack's supervisor (`LocalStack.supervise`, what `modpipe up` runs) restarts each with its backoff.
+
+On Apache Kafka (the default broker; `--brokers 3` runs three KRaft nodes with replication 3 and
+min.insync.replicas 2) the broker faults are SIGKILLs of one node, chosen by what it does at that moment:
+`leader` the node that leads the most `posts` partitions, `txn-coordinator` the transaction coordinator of a
+worker's current transactional id, `group-coordinator` the coordinator of the workers' consumer group, and
+`broker` any node (seeded). A killed node loses nothing it acknowledged with acks=all: the other replicas hold
+it, and a one-node cluster's log files survive a SIGKILL.
+
+The embedded broker (MODPIPE_BROKER=embedded) saves its data about once a second and loses what it
 acknowledged since then when it is killed, and even when it is stopped while clients write (measured: ~60 of
 4,500 records written in the last second before a SIGKILL; 9 of 2,000 posts, with decisions and changelog
-records, over one SIGTERM under load). Apache Kafka does not (acknowledged writes are in the page cache and
-on the replicas), and no client can make up for a broker that forgets what it acknowledged. So by default
-the broker restart is a clean one (`Injector`: traffic held and workers frozen until the broker has saved,
-then SIGTERM; the workers go on at once and see the broker go and come back); `--broker-signal kill`
-SIGKILLs it under load instead, and what it lost is counted apart (`lost_by_broker`), the comparisons using
-what the broker still holds.
+records, over one SIGTERM under load). No client can make up for a broker that forgets what it acknowledged.
+So there the broker restart is a clean one by default (`Injector`: traffic held and workers frozen until the
+broker has saved, then SIGTERM; the workers go on at once and see the broker go and come back);
+`--broker-signal kill` SIGKILLs it under load instead, and what it lost is counted apart (`lost_by_broker`),
+the comparisons using what the broker still holds.
 
 Once the traffic is over and the stack has settled, the run reads back, from the broker itself:
 
@@ -39,9 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import random
-import signal
 import threading
 import time
 import uuid
@@ -58,22 +64,27 @@ from modpipe.settings import Settings
 
 _log = log.get(__name__)
 
-FAULT_KINDS = ("worker", "triton", "broker")
+# broker node faults by role (Apache Kafka): what `Injector` looks up to choose the node it kills
+NODE_FAULTS = ("leader", "txn-coordinator", "group-coordinator")
+FAULT_KINDS = ("worker", "triton", "broker", *NODE_FAULTS)
 
 
 @dataclasses.dataclass(frozen=True)
 class Fault:
     at_s: float  # seconds after the first post
-    kind: str  # worker | triton | broker
-    worker: int | None = None  # which worker, for kind == worker
+    kind: str  # one of FAULT_KINDS
+    worker: int | None = None  # which worker, for kind == worker (and whose transactional id, txn-coordinator)
 
 
 def fault_plan(duration_s: float, *, worker_kills: int, triton_kills: int, broker_restarts: int, workers: int,
-               seed: int, start: float = 0.1, end: float = 0.8) -> list[Fault]:
+               seed: int, start: float = 0.1, end: float = 0.8, leader_kills: int = 0,
+               txn_coordinator_kills: int = 0, group_coordinator_kills: int = 0) -> list[Fault]:
     """Kills at seeded times between `start` and `end` of the traffic's duration: the window is cut into one
     slot per fault and each fault falls somewhere in the middle of its slot, so that two faults are never on
     top of each other (each restart is seen through) while the order of kinds is random."""
-    kinds = ["worker"] * worker_kills + ["triton"] * triton_kills + ["broker"] * broker_restarts
+    kinds = (["worker"] * worker_kills + ["triton"] * triton_kills + ["broker"] * broker_restarts
+             + ["leader"] * leader_kills + ["txn-coordinator"] * txn_coordinator_kills
+             + ["group-coordinator"] * group_coordinator_kills)
     if not kinds:
         return []
     if workers < 1:
@@ -82,7 +93,7 @@ def fault_plan(duration_s: float, *, worker_kills: int, triton_kills: int, broke
     rng.shuffle(kinds)
     slot = (end - start) * duration_s / len(kinds)
     return [Fault(round(start * duration_s + slot * (i + rng.uniform(0.25, 0.75)), 2), kind,
-                  rng.randrange(workers) if kind == "worker" else None)
+                  rng.randrange(workers) if kind in ("worker", "txn-coordinator") else None)
             for i, kind in enumerate(kinds)]
 
 
@@ -255,8 +266,9 @@ def held_back(settings: Settings, bootstrap: str, topics: list[str]) -> dict[str
 def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, worker_kills: int = 5,
               triton_kills: int = 2, broker_restarts: int = 1, seed: int = 0, scenario: str = "mixed",
               timeout_s: float = 600.0, quiet_s: float = 15.0, check_features: bool = True, progress: bool = True,
-              keep_state: bool = False, broker_signal: str = "term") -> dict:
-    """Run the traffic and the faults on an isolated embedded stack; returns the report."""
+              keep_state: bool = False, broker_signal: str = "term", brokers: int | None = None,
+              leader_kills: int = 0, txn_coordinator_kills: int = 0, group_coordinator_kills: int = 0) -> dict:
+    """Run the traffic and the faults on an isolated local stack; returns the report."""
     import shutil
 
     from tqdm import tqdm
@@ -276,7 +288,12 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
     from streams.stack import LocalStack, dump_stacks
 
     if settings.bootstrap_servers or settings.triton_url:
-        raise ValueError("chaos kills the processes of the embedded stack: unset KAFKA_BOOTSTRAP_SERVERS and TRITON_URL")
+        raise ValueError("chaos kills the processes of the local stack: unset KAFKA_BOOTSTRAP_SERVERS and TRITON_URL")
+    node_faults = leader_kills + txn_coordinator_kills + group_coordinator_kills
+    if settings.broker == "embedded" and (node_faults or (brokers or 1) > 1):
+        raise ValueError("--brokers and the leader / coordinator kills need Apache Kafka (MODPIPE_BROKER=kafka)")
+    if brokers:
+        settings = dataclasses.replace(settings, kafka_nodes=brokers)
     if broker_signal not in ("term", "kill"):
         raise ValueError("broker_signal must be term or kill")
     if posts < 1 or rate <= 0:
@@ -289,7 +306,8 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
     settings = isolated_settings(settings, build, f"chaos{tag}", state_root)
     duration_s = posts / rate
     plan = fault_plan(duration_s, worker_kills=worker_kills, triton_kills=triton_kills,
-                      broker_restarts=broker_restarts, workers=workers, seed=seed)
+                      broker_restarts=broker_restarts, workers=workers, seed=seed, leader_kills=leader_kills,
+                      txn_coordinator_kills=txn_coordinator_kills, group_coordinator_kills=group_coordinator_kills)
     start_ms = int(time.time() * 1000)
 
     def events():
@@ -299,7 +317,9 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
     report: dict = {"config": {"posts": posts, "rate": rate, "workers": workers, "scenario": scenario, "seed": seed,
                                "partitions": settings.partitions, "model": build.version,
                                "outage_policy": settings.text_model_outage_policy,
-                               "outage_s": settings.text_model_outage_s, "broker_signal": broker_signal},
+                               "outage_s": settings.text_model_outage_s, "broker_signal": broker_signal,
+                               "broker": settings.broker,
+                               "brokers": settings.kafka_nodes if settings.broker == "kafka" else 1},
                     "plan": [dataclasses.asdict(f) for f in plan], "faults": []}
     try:
         with LocalStack(settings, workers=workers) as stack:
@@ -312,7 +332,7 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
             bar = tqdm(total=posts, desc="chaos: posts", unit="post", disable=not progress)
             produce_error: list[str] = []
             paused = threading.Event()
-            inject = Injector(stack, producer, paused, broker_signal)
+            inject = Injector(stack, producer, paused, broker_signal, seed=seed)
 
             def produce() -> None:
                 try:
@@ -433,9 +453,10 @@ def run_decisions(settings: Settings, bootstrap: str, topic: str, run_id: str, i
 
 
 class Injector:
-    """Carries out the faults on a running stack. Workers and Triton get SIGKILL, as a crash would.
+    """Carries out the faults on a running stack. Workers, Triton and Apache Kafka nodes get SIGKILL, as a crash
+    would; a Kafka node is chosen by its role at that moment (`target_node`).
 
-    The broker, with `broker_signal="term"`, is restarted as Apache Kafka's is, without losing what it
+    The embedded broker, with `broker_signal="term"`, is restarted as Apache Kafka's is, without losing what it
     acknowledged: noida-db loses up to a second of acknowledged writes even on SIGTERM while clients write
     (measured: 9 posts of 2,000 and decisions and changelog records in one chaos run), so for a moment the
     traffic is held and the workers are frozen (SIGSTOP), until the broker has saved everything, then it is
@@ -446,20 +467,51 @@ class Injector:
     8 s, stops without committing, since its partitions may be another worker's by then)."""
 
     SAVE_WAIT_S = 2.5  # noida-db saves its data about once a second
-    RESTART_WAIT_S = 30.0  # how long a kill waits for its target to be running again
+    RESTART_WAIT_S = 60.0  # how long a kill waits for its target to be running again
 
-    def __init__(self, stack, producer, paused: threading.Event, broker_signal: str = "term"):
+    def __init__(self, stack, producer, paused: threading.Event, broker_signal: str = "term", seed: int = 0):
         self.stack, self.producer, self.paused, self.broker_signal = stack, producer, paused, broker_signal
+        self.rng = random.Random(f"nodes:{seed}")
+
+    @property
+    def cluster(self):
+        """The stack's Apache Kafka cluster (None: the embedded broker)."""
+        return self.stack.broker if hasattr(self.stack.broker, "nodes") else None
+
+    def target_node(self, fault: Fault) -> int:
+        """The node id a broker fault kills, by its role now."""
+        cluster, settings = self.cluster, self.stack.settings
+        if fault.kind == "leader":
+            leaders = Counter(cluster.leader_of(self.stack.topics.posts, p) for p in range(settings.partitions))
+            return leaders.most_common(1)[0][0]
+        if fault.kind == "group-coordinator":
+            return cluster.group_coordinator(settings.app_id)
+        if fault.kind == "txn-coordinator":
+            return cluster.transaction_coordinator(self.transactional_id(fault.worker or 0))
+        return self.rng.choice([n.node_id for n in cluster.nodes])
+
+    def transactional_id(self, index: int) -> str:
+        """Worker `index`'s current transactional id, from its log (`<app id>-<worker>-<n>`)."""
+        worker = self.stack.workers[index]
+        for line in reversed(worker.process.log_path.read_text(errors="replace").splitlines()):
+            if '"transactional_id"' in line:
+                with contextlib.suppress(ValueError):
+                    return orjson.loads(line)["transactional_id"]
+        raise RuntimeError(f"{worker.name} has not logged a transactional id yet")
 
     def __call__(self, fault: Fault, now: float) -> dict:
-        if fault.kind == "broker" and self.broker_signal == "term":
+        if fault.kind == "broker" and self.cluster is None and self.broker_signal == "term":
             return self._restart_broker(now)
+        node_id = None
         if fault.kind == "worker":
             proc, target = self.stack.workers[fault.worker].process, self.stack.workers[fault.worker].name
         elif fault.kind == "triton":
             proc, target = (self.stack.triton.process if self.stack.triton else None), "triton"
-        else:
+        elif self.cluster is None:
             proc, target = self.stack.broker.process, "broker"
+        else:
+            node_id = self._wait_for_nodes(fault)
+            proc, target = self.cluster.node(node_id).process, f"kafka-{node_id}"
         # a worker that is restarting (it stops itself when the group forgets it, e.g. after the embedded
         # broker's restart) is killed once it is back: each fault hits a live process
         deadline = time.monotonic() + self.RESTART_WAIT_S
@@ -474,30 +526,28 @@ class Injector:
         alive = proc is not None and proc.alive()
         if alive:
             proc.kill()
-        _log.warning("chaos: SIGKILL", extra={"target": target, "at_s": round(now, 1), "was_alive": alive})
+        _log.warning("chaos: SIGKILL", extra={"target": target, "at_s": round(now, 1), "was_alive": alive,
+                                              "fault": fault.kind})
         out = {"at_s": round(now, 1), "kind": fault.kind, "target": target, "killed": alive, "signal": "KILL"}
+        if node_id is not None:
+            out["node"] = node_id
         if waited:
             out["waited_for_restart"] = waited
         return out
 
-    def _restart_broker(self, now: float) -> dict:
-        self.paused.set()
-        frozen = [w.process.pid for w in self.stack.workers if w.process.alive()]
-        try:
-            self.producer.flush(30)
-            for pgid in frozen:
-                os.killpg(pgid, signal.SIGSTOP)
-            time.sleep(self.SAVE_WAIT_S)
-            alive = self.stack.broker.process.alive()
-            self.stack.broker.process.stop(timeout=30)
-        finally:
-            for pgid in frozen:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pgid, signal.SIGCONT)
-            self.paused.clear()
-        _log.warning("chaos: broker stopped (SIGTERM after a save)", extra={"at_s": round(now, 1)})
-        return {"at_s": round(now, 1), "kind": "broker", "target": "broker", "killed": alive, "signal": "TERM"}
-
+    def _wait_for_nodes(self, fault: Fault) -> int:
+        """Every node running again (a node killed before is restarted by the supervisor), then the target's
+        id: a role is looked up on a whole cluster, and two nodes down at once would take min.insync.replicas'
+        quorum away, which is an outage, not a fault this run measures."""
+        deadline = time.monotonic() + self.RESTART_WAIT_S
+        while time.monotonic() < deadline:
+            self.stack.supervise()
+            if all(n.alive() for n in self.cluster.nodes):
+                with contextlib.suppress(Exception):  # metadata may lag a restart: look again
+                    if len(self.cluster.broker_ids()) == len(self.cluster.nodes):
+                        return self.target_node(fault)
+            time.sleep(0.5)
+        return self.target_node(fault)
 
 def gated(events: Iterable, paused: threading.Event) -> Iterator:
     """`events`, held while `paused` is set."""

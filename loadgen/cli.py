@@ -169,10 +169,11 @@ CPU per record, commit latency).
 
 
 CHAOS_DESCRIPTION = """\
-Simulated traffic (posts, reports, engagements, labels, bans) through an embedded stack of its own
-(broker, Triton, --workers workers; own ports, topics and state directory) while workers and Triton are
-SIGKILLed and the broker is restarted at seeded times over the traffic; the supervisor of `modpipe up`
-restarts each.
+Simulated traffic (posts, reports, engagements, labels, bans) through a local stack of its own (Apache
+Kafka of --brokers nodes, or the embedded broker; Triton; --workers workers; own ports, topics and state
+directory) while workers, Triton and broker nodes (the leader of the posts partitions, a worker's transaction
+coordinator, the group coordinator, or any) are SIGKILLed at seeded times over the traffic; the supervisor of
+`modpipe up` restarts each.
 Then, read back from the broker as a read_committed reader (the platform): posts sent / decided / lost,
 duplicate decisions (same post_id and revision) and those with another verdict, degraded decisions and their
 re-decisions, and whether every feature table (its changelog) equals features.offline over the same events;
@@ -283,7 +284,9 @@ def _chaos(args) -> int:
                            worker_kills=args.worker_kills, triton_kills=args.triton_kills,
                            broker_restarts=args.broker_restarts, seed=args.seed, scenario=args.scenario,
                            timeout_s=args.timeout, check_features=not args.no_feature_check, progress=not args.json,
-                           keep_state=args.keep_state, broker_signal=args.broker_signal)
+                           keep_state=args.keep_state, broker_signal=args.broker_signal, brokers=args.brokers,
+                           leader_kills=args.leader_kills, txn_coordinator_kills=args.txn_coordinator_kills,
+                           group_coordinator_kills=args.group_coordinator_kills)
     except ValueError as exc:
         print(f"modpipe chaos: {exc}", file=sys.stderr)
         return 2
@@ -308,7 +311,7 @@ def _bench_features(args) -> int:
 def _bench_transport(args) -> int:
     from loadgen.bench import transport
     from loadgen.bench.transport_report import format_text
-    from modpipe.services.broker import EmbeddedBroker
+    from modpipe.services.broker import broker_pid, local_broker
     from modpipe.services.process import free_port
 
     settings = Settings.from_env()
@@ -316,12 +319,13 @@ def _bench_transport(args) -> int:
     broker = None
     if not settings.bootstrap_servers:
         # a directory per run, as `bench features`: a run killed without cleanup must not block the next one
-        broker = EmbeddedBroker(settings.state_dir / f"bench-broker-{uuid.uuid4().hex[:8]}", free_port()).start()
+        broker = local_broker(settings, data_dir=settings.state_dir / f"bench-broker-{uuid.uuid4().hex[:8]}",
+                              port=free_port(), nodes=1).start()
     try:
         report = transport.run(broker.bootstrap if broker else settings.bootstrap_servers, records=args.records,
                                intervals_ms=ints(args.intervals), aiokafka_intervals_ms=ints(args.aiokafka_intervals),
                                paced_rate=args.paced_rate, paced_s=args.paced_seconds, profile=not args.no_profile,
-                               broker_pid=broker.process.pid if broker else None, progress=not args.json)
+                               broker_pid=broker_pid(broker), progress=not args.json)
     finally:
         if broker:
             broker.stop()
@@ -381,19 +385,30 @@ def register_clients(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object (no progress bars)")
     p.set_defaults(func=_fuzz)
 
-    p = sub.add_parser("chaos", help="simulated traffic through the embedded stack while workers, Triton and the "
-                                     "broker are SIGKILLed at seeded times; checks nothing is lost or counted twice",
+    p = sub.add_parser("chaos", help="simulated traffic through the local stack while workers, Triton and broker "
+                                     "nodes are SIGKILLed at seeded times; checks nothing is lost or counted twice",
                        description=CHAOS_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--posts", type=int, default=2000, help="posts to send (default 2000)")
     p.add_argument("--rate", type=float, default=40.0, help="mean posts per second, Poisson (default 40)")
     p.add_argument("--workers", type=int, default=2, help="stream workers (default 2)")
     p.add_argument("--worker-kills", type=int, default=5, help="worker SIGKILLs, a random worker each (default 5)")
     p.add_argument("--triton-kills", type=int, default=2, help="Triton SIGKILLs (default 2)")
-    p.add_argument("--broker-restarts", type=int, default=1, help="broker restarts (default 1)")
+    p.add_argument("--brokers", type=int, default=None,
+                   help="Apache Kafka nodes of the run's cluster (default MODPIPE_KAFKA_NODES; 3: replication 3, "
+                        "min.insync.replicas 2)")
+    p.add_argument("--broker-restarts", type=int, default=1,
+                   help="broker kills: on Apache Kafka a SIGKILL of a seeded node; on the embedded broker a restart "
+                        "(--broker-signal); default 1")
+    p.add_argument("--leader-kills", type=int, default=0,
+                   help="SIGKILLs of the Kafka node leading the most `posts` partitions at that moment (default 0)")
+    p.add_argument("--txn-coordinator-kills", type=int, default=0,
+                   help="SIGKILLs of the transaction coordinator of a random worker's transactional id (default 0)")
+    p.add_argument("--group-coordinator-kills", type=int, default=0,
+                   help="SIGKILLs of the workers' consumer-group coordinator (default 0)")
     p.add_argument("--broker-signal", choices=("term", "kill"), default="term",
-                   help="how the broker is stopped: term (a clean stop, as a rolling restart) or kill (SIGKILL: "
-                        "the embedded broker then loses up to ~1 s of acknowledged writes, counted apart as lost "
-                        "by the broker); default term")
+                   help="embedded broker only: how it is stopped: term (a clean stop, as a rolling restart) or kill "
+                        "(SIGKILL: it then loses up to ~1 s of acknowledged writes, counted apart as lost by the "
+                        "broker); default term")
     p.add_argument("--scenario", choices=sorted(SCENARIOS), default="mixed", help="simulation the traffic comes from")
     p.add_argument("--seed", type=int, default=0, help="seed of the traffic and of the fault times (default 0)")
     p.add_argument("--timeout", type=float, default=600.0,

@@ -94,13 +94,15 @@ def ensure_loadgen_topics(settings: Settings, bootstrap: str, timeout: float = 3
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({**settings.kafka_client_config(), "bootstrap.servers": bootstrap})
-    existing = admin.list_topics(timeout=timeout).topics
+    metadata = admin.list_topics(timeout=timeout)
+    existing = metadata.topics
     posts = existing.get(settings.topic("posts"))
     partitions = len(posts.partitions) if posts is not None and posts.partitions else settings.partitions
     missing = [settings.topic(t) for t in LOGICAL_TOPICS if settings.topic(t) not in existing]
     if not missing:
         return []
-    futures = admin.create_topics([NewTopic(name, partitions, settings.replication) for name in missing],
+    futures = admin.create_topics([NewTopic(name, partitions, settings.replication_for(len(metadata.brokers)))
+                                   for name in missing],
                                   operation_timeout=timeout)
     for fut in futures.values():
         try:

@@ -43,17 +43,33 @@ SETTINGS_SPEC: dict[str, Spec] = {
                           "checked against their pinned sha256; `modpipe model eval --ood`)."),
     # -- Kafka
     "bootstrap_servers": Spec("KAFKA_BOOTSTRAP_SERVERS", "",
-                              "Kafka bootstrap servers. Empty: start the embedded broker (noida-db)."),
+                              "Kafka bootstrap servers. Empty: start a local broker (MODPIPE_BROKER)."),
+    "broker": Spec("MODPIPE_BROKER", "kafka",
+                   "The local broker `modpipe up`, `demo`, `broker`, `chaos`, the benchmarks and the tests start when "
+                   "KAFKA_BOOTSTRAP_SERVERS is empty: `kafka` (Apache Kafka, its jars fetched once from Maven "
+                   "Central; needs a JDK >= 17 and Maven) or `embedded` (noida-db, a Kafka-protocol broker inside a "
+                   "PyPI wheel, for a machine without a JVM; docs/operations.md says what it lacks)."),
+    "kafka_version": Spec("MODPIPE_KAFKA_VERSION", "4.1.1",
+                          "Apache Kafka version the local broker runs (org.apache.kafka:kafka_2.13 on Maven Central; "
+                          "cached per version under MODPIPE_CACHE_DIR/apache-kafka)."),
+    "kafka_nodes": Spec("MODPIPE_KAFKA_NODES", "1",
+                        "Nodes of the local Apache Kafka cluster (each a broker and a KRaft controller). 1: internal "
+                        "topics at replication 1; 3: replication 3 and min.insync.replicas 2, so one node can die.",
+                        int),
+    "kafka_heap_mb": Spec("MODPIPE_KAFKA_HEAP_MB", "512", "Java heap of each local Apache Kafka node (-Xmx).", int),
     "security_protocol": Spec("KAFKA_SECURITY_PROTOCOL", "PLAINTEXT",
                               "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL."),
     "sasl_mechanism": Spec("KAFKA_SASL_MECHANISM", "", "PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 when SASL is used."),
     "sasl_username": Spec("KAFKA_SASL_USERNAME", "", "SASL user name."),
     "sasl_password": Spec("KAFKA_SASL_PASSWORD", "", "SASL password."),
     "ssl_cafile": Spec("KAFKA_SSL_CAFILE", "", "CA bundle for TLS to the brokers."),
-    "broker_port": Spec("MODPIPE_BROKER_PORT", "9092", "Port of the embedded broker.", int),
+    "broker_port": Spec("MODPIPE_BROKER_PORT", "9092",
+                        "Client port of the local broker (of its first node; the others take free ports).", int),
     "topic_prefix": Spec("MODPIPE_TOPIC_PREFIX", "", "Prefix for every topic name (e.g. `prod.`)."),
     "partitions": Spec("MODPIPE_PARTITIONS", "4", "Partitions of each topic created by `modpipe topics`.", int),
-    "replication": Spec("MODPIPE_REPLICATION", "1", "Replication factor of created topics.", int),
+    "replication": Spec("MODPIPE_REPLICATION", "0",
+                        "Replication factor of created topics. 0: as many copies as the cluster has brokers, up to 3.",
+                        int),
     "app_id": Spec("MODPIPE_APP_ID", "modpipe", "Application id: the consumer group id and the prefix of the tables' changelog topics."),
     # -- Triton
     "triton_url": Spec("TRITON_URL", "",
@@ -145,31 +161,44 @@ SETTINGS_SPEC: dict[str, Spec] = {
                               "and never again before its committed offset; the platform's topics and the "
                               "changelogs are never touched. `0`: never (they stay for the topics' retention).",
                               float),
-    "fetch_pause_ms": Spec("MODPIPE_FETCH_PAUSE_MS", "20",
+    "fetch_pause_ms": Spec("MODPIPE_FETCH_PAUSE_MS", "0",
                            "After a fetch that brought records, a consumer that reads continuously (the worker, "
                            "the load generator's and the benchmark's decision readers) pauses its partitions this "
-                           "long before the next fetch: the embedded broker answers an empty fetch at once, and a "
+                           "long before the next fetch. `0`: never, right for Apache Kafka, which holds an empty "
+                           "fetch for fetch.wait.max.ms. The embedded broker answers an empty fetch at once, and a "
                            "consumer that never paused kept librdkafka fetching in a tight loop under load "
-                           "(modpipe/services/fetching.py). Adds at most this much latency per hop; `0`: no pause "
-                           "after records (a broker that waits fetch.wait.max.ms, like Apache Kafka, needs none).",
-                           float),
-    "fetch_idle_pause_ms": Spec("MODPIPE_FETCH_IDLE_PAUSE_MS", "25",
+                           "(modpipe/services/fetching.py): whatever starts it gives its clients 20 "
+                           "(modpipe/services/broker.py, EMBEDDED_BROKER_TUNING).", float),
+    "fetch_idle_pause_ms": Spec("MODPIPE_FETCH_IDLE_PAUSE_MS", "0",
                                 "A worker's consumer whose fetch brought nothing pauses its partitions before the "
-                                "next, 2 ms doubling up to this long while they stay idle: the embedded broker "
-                                "answers an empty fetch at once, and an idle consumer that never paused kept "
-                                "librdkafka fetching in a tight loop (streams/kafka/consumer.py). A post that "
-                                "reaches an idle worker waits half of it on average. `0`: no pause when idle, "
-                                "for a broker that holds an empty fetch until data comes (Apache Kafka; set "
-                                "MODPIPE_FETCH_PAUSE_MS to 0 as well).",
+                                "next, 2 ms doubling up to this long while they stay idle. `0`: never, right for "
+                                "Apache Kafka's long-polled fetches. The embedded broker answers an empty fetch at "
+                                "once and an idle consumer that never paused kept librdkafka fetching in a tight "
+                                "loop (streams/kafka/consumer.py): whatever starts it gives its workers 25.",
                                 float),
+    "abort_on_brokers_down": Spec("MODPIPE_ABORT_ON_BROKERS_DOWN", "off",
+                                  "`on`: a worker whose producer loses every broker with a transaction open aborts it "
+                                  "and stops (its restart processes the input again): the embedded broker forgets "
+                                  "transactions when it restarts, and whatever starts it sets this. `off`: the "
+                                  "transaction goes on once a broker is back, as Apache Kafka keeps it "
+                                  "(streams/outbox.py)."),
+    "freeze_guard": Spec("MODPIPE_FREEZE_GUARD", "off",
+                         "`on`: a worker whose process stood still longer than its group session (a SIGSTOP, a VM "
+                         "pause) aborts its checkpoint and stops (streams/checkpoint.py, step 4). `off`: Apache "
+                         "Kafka fences such a worker itself: librdkafka finds its session expired and drops the "
+                         "partitions, and the broker refuses the offsets of an older group generation (KIP-447; "
+                         "tests/integration/test_zombie.py). The embedded broker checks no generation: whatever "
+                         "starts it sets `on`."),
     "static_membership": Spec("MODPIPE_STATIC_MEMBERSHIP", "on",
                               "`on`: a worker's group.instance.id is <app id>-<worker name>, so a restarted worker "
                               "takes its partitions back without a rebalance; `off`: dynamic membership."),
-    "group_rejoin_s": Spec("MODPIPE_GROUP_REJOIN_S", "20",
+    "group_rejoin_s": Spec("MODPIPE_GROUP_REJOIN_S", "0",
                            "A worker the group has not answered (no assignment, not even an empty one) for this "
                            "long after it joined or gave its partitions up closes its consumer and joins again "
-                           "with a new one: a join request whose answer was lost is otherwise waited on for "
-                           "max.poll.interval.ms (15 min); `0`: never, only a warning every 30 s.", float),
+                           "with a new one. `0`: never, only a warning every 30 s: Apache Kafka answers every join, "
+                           "holding it while another member finishes a rebalance callback (a table restore), and a "
+                           "rejoin then restarts the rebalance. The embedded broker has left joins unanswered: "
+                           "whatever starts it gives its workers 20.", float),
     "producer_linger_ms": Spec("MODPIPE_PRODUCER_LINGER_MS", "1",
                                "librdkafka linger.ms of the worker's producer (decisions, stage bundles, dead "
                                "letters): each round is already one record per partition.", float),
@@ -246,6 +275,10 @@ class Settings:
     debian_mirror: str
     model_profile: str
     bootstrap_servers: str
+    broker: str
+    kafka_version: str
+    kafka_nodes: int
+    kafka_heap_mb: int
     security_protocol: str
     sasl_mechanism: str
     sasl_username: str
@@ -289,6 +322,8 @@ class Settings:
     fetch_pause_ms: float
     fetch_idle_pause_ms: float
     group_rejoin_s: float
+    abort_on_brokers_down: str
+    freeze_guard: str
     static_membership: str
     producer_linger_ms: float
     worker_name: str
@@ -336,6 +371,16 @@ class Settings:
         return settings
 
     def validate(self) -> None:
+        if self.freeze_guard not in ("on", "off"):
+            raise SettingsError("MODPIPE_FREEZE_GUARD must be `on` or `off`")
+        if self.abort_on_brokers_down not in ("on", "off"):
+            raise SettingsError("MODPIPE_ABORT_ON_BROKERS_DOWN must be `on` or `off`")
+        if self.broker not in ("kafka", "embedded"):
+            raise SettingsError("MODPIPE_BROKER must be `kafka` (Apache Kafka) or `embedded` (noida-db)")
+        if self.kafka_nodes < 1:
+            raise SettingsError("MODPIPE_KAFKA_NODES must be >= 1")
+        if self.replication < 0:
+            raise SettingsError("MODPIPE_REPLICATION must be >= 0 (0: the cluster's brokers, up to 3)")
         if not 0 <= self.review_threshold <= self.block_threshold <= 1:
             raise SettingsError("need 0 <= MODPIPE_REVIEW_THRESHOLD <= MODPIPE_BLOCK_THRESHOLD <= 1")
         if self.max_batch < 1 or self.max_inflight < 1 or self.partitions < 1:
@@ -395,6 +440,10 @@ class Settings:
     def console_file(self, configured: str, name: str) -> Path:
         """A console file setting, else its default place under MODPIPE_STATE_DIR/console."""
         return Path(configured).expanduser() if configured else self.state_dir / "console" / name
+
+    def replication_for(self, brokers: int) -> int:
+        """Replication factor of a topic created on a cluster of `brokers` brokers (MODPIPE_REPLICATION)."""
+        return self.replication or max(1, min(3, brokers))
 
     def topic(self, name: str) -> str:
         """Physical topic name for a logical one (`posts` -> `<prefix>posts`)."""

@@ -15,10 +15,12 @@ The steps, in order:
 3. Wait until every round of the closed epoch is complete: its records produced and delivered, its posts
    decided (a Triton batch in flight finishes first; during a text-model outage, after
    MODPIPE_TEXT_MODEL_OUTAGE_S), and the changelog records delivered.
-4. Check that this worker may still commit: a process that was frozen longer than the group's session (a
-   SIGSTOP, a VM pause) may have lost its partitions without having heard of it yet, so it aborts and stops
-   instead. (Apache Kafka also refuses the offsets of a member of an older group generation, KIP-447; the
-   embedded broker does not check that, so this guard is what fences such a zombie there.)
+4. With MODPIPE_FREEZE_GUARD=on (the embedded broker), check that this worker may still commit: a process
+   that was frozen longer than the group's session (a SIGSTOP, a VM pause) may have lost its partitions
+   without having heard of it yet, so it aborts and stops instead. Apache Kafka needs no guard: it refuses
+   the offsets of a member of an older group generation (KIP-447), which aborts the transaction, and
+   librdkafka drops the partitions of a session it finds expired (tests/integration/test_zombie.py shows
+   both with the guard off); the embedded broker checks no generation, so there the guard fences a zombie.
 5. Send the closed epoch's input offsets (the next offset after the last record processed, per partition)
    to the transaction with the consumer's group metadata, and commit the transaction; the next one opens.
 6. The next epoch's records held back meanwhile go into it (`outbox.advance()`).
@@ -202,7 +204,7 @@ class Checkpointer:
     def check_not_frozen(self) -> None:
         """Step 4; the outbox runs it again right before it sends the offsets and before it commits, so a
         freeze that begins after the first check is caught as late as it can be."""
-        if self.watch.frozen():
+        if self.watch is not None and self.watch.frozen():
             raise Frozen(f"the process stood still for {self.watch.longest_gap_s:.1f} s: its partitions may be "
                          "another worker's by now")
 

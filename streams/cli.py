@@ -15,7 +15,21 @@ from modpipe.settings import Settings
 def _broker(args) -> int:
     from modpipe.services.broker import main_foreground
 
-    return main_foreground(Settings.from_env())
+    settings = Settings.from_env()
+    if args.fetch:
+        if settings.broker != "kafka":
+            print(f"MODPIPE_BROKER={settings.broker}: no Apache Kafka to fetch")
+            return 0
+        from modpipe.services.apache_kafka import kafka_jars
+
+        jars = kafka_jars(settings.kafka_version, settings.cache_dir)
+        print(f"Apache Kafka {settings.kafka_version}: {jars}")
+        return 0
+    if args.nodes:
+        import dataclasses
+
+        settings = dataclasses.replace(settings, kafka_nodes=args.nodes)
+    return main_foreground(settings)
 
 
 def _topics(args) -> int:
@@ -82,7 +96,11 @@ def _up(args) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("broker", help="run the embedded Kafka-protocol broker (noida-db) until Ctrl-C")
+    p = sub.add_parser("broker", help="run the local broker until Ctrl-C: Apache Kafka (MODPIPE_BROKER=kafka, the "
+                                      "default) or the embedded noida-db (MODPIPE_BROKER=embedded)")
+    p.add_argument("--nodes", type=int, default=None, help="Apache Kafka nodes (default: MODPIPE_KAFKA_NODES)")
+    p.add_argument("--fetch", action="store_true", help="only fetch Apache Kafka's jars from Maven Central into the "
+                                                        "build cache (MODPIPE_KAFKA_VERSION), then exit")
     p.set_defaults(func=_broker)
 
     p = sub.add_parser("topics", help="create the topics (idempotent; refuses a wrong partition count)")

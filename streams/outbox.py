@@ -11,16 +11,18 @@ one before (streams/incarnations.py says how, and why not one id per worker); on
 carry the consumer group's generation (KIP-447), so a worker that lost its partitions in a rebalance cannot
 commit for them either (streams/checkpoint.py says what the embedded broker checks).
 
-A transactional producer never outlives the broker connection: once started, when it loses every broker, its
-transaction is doomed (`TransactionDoomed`): its queued records are purged at once, no more are taken, and
+On the embedded broker (MODPIPE_ABORT_ON_BROKERS_DOWN=on, set by whatever starts it) a transactional producer
+never outlives the broker connection: once started, when it loses every broker, its transaction is doomed (`TransactionDoomed`): its queued records are purged at once, no more are taken, and
 the worker stops; its restart is a new incarnation. Why: a broker that restarts without the transaction
 coordinator's state (the embedded noida-db keeps none across a restart; Apache Kafka before KIP-890 has the
 same race with a late retry) takes the old producer's later records into a transaction that nobody can end:
 its own `abort_transaction` finds no partitions to mark when they were added before the restart, fencing by
 the next incarnation does not reach it (the broker no longer knows the id), and the partition's last stable
 offset stays behind it, so every read_committed reader of that partition stops there (measured: 139 of 500
-posts undecided after one broker restart). Apache Kafka keeps transactions across a restart; there this
-costs one worker restart when the whole cluster was unreachable.
+posts undecided after one broker restart). Apache Kafka keeps a transaction's state across a restart, and
+since KIP-890 (3.8, server side) a late record cannot join a transaction that has ended: there the worker
+rides out a moment without brokers (a pod network blip) and the transaction goes on, or the coordinator aborts
+it past transaction.timeout.ms and the commit says so.
 
 `Pending` counts what a round (or a Triton batch) still waits for: its records' delivery reports and the
 holds it takes; the checkpoint waits until every round of its epoch is complete.
@@ -94,6 +96,7 @@ class Outbox:
     def __init__(self, settings: Settings, bootstrap: str, *, linger_ms: float, transactional_id: str | None = None,
                  transaction_timeout_ms: int = 60_000):
         self.transactional = transactional_id is not None
+        self.abort_on_brokers_down = settings.abort_on_brokers_down == "on"
         self.transactional_id = transactional_id
         extra = {"transactional.id": transactional_id, "transaction.timeout.ms": transaction_timeout_ms} \
             if self.transactional else {}
@@ -191,7 +194,8 @@ class Outbox:
         if error.fatal():
             _log.error("producer failed for good; the worker stops", extra={"error": str(error)})
             self._fail(DeliveryFailed(str(error)))
-        elif (self._started and error.code() == KafkaError._ALL_BROKERS_DOWN and self.doomed is None):
+        elif (self._started and self.abort_on_brokers_down and error.code() == KafkaError._ALL_BROKERS_DOWN
+              and self.doomed is None):
             self.doom("every broker went away with a transaction open")
         # other errors are transient (a broker down, a timeout): librdkafka retries, and logs them itself
 

@@ -49,7 +49,7 @@ class Runner:
         self.consumer.busy = self._busy
         session_s = float(consumer_conf.get("session.timeout.ms", 10_000)) / 1000
         heartbeat_s = float(consumer_conf.get("heartbeat.interval.ms", 2_000)) / 1000
-        self.watch = FreezeWatch(limit_s=max(1.0, session_s - heartbeat_s))
+        self.watch = FreezeWatch(limit_s=max(1.0, session_s - heartbeat_s)) if settings.freeze_guard == "on" else None
         internal = [*wiring.topics.stages.values(), wiring.topics.awaiting_text]
         self.purger = Purger(PurgePlan(internal, settings.purge_interval_ms / 1000),
                              {**settings.kafka_client_config(), "bootstrap.servers": bootstrap})
@@ -72,7 +72,8 @@ class Runner:
     # -- the consumer's side
     def start(self) -> Runner:
         loop = asyncio.get_running_loop()
-        self.watch.start()
+        if self.watch is not None:
+            self.watch.start()
         self.consumer.start(loop, self._deliver)
         self._tasks = [loop.create_task(self._run(), name="rounds"),
                        loop.create_task(self._run_awaiting(), name="awaiting-text"),
@@ -259,6 +260,7 @@ class Runner:
 
     async def close(self) -> None:
         await self._cancel_tasks()
-        self.watch.stop()
+        if self.watch is not None:
+            self.watch.stop()
         # leaving the group runs the revocation callback, which waits for this loop: off the loop's thread
         await asyncio.get_running_loop().run_in_executor(None, self.consumer.close)

@@ -1,5 +1,7 @@
-"""The embedded local stack: broker + Triton + N workers as child processes (`modpipe up`, smoke, tests).
+"""The local stack: broker + Triton + N workers as child processes (`modpipe up`, smoke, tests).
 
+The broker is Apache Kafka (one node, or MODPIPE_KAFKA_NODES) or, with MODPIPE_BROKER=embedded, noida-db; the
+workers get the settings that broker needs (modpipe/services/broker.py, `tuned_for`).
 Services given through KAFKA_BOOTSTRAP_SERVERS / TRITON_URL are used instead of being started.
 Every child runs in its own process group and is stopped on exit, so Ctrl-C leaves no orphans.
 `supervise()` restarts a child that died (the broker on its data directory, Triton on its ports, a worker
@@ -21,7 +23,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from modpipe import log
-from modpipe.services.broker import EmbeddedBroker
+from modpipe.services.broker import local_broker, tuned_for
 from modpipe.services.process import ManagedProcess, ServiceError, free_port, port_free
 from modpipe.settings import Settings
 from streams.health import READY_PATH
@@ -91,10 +93,10 @@ class WorkerProcess:
 
 class LocalStack:
     def __init__(self, settings: Settings, workers: int = 1, extra_env: dict[str, str] | None = None):
-        self.settings = settings
+        self.settings = settings = tuned_for(settings, settings.broker)
         self.n_workers = workers
         self.extra_env = dict(extra_env or {})
-        self.broker: EmbeddedBroker | None = None
+        self.broker = None  # the local broker this stack started (modpipe/services/broker.py), if any
         self.triton = None
         self.bootstrap = settings.bootstrap_servers
         self.triton_url = settings.triton_url
@@ -107,8 +109,7 @@ class LocalStack:
     def start(self) -> LocalStack:
         try:
             if not self.bootstrap:
-                self.broker = EmbeddedBroker(self.settings.state_dir / "broker", self.settings.broker_port,
-                                             log_path=self.settings.state_dir / "logs" / "broker.log").start()
+                self.broker = local_broker(self.settings).start()
                 self.bootstrap = self.broker.bootstrap
             if not self.triton_url and self.settings.text_model == "on":
                 from modpipe.serving.server import TritonServer
@@ -170,17 +171,13 @@ class LocalStack:
         """name -> (alive?, restart) of every child this stack started."""
         out: dict[str, tuple] = {}
         if self.broker is not None:
-            out["broker"] = (lambda: self.broker.process is not None and self.broker.process.alive(), self._restart_broker)
+            out.update(self.broker.components())
         if self.triton is not None:
             out["triton"] = (lambda: self.triton.process is not None and self.triton.process.alive(),
                              self._restart_triton)
         for i, w in enumerate(self.workers):
             out[w.name] = (w.process.alive, lambda i=i: self._restart_worker(i))
         return out
-
-    def _restart_broker(self) -> None:
-        self.broker.stop()  # reaps the dead one and kills what is left of its group
-        self.broker.start()  # same port and data directory: the topics and offsets are still there
 
     def _restart_triton(self) -> None:
         self.triton.stop()  # its python-backend stubs go with the process group
@@ -221,7 +218,8 @@ class LocalStack:
     def process_groups(self) -> dict[str, int]:
         """name -> process group id of each live child (each runs in a session of its own)."""
         out = {}
-        for name, proc in (("broker", self.broker and self.broker.process), ("triton", self.triton and self.triton.process),
+        brokers = self.broker.processes().items() if self.broker is not None else ()
+        for name, proc in (*brokers, ("triton", self.triton and self.triton.process),
                            *((w.name, w.process) for w in self.workers)):
             if proc is not None and proc.alive():
                 out[name] = proc.pid

@@ -80,7 +80,8 @@ def ensure_topics(settings: Settings, bootstrap: str | None = None, timeout: flo
         conf["bootstrap.servers"] = bootstrap
     admin = AdminClient(conf)
     wanted = TopicNames.from_settings(settings).all()
-    existing = admin.list_topics(timeout=timeout).topics
+    metadata = admin.list_topics(timeout=timeout)
+    existing = metadata.topics
     wrong = {name: len(existing[name].partitions) for name in wanted
              if name in existing and len(existing[name].partitions) != settings.partitions}
     if wrong:
@@ -92,7 +93,7 @@ def ensure_topics(settings: Settings, bootstrap: str | None = None, timeout: flo
         names = TopicNames.from_settings(settings)
         changelogs = {*names.changelogs.values(), names.incarnations}
         # a changelog (and the incarnation counters) needs only each key's last value: compacted
-        futures = admin.create_topics([NewTopic(name, settings.partitions, settings.replication,
+        futures = admin.create_topics([NewTopic(name, settings.partitions, settings.replication_for(len(metadata.brokers)),
                                                 config={"cleanup.policy": "compact"} if name in changelogs else {})
                                        for name in missing], operation_timeout=timeout)
         for fut in futures.values():

@@ -225,8 +225,10 @@ def _stack_groups(stack) -> dict[str, int]:
     groups = {w.name: w.process.pid for w in stack.workers if w.process.pid}
     if stack.triton is not None and stack.triton.pid:
         groups["triton"] = stack.triton.pid
-    if stack.broker is not None and stack.broker.process is not None:
-        groups["broker"] = stack.broker.process.pid
+    if stack.broker is not None:  # every node of the local broker counts as "broker"
+        for name, proc in stack.broker.processes().items():
+            if proc is not None and proc.pid:
+                groups["broker" if len(stack.broker.processes()) == 1 else name] = proc.pid
     return groups
 
 def _where_time_goes(cpu: dict, n_posts: int, worker_names: Sequence[str]) -> dict:

@@ -1,4 +1,5 @@
-"""The embedded Kafka-protocol broker for local runs and tests.
+"""The local broker for `modpipe up`, the benchmarks and the tests: Apache Kafka (modpipe/services/apache_kafka.py)
+by default, or the embedded noida-db (MODPIPE_BROKER=embedded) on a machine without a JVM.
 
 noida-db (a PyPI wheel carrying a Kafka-protocol broker binary) is used rather than tansu: it returns
 correct end offsets, keeps its data across a restart, and supports transactions and read_committed
@@ -11,14 +12,15 @@ nothing here runs.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 from modpipe import log
-from modpipe.services.process import ManagedProcess, ServiceError, port_open
-from modpipe.settings import Settings
+from modpipe.services.process import ManagedProcess, ServiceError, free_port, port_open
+from modpipe.settings import SETTINGS_SPEC, Settings
 
 _log = log.get(__name__)
 
@@ -78,15 +80,76 @@ class EmbeddedBroker:
     def wipe(self) -> None:
         shutil.rmtree(self.data_dir, ignore_errors=True)
 
+    def processes(self) -> dict[str, ManagedProcess | None]:
+        return {"broker": self.process}
+
+    def signal(self, sig: int) -> None:
+        if self.process:
+            self.process.signal(sig)
+
+    def components(self) -> dict[str, tuple]:
+        """name -> (alive?, restart), for a supervisor (`LocalStack.supervise`)."""
+        def restart() -> None:
+            self.stop()  # reaps the dead one and kills what is left of its group
+            self.start()  # same port and data directory: the topics and offsets are still there
+        return {"broker": (lambda: self.process is not None and self.process.alive(), restart)}
+
+
+# What the embedded broker needs of every consumer that reads continuously, and Apache Kafka does not: noida-db
+# answers an empty fetch at once (no long poll), so consumers pace their fetches (modpipe/services/fetching.py),
+# and it has left joins unanswered, so a worker left without an answer joins again (streams/kafka/consumer.py).
+# Apache Kafka holds an empty fetch for fetch.wait.max.ms and answers every join: there pacing only adds
+# latency, and a rejoin while the group waits for a slow member restarts its rebalance. The settings' defaults
+# are Apache Kafka's; whatever starts the embedded broker hands its clients these instead.
+# Nor does it keep a transaction across its restart (streams/outbox.py: MODPIPE_ABORT_ON_BROKERS_DOWN), nor
+# check the group generation of a transaction's offsets (streams/checkpoint.py: MODPIPE_FREEZE_GUARD).
+EMBEDDED_BROKER_TUNING = {"fetch_pause_ms": 20.0, "fetch_idle_pause_ms": 25.0, "group_rejoin_s": 20.0,
+                          "abort_on_brokers_down": "on", "freeze_guard": "on"}
+
+
+def tuned_for(settings: Settings, kind: str) -> Settings:
+    """`settings` for clients of a broker of `kind` (`kafka`, `embedded`): the embedded broker's tuning where the
+    settings are at their defaults."""
+    if kind != "embedded":
+        return settings
+    changes = {name: value for name, value in EMBEDDED_BROKER_TUNING.items()
+               if getattr(settings, name) == SETTINGS_SPEC[name].kind(SETTINGS_SPEC[name].default)}
+    return dataclasses.replace(settings, **changes)
+
+
+def local_broker(settings: Settings, *, data_dir: Path | None = None, port: int | None = None,
+                 log_dir: Path | None = None, nodes: int | None = None):
+    """A local broker of MODPIPE_BROKER's kind (not started): an `EmbeddedBroker` or an Apache `KafkaCluster` of
+    `nodes` (default MODPIPE_KAFKA_NODES). Both have `bootstrap`, `start()`, `stop()`, `kill()`, `components()`."""
+    log_dir = log_dir or settings.state_dir / "logs"
+    port = port or settings.broker_port
+    if settings.broker == "embedded":
+        return EmbeddedBroker(data_dir or settings.state_dir / "broker", port, log_path=log_dir / "broker.log")
+    from modpipe.services.apache_kafka import KafkaCluster
+
+    return KafkaCluster(data_dir or settings.state_dir / "kafka", nodes=nodes or settings.kafka_nodes,
+                        version=settings.kafka_version, cache_dir=settings.cache_dir, ports=[port] + [
+                            free_port() for _ in range((nodes or settings.kafka_nodes) - 1)],
+                        heap_mb=settings.kafka_heap_mb, log_dir=log_dir)
+
+
+def broker_kind(broker) -> str:
+    return "embedded" if isinstance(broker, EmbeddedBroker) else "kafka"
+
+
+def broker_pid(broker) -> int | None:
+    """The process id of a one-node local broker (for CPU accounting); None for none or several nodes."""
+    procs = [p for p in broker.processes().values() if p is not None] if broker is not None else []
+    return procs[0].pid if len(procs) == 1 else None
+
 
 @contextlib.contextmanager
 def kafka_endpoint(settings: Settings, *, port: int | None = None) -> Iterator[str]:
-    """Bootstrap servers to use: KAFKA_BOOTSTRAP_SERVERS if set, else an embedded broker for the duration."""
+    """Bootstrap servers to use: KAFKA_BOOTSTRAP_SERVERS if set, else a local broker for the duration."""
     if settings.bootstrap_servers:
         yield settings.bootstrap_servers
         return
-    broker = EmbeddedBroker(settings.state_dir / "broker", port or settings.broker_port,
-                            log_path=settings.state_dir / "logs" / "broker.log").start()
+    broker = local_broker(settings, port=port).start()
     try:
         yield broker.bootstrap
     finally:
@@ -104,7 +167,11 @@ def main_foreground(settings: Settings) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with kafka_endpoint(settings) as bootstrap:
-        print(f"broker ready: KAFKA_BOOTSTRAP_SERVERS={bootstrap} (data in {settings.state_dir / 'broker'}); "
+        if settings.broker == "embedded":  # its clients need what Apache Kafka's do not (EMBEDDED_BROKER_TUNING)
+            tuning = " ".join(f"{SETTINGS_SPEC[k].env}={v:g}" if isinstance(v, float) else f"{SETTINGS_SPEC[k].env}={v}"
+                              for k, v in EMBEDDED_BROKER_TUNING.items())
+            print(f"workers and readers of this broker need: {tuning}", file=sys.stderr, flush=True)
+        print(f"broker ready ({settings.broker}): KAFKA_BOOTSTRAP_SERVERS={bootstrap} (data in {settings.state_dir}); "
               "Ctrl-C stops it", file=sys.stderr, flush=True)
         try:
             while not stop.wait(0.5):

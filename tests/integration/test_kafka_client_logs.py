@@ -1,4 +1,4 @@
-"""A clean shutdown prints no alarm: against the real embedded broker, a client closed before the broker
+"""A clean shutdown prints no alarm: against a real local broker (Apache Kafka, or MODPIPE_BROKER=embedded), a client closed before the broker
 stops logs nothing; one still connected when it stops logs its `FAIL ... Disconnected` as a structured
 librdkafka record (seen at DEBUG, quiet at INFO), never as a raw `%6|...` line on stderr."""
 
@@ -20,12 +20,12 @@ import sys, time
 from pathlib import Path
 from confluent_kafka import Producer
 from modpipe import log
-from modpipe.services.broker import EmbeddedBroker
+from modpipe.services.broker import local_broker
 from modpipe.services.process import free_port
 from modpipe.settings import Settings
 level, close_first, data = sys.argv[1], sys.argv[2] == "close", Path(sys.argv[3])
 log.configure("WARNING", "json")  # the broker's own start-up lines are not what is checked
-broker = EmbeddedBroker(data / "data", free_port(), log_path=data / "broker.log").start()
+broker = local_broker(Settings.from_env(), data_dir=data / "data", port=free_port(), log_dir=data).start()
 log.configure(level, "json")
 producer = Producer({**Settings.from_env({}).kafka_client_config(), "bootstrap.servers": broker.bootstrap})
 producer.produce("shutdown-probe", b"x")

@@ -12,11 +12,9 @@ from confluent_kafka import Producer
 
 from loadgen.chaos import streaming_tables
 from loadgen.smoke import end_consumer
-from modpipe.services.broker import EmbeddedBroker
-from modpipe.services.process import free_port
 from streams import tables as tables_module
 from streams.tables import Table, encode_key, encode_value, restore
-from tests.fixtures.kafka import create_topics
+from tests.fixtures.kafka import create_topics, start_broker
 from tests.integration.test_streaming import collect_decisions, produce_posts
 
 pytestmark = pytest.mark.integration
@@ -92,14 +90,14 @@ def test_a_restore_that_cannot_reach_the_end_says_where_it_stands_and_gives_up(p
     restore logs where it stands at each interval instead of hanging silently, and fails after its timeout (the
     worker then stops and its restart tries again); once the broker answers, the same restore completes."""
     monkeypatch.setattr(tables_module, "RESTORE_PROGRESS_S", 0.5)
-    broker = EmbeddedBroker(tmp_path / "broker", free_port()).start()
+    broker = start_broker(tmp_path)
     try:
         topic = f"{pipeline_settings.app_id}-features-user-changelog"
         create_topics(broker.bootstrap, [topic])
         producer = Producer({"bootstrap.servers": broker.bootstrap})
         producer.produce(topic, encode_value({"k": "v"}), key=encode_key("u1"), partition=0)
         assert producer.flush(30) == 0
-        broker.process.signal(signal.SIGSTOP)
+        broker.signal(signal.SIGSTOP)
         user = Table("user", topic)
         with caplog.at_level("WARNING", logger="streams.tables"), \
                 pytest.raises(TimeoutError, match="not read to their end"):
@@ -107,9 +105,9 @@ def test_a_restore_that_cannot_reach_the_end_says_where_it_stands_and_gives_up(p
         reports = [r for r in caplog.records if r.getMessage() == "changelog restore still reading"]
         assert len(reports) >= 3 and {r.partitions_left for r in reports} == {1}
         assert reports[-1].behind[0]["topic"] == topic and reports[-1].behind[0]["partition"] == 0
-        broker.process.signal(signal.SIGCONT)
+        broker.signal(signal.SIGCONT)
         assert restore([user], [0], pipeline_settings, broker.bootstrap, timeout_s=60.0) == 1
         assert user.decoded() == {0: {"u1": {"k": "v"}}}
     finally:
-        broker.process.signal(signal.SIGCONT)
+        broker.signal(signal.SIGCONT)
         broker.stop()

@@ -242,7 +242,29 @@ class BrokersDown:
         return KafkaError._ALL_BROKERS_DOWN
 
 
-def test_losing_every_broker_dooms_the_open_transaction(fake_outbox):
+def test_losing_every_broker_keeps_the_transaction_by_default(fake_outbox):
+    """Apache Kafka keeps an open transaction across a moment without brokers (MODPIPE_ABORT_ON_BROKERS_DOWN off)."""
+    async def scenario():
+        fake_outbox.start(asyncio.get_running_loop())
+        fatal = []
+        fake_outbox.on_fatal = fatal.append
+        fake_outbox.produce("decisions", b"v1")
+        fake_outbox._on_client_error(BrokersDown())
+        fake_outbox.produce("decisions", b"v2")
+        await asyncio.sleep(0)
+        return fatal
+
+    fatal = asyncio.run(scenario())
+    fake_outbox.close()
+    assert fake_outbox.doomed is None and fatal == []
+    assert len(fake_outbox.producer.produced) == 2
+
+
+def test_on_the_embedded_broker_losing_every_broker_dooms_the_open_transaction(monkeypatch):
+    monkeypatch.setattr(outbox, "Producer", FakeProducer)
+    fake_outbox = Outbox(Settings.from_env({"MODPIPE_ABORT_ON_BROKERS_DOWN": "on"}), "b:9092", linger_ms=5,
+                         transactional_id="worker-0")
+
     async def scenario():
         fake_outbox.start(asyncio.get_running_loop())
         fatal = []

@@ -51,9 +51,9 @@ class FakeSeeks:
         self.seeks.append((tp, offset))
 
 
-def make_runner(handlers=None, conf=None) -> Runner:
+def make_runner(handlers=None, conf=None, env=None) -> Runner:
     handlers = handlers or {POSTS: lambda records: None, USER: lambda records: None, AWAITING: None}
-    runner = Runner(Settings.from_env({}), "b:9092", FakeWiring(), outbox=None, handlers=handlers,
+    runner = Runner(Settings.from_env(env or {}), "b:9092", FakeWiring(), outbox=None, handlers=handlers,
                     consumer_conf=conf or {"session.timeout.ms": 10_000, "heartbeat.interval.ms": 2_000})
     runner.consumer = FakeSeeks()
     return runner
@@ -64,8 +64,15 @@ def records(topic: str, partition: int, offsets) -> list[Record]:
 
 
 def test_the_freeze_limit_is_the_session_less_a_heartbeat():
-    assert make_runner().watch.limit_s == 8.0
-    assert make_runner(conf={"session.timeout.ms": 1_500, "heartbeat.interval.ms": 1_000}).watch.limit_s == 1.0
+    guarded = {"MODPIPE_FREEZE_GUARD": "on"}
+    assert make_runner(env=guarded).watch.limit_s == 8.0
+    assert make_runner(conf={"session.timeout.ms": 1_500, "heartbeat.interval.ms": 1_000},
+                       env=guarded).watch.limit_s == 1.0
+
+
+def test_without_the_freeze_guard_there_is_no_watch():
+    """Apache Kafka fences a frozen member itself (MODPIPE_FREEZE_GUARD off, the default)."""
+    assert make_runner().watch is None
 
 
 def test_done_keeps_the_offset_after_the_last_record_per_partition_until_taken():

@@ -43,11 +43,22 @@ class FakeProcess:
         return self.up
 
 
+class FakeBroker:
+    """What LocalStack asks of its broker for supervision: `components()`, name -> (alive?, restart)."""
+
+    def __init__(self):
+        self.process = FakeProcess()
+        self.restart = lambda: None
+
+    def components(self):
+        return {"broker": (lambda: self.process.alive(), lambda: self.restart())}
+
+
 def test_supervise_restarts_what_died_once_its_backoff_is_over(monkeypatch):
     from modpipe.settings import Settings
 
     stack = LocalStack(Settings.from_env({}))
-    broker = type("B", (), {"process": FakeProcess()})()
+    broker = FakeBroker()
     stack.broker = broker
     restarted = []
 
@@ -55,7 +66,7 @@ def test_supervise_restarts_what_died_once_its_backoff_is_over(monkeypatch):
         restarted.append("broker")
         broker.process = FakeProcess()
 
-    monkeypatch.setattr(stack, "_restart_broker", restart_broker)
+    broker.restart = restart_broker
     assert stack.supervise(now=0.0) == [] and stack.component_states() == {"broker": "up"}
     broker.process.up = False
     assert stack.supervise(now=100.0) == ["broker died; restarting in 1 s"]
@@ -70,7 +81,7 @@ def test_a_restart_that_fails_is_tried_again_later(monkeypatch):
     from modpipe.settings import Settings
 
     stack = LocalStack(Settings.from_env({}))
-    stack.broker = type("B", (), {"process": FakeProcess()})()
+    stack.broker = FakeBroker()
     stack.broker.process.up = False
     calls = []
 
@@ -78,7 +89,7 @@ def test_a_restart_that_fails_is_tried_again_later(monkeypatch):
         calls.append(1)
         raise RuntimeError("port 9092 is already in use")
 
-    monkeypatch.setattr(stack, "_restart_broker", failing)
+    stack.broker.restart = failing
     stack.supervise(now=0.0)
     events = stack.supervise(now=1.0)
     assert calls == [1] and "did not start (port 9092 is already in use)" in events[0]
