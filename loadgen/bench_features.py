@@ -143,7 +143,8 @@ def run(settings: Settings, n_posts: int = 3000, workers: int = 1, progress: boo
             own_broker.stop()
             own_broker.wipe()
     ours = paths["on"]
-    report = {"posts": n_posts, "workers": workers, "plain_loop_posts_per_s": round(plain, 1),
+    report = {"broker": settings.broker if own_broker else "external", "posts": n_posts, "workers": workers,
+              "plain_loop_posts_per_s": round(plain, 1),
               "feature_path_posts_per_s": round(ours["posts_per_s"], 1),
               "ratio_feature_path_over_plain": round(ours["posts_per_s"] / plain, 4),
               "worker_cpu_ms_per_post": ours["worker_cpu_ms_per_post"],

@@ -300,10 +300,32 @@ def _demo(args) -> int:
     return run_demo(Settings.from_env(), posts=args.posts, workers=args.workers, keep_running=args.keep_running)
 
 
+def broker_kinds(settings: Settings, given: str | None) -> list[str]:
+    """The local brokers a benchmark runs on, one after the other in the same invocation (`--brokers`, a
+    comma-separated list of `kafka` and `embedded`; default MODPIPE_BROKER). With KAFKA_BOOTSTRAP_SERVERS set
+    the benchmark runs once, on that cluster."""
+    if settings.bootstrap_servers:
+        return ["external"]
+    kinds = [k.strip() for k in (given or settings.broker).split(",") if k.strip()]
+    unknown = [k for k in kinds if k not in ("kafka", "embedded")]
+    if unknown or not kinds:
+        raise SystemExit(f"--brokers takes kafka and/or embedded, not {given!r}")
+    return kinds
+
+
+def _on_broker(settings: Settings, kind: str) -> Settings:
+    import dataclasses
+
+    return settings if kind == "external" else dataclasses.replace(settings, broker=kind)
+
+
 def _bench_features(args) -> int:
     from loadgen.bench_features import run
 
-    report = run(Settings.from_env(), n_posts=args.posts, workers=args.workers, progress=not args.json)
+    settings = Settings.from_env()
+    reports = {kind: run(_on_broker(settings, kind), n_posts=args.posts, workers=args.workers, progress=not args.json)
+               for kind in broker_kinds(settings, args.brokers)}
+    report = next(iter(reports.values())) if len(reports) == 1 else {"brokers": reports}
     print(json.dumps(report) if args.json else json.dumps(report, indent=2))
     return 0
 
@@ -314,24 +336,34 @@ def _bench_transport(args) -> int:
     from modpipe.services.broker import broker_pid, local_broker
     from modpipe.services.process import free_port
 
-    settings = Settings.from_env()
+    base = Settings.from_env()
     ints = lambda text: tuple(int(x) for x in text.split(",") if x.strip())  # noqa: E731
-    broker = None
-    if not settings.bootstrap_servers:
-        # a directory per run, as `bench features`: a run killed without cleanup must not block the next one
-        broker = local_broker(settings, data_dir=settings.state_dir / f"bench-broker-{uuid.uuid4().hex[:8]}",
-                              port=free_port(), nodes=1).start()
-    try:
-        report = transport.run(broker.bootstrap if broker else settings.bootstrap_servers, records=args.records,
-                               intervals_ms=ints(args.intervals), aiokafka_intervals_ms=ints(args.aiokafka_intervals),
-                               paced_rate=args.paced_rate, paced_s=args.paced_seconds, profile=not args.no_profile,
-                               broker_pid=broker_pid(broker), progress=not args.json)
-    finally:
-        if broker:
-            broker.stop()
-            broker.wipe()
-    print(json.dumps(report) if args.json else format_text(report))
-    return 0 if report["all_checks_ok"] else 1
+    reports = {}
+    for kind in broker_kinds(base, args.brokers):
+        settings = _on_broker(base, kind)
+        broker = None
+        if not settings.bootstrap_servers:
+            # a directory per run, as `bench features`: a run killed without cleanup must not block the next one
+            broker = local_broker(settings, data_dir=settings.state_dir / f"bench-broker-{uuid.uuid4().hex[:8]}",
+                                  port=free_port(), nodes=1).start()
+        try:
+            reports[kind] = transport.run(
+                broker.bootstrap if broker else settings.bootstrap_servers, records=args.records,
+                intervals_ms=ints(args.intervals), aiokafka_intervals_ms=ints(args.aiokafka_intervals),
+                paced_rate=args.paced_rate, paced_s=args.paced_seconds, profile=not args.no_profile,
+                broker_pid=broker_pid(broker), progress=not args.json)
+            reports[kind]["broker"] = kind
+        finally:
+            if broker:
+                broker.stop()
+                broker.wipe()
+    ok = all(r["all_checks_ok"] for r in reports.values())
+    if args.json:
+        print(json.dumps(next(iter(reports.values())) if len(reports) == 1 else {"brokers": reports,
+                                                                                   "all_checks_ok": ok}))
+    else:
+        print("\n\n".join(f"== broker: {kind} ==\n{format_text(r)}" for kind, r in reports.items()))
+    return 0 if ok else 1
 
 
 def register_clients(sub: argparse._SubParsersAction) -> None:
@@ -342,6 +374,8 @@ def register_clients(sub: argparse._SubParsersAction) -> None:
         "features", help="posts/s through ingest + feature stages (text model off) vs a plain Kafka loop")
     p.add_argument("--posts", type=int, default=3000, help="posts sent through each path (default 3000)")
     p.add_argument("--workers", type=int, default=1, help="stream workers of the feature path (default 1)")
+    p.add_argument("--brokers", default=None, help="local brokers to run on, one after the other: kafka, embedded "
+                                                   "or kafka,embedded (default MODPIPE_BROKER)")
     p.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
     p.set_defaults(func=_bench_features)
 
@@ -362,6 +396,8 @@ def register_clients(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--paced-seconds", type=float, default=transport.DEFAULT_PACED_S,
                    help="length of each paced pass (default %(default)g)")
     p.add_argument("--no-profile", action="store_true", help="skip the profiled passes")
+    p.add_argument("--brokers", default=None, help="local brokers to run on, one after the other: kafka, embedded "
+                                                   "or kafka,embedded (default MODPIPE_BROKER)")
     p.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
     p.set_defaults(func=_bench_transport)
 

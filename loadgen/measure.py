@@ -20,6 +20,7 @@ from pathlib import Path
 
 from modpipe import log, schema
 from modpipe.services.fetching import START_GRACE_S, paced_fetches
+from modpipe.services.offsets import watermarks
 from modpipe.settings import Settings
 from simulation.metrics import binary_metrics, confusion, latency_summary, percentile, round_or_none
 
@@ -65,7 +66,7 @@ class DecisionCollector(threading.Thread):
         self._next: dict[tuple[str, int], int] = {}
         if consumer is not None:
             for tp in consumer.assignment():
-                self._next[(tp.topic, tp.partition)] = consumer.get_watermark_offsets(tp, timeout=10)[1]
+                self._next[(tp.topic, tp.partition)] = watermarks(consumer, tp, 10)[1]
 
     def settle(self) -> None:
         """Until the collector paces its fetches: before that it spins, and a run's first seconds would be
@@ -136,7 +137,7 @@ class LagSampler(threading.Thread):
         def lag_of(tps) -> int:
             lag = 0
             for tp in tps:
-                low, high = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=5)
+                low, high = watermarks(consumer, TopicPartition(tp.topic, tp.partition), 5)
                 lag += max(0, high - (tp.offset if tp.offset >= 0 else low))
             return lag
 

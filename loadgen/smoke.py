@@ -19,6 +19,7 @@ from tqdm import tqdm
 from loadgen.posts import labelled_posts, malformed_records
 from modpipe import log, schema
 from modpipe.services.fetching import PACED_CONSUMER_CONFIG
+from modpipe.services.offsets import watermarks
 from modpipe.settings import Settings
 from modpipe.textmodel.artifacts import resolve_model
 from streams.topics import TopicNames
@@ -36,7 +37,7 @@ def end_consumer(settings: Settings, bootstrap: str, topics: list[str], paced: b
     tps = []
     for topic in topics:
         for p in range(settings.partitions):
-            _, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            _, high = watermarks(consumer, TopicPartition(topic, p), 10)
             tps.append(TopicPartition(topic, p, high if high >= 0 else OFFSET_END))
     consumer.assign(tps)
     return consumer

@@ -33,6 +33,12 @@ def create_pipeline(settings: Settings) -> Pipeline:
 def consumer_config(settings: Settings, bootstrap: str, worker_name: str) -> dict:
     """The group consumer's librdkafka settings (streams/kafka/consumer.py adds what correctness needs)."""
     conf = {**settings.kafka_client_config(), "bootstrap.servers": bootstrap, "group.id": settings.app_id,
+            # The classic protocol, on purpose: its client-side range assignor gives partition p of every input
+            # topic to one worker, so each stage's tables live with the partitions that feed them; and its eager
+            # rebalances revoke every partition before any moves, which the runner's hand-over relies on (it
+            # drops fetched batches at a revocation). KIP-848's `consumer` protocol assigns on the broker
+            # (uniform by default) with incremental callbacks: neither holds there (docs/operations.md).
+            "group.protocol": "classic",
             # Rebalances are quick with a short session timeout; noida-db and Kafka accept >= 6 s.
             "session.timeout.ms": 10_000, "heartbeat.interval.ms": 2_000,
             "fetch.wait.max.ms": 100, "queued.max.messages.kbytes": 16_384,

@@ -22,6 +22,7 @@ import uuid
 import orjson
 
 from modpipe import log
+from modpipe.services.offsets import watermarks
 from modpipe.settings import Settings
 
 _log = log.get(__name__)
@@ -39,13 +40,13 @@ def latest(settings: Settings, bootstrap: str, topic: str, worker: str, timeout_
                          "group.id": f"modpipe-incarnations-{uuid.uuid4().hex[:8]}", "enable.auto.commit": False})
     try:
         ends = {}
+        deadline = time.monotonic() + timeout_s
         for p in consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
+            low, high = watermarks(consumer, TopicPartition(topic, p), max(1.0, deadline - time.monotonic()))
             if high > low:
                 ends[p] = high
         consumer.assign([TopicPartition(topic, p, 0) for p in ends])
         found = None
-        deadline = time.monotonic() + timeout_s
         while ends:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{topic} not read to its end within {timeout_s:.0f} s")

@@ -227,8 +227,12 @@ class Runner:
         await loop.run_in_executor(None, tables.restore, stage_tables, numbers, self.settings, self.bootstrap)
         self.wiring.assigned(tps)
         self._own(added=tps)
+        by_topic: dict[str, list[int]] = {}
+        for tp in tps:
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
         _log.info("partitions assigned", extra={"partitions": len(tps),
-                                                "stage_partitions": {s: sorted(p) for s, p in by_stage.items()}})
+                                                "stage_partitions": {s: sorted(p) for s, p in by_stage.items()},
+                                                "topic_partitions": {t: sorted(p) for t, p in by_topic.items()}})
 
     async def on_lost(self, tps: list[TP]) -> None:
         self._own(removed=tps)

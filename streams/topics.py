@@ -71,6 +71,25 @@ class TopicNames:
         return [*self.inputs(), self.decisions, self.dead_letters, *self.changelogs.values(), self.incarnations]
 
 
+def wait_for_leaders(admin, topics: list[str], timeout: float = 30.0) -> None:
+    """Until every partition of `topics` has a leader in the cluster's metadata. Apache Kafka answers a topic's
+    creation before its leaders are known everywhere: a ListOffsets or a produce right after it can get
+    NOT_LEADER_FOR_PARTITION (the embedded broker has its leader at once)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        md = admin.list_topics(timeout=timeout)
+        waiting = [t for t in topics if t not in md.topics or md.topics[t].error is not None
+                   or not md.topics[t].partitions
+                   or any(p.leader < 0 or p.error is not None for p in md.topics[t].partitions.values())]
+        if not waiting:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no leader within {timeout:.0f} s for every partition of {waiting[:5]}")
+        time.sleep(0.1)
+
+
 def ensure_topics(settings: Settings, bootstrap: str | None = None, timeout: float = 30.0) -> list[str]:
     """Create missing topics; refuse existing ones whose partition count differs. Returns the created names."""
     from confluent_kafka.admin import AdminClient, NewTopic
@@ -102,5 +121,6 @@ def ensure_topics(settings: Settings, bootstrap: str | None = None, timeout: flo
             except Exception as exc:  # a concurrent creator may have won the race: that is fine
                 if "TOPIC_ALREADY_EXISTS" not in str(exc):
                     raise
+        wait_for_leaders(admin, missing, timeout)
         _log.info("topics created", extra={"topics": missing, "partitions": settings.partitions})
     return missing

@@ -69,6 +69,24 @@ def make_shadow(settings: Settings, text_model_version: str):
     return shadow
 
 
+TRANSACTION_TIMEOUT_MAX_S = 900.0  # Apache Kafka's transaction.max.timeout.ms default: a longer one is refused
+
+
+def transaction_timeout_s(settings: Settings) -> float:
+    """transaction.timeout.ms of the worker's producer. A checkpoint waits inside its transaction for its
+    epoch's Triton batches (streams/checkpoint.py, step 3): a request may take MODPIPE_TRITON_TIMEOUT_S, and a
+    text-model outage holds posts for MODPIPE_TEXT_MODEL_OUTAGE_S before they are decided without it. Apache
+    Kafka aborts a transaction open past its timeout, and the worker would then stop and restart for as long as
+    Triton is out; so the timeout covers both waits with a minute to spare (60 s at least, Kafka's default; at
+    most the broker's limit). A dead worker's transaction never waits this long in practice: its restart
+    fences it at once (streams/incarnations.py)."""
+    if settings.text_model == "off":
+        return 60.0
+    if settings.text_model_outage_policy == "wait":  # posts wait for Triton as long as it is out: the longest
+        return TRANSACTION_TIMEOUT_MAX_S
+    return min(TRANSACTION_TIMEOUT_MAX_S, max(60.0, settings.triton_timeout_s + settings.text_model_outage_s + 60.0))
+
+
 def build_worker(settings: Settings, name: str):
     bootstrap = settings.bootstrap()
     ensure_topics(settings, bootstrap)
@@ -82,7 +100,8 @@ def build_worker(settings: Settings, name: str):
     shadow = make_shadow(settings, build.version)
     bans = BanRegistry(settings, bootstrap, pipe.topics.bans)
     outbox = Outbox(settings, bootstrap, linger_ms=settings.producer_linger_ms,
-                    transactional_id=incarnations.start(settings, bootstrap, pipe.topics.incarnations, name))
+                    transactional_id=incarnations.start(settings, bootstrap, pipe.topics.incarnations, name),
+                    transaction_timeout_ms=int(1000 * transaction_timeout_s(settings)))
     wiring = Wiring(pipe, settings, scorer, decider, bans, outbox, shadow)
     return pipe, scorer, decider, bans, outbox, wiring, bootstrap
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 
+from modpipe.services.offsets import watermarks
 from modpipe.settings import Settings
 
 
@@ -19,7 +20,7 @@ def end_offsets(settings: Settings, bootstrap: str, topics: list[str],
     consumer = Consumer({**settings.kafka_client_config(), "bootstrap.servers": bootstrap,
                          "isolation.level": isolation, "group.id": f"modpipe-ends-{uuid.uuid4().hex[:8]}"})
     try:
-        return {(t, p): consumer.get_watermark_offsets(TopicPartition(t, p), timeout=10)[1]
+        return {(t, p): watermarks(consumer, TopicPartition(t, p), 10)[1]
                 for t in topics for p in range(settings.partitions)}
     finally:
         consumer.close()
@@ -43,7 +44,7 @@ def uncommitted_input(settings: Settings, bootstrap: str, topics: list[str], gro
         start: dict[tuple[str, int], int] = {}
         ends: dict[tuple[str, int], int] = {}
         for tp in admin.committed(tps, timeout=10):
-            low, high = admin.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=10)
+            low, high = watermarks(admin, TopicPartition(tp.topic, tp.partition), 10)
             at = tp.offset if tp.offset >= 0 else low
             if high > at:
                 start[(tp.topic, tp.partition)], ends[(tp.topic, tp.partition)] = at, high

@@ -6,6 +6,7 @@ import time
 import uuid
 from collections.abc import Iterator
 
+from modpipe.services.offsets import watermarks
 from modpipe.settings import Settings
 
 
@@ -29,7 +30,7 @@ def read_to_end(settings: Settings, bootstrap: str, topics: list[str], timeout_s
             if meta is None or meta.error is not None:
                 continue
             for p in meta.partitions:
-                low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)
+                low, high = watermarks(consumer, TopicPartition(topic, p), 30)
                 if high > low:
                     remaining[(topic, p)] = high
                     tps.append(TopicPartition(topic, p, low))

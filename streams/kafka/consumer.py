@@ -191,7 +191,7 @@ class GroupConsumer:
             return
         self._assigned_at = time.monotonic()
         self._unassigned_since = None
-        self._committed = {TP(tp.topic, tp.partition): tp.offset for tp in consumer.committed(partitions, timeout=30)}
+        self._committed = self._committed_offsets(consumer, partitions)
         self._lag_due = 0.0  # the new partitions' lag series at once (the dashboard's panel after a restart)
         self._next.clear()
         self._sought.clear()
@@ -199,6 +199,19 @@ class GroupConsumer:
             return  # the worker is stopping: it takes no partitions on (librdkafka may still rejoin)
         self._group_metadata = consumer.consumer_group_metadata()
         self._call_on_loop(self.on_assigned, partitions)
+
+    @staticmethod
+    def _committed_offsets(consumer, partitions) -> dict[TP, int]:
+        """The group's committed offsets at an assignment, for the lag metric only. Under read_committed, Apache
+        Kafka answers UNSTABLE_OFFSET_COMMIT while a transaction that sent offsets for a partition is open (a
+        killed worker's, until its restart fences it or it times out), and the call waits: it must not fail the
+        assignment, whose fetches wait for those offsets on their own."""
+        try:
+            return {TP(tp.topic, tp.partition): tp.offset for tp in consumer.committed(partitions, timeout=5)}
+        except KafkaException as exc:
+            _log.warning("committed offsets not known yet; lag counts from the log start meanwhile",
+                         extra={"error": str(exc)[:300]})
+            return {}
 
     def _revoke_cb(self, consumer, partitions) -> None:
         if consumer is not self.consumer:  # a consumer left by _rejoin

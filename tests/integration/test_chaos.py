@@ -1,5 +1,7 @@
-"""Faults (issue #14): `modpipe chaos` on a small scale. It runs an embedded stack of its own (the session's
-broker is shared by other tests and must not be restarted)."""
+"""Faults (issue #14): `modpipe chaos` on a small scale. It runs a local stack of its own (the session's broker
+is shared by other tests and must not be killed): three Apache Kafka nodes (replication 3,
+min.insync.replicas 2), whose leader of the `posts` partitions and a worker's transaction coordinator are
+SIGKILLed mid-stream beside two workers and Triton."""
 
 from __future__ import annotations
 
@@ -9,23 +11,32 @@ import sys
 
 import pytest
 
+from modpipe.settings import Settings
+
 pytestmark = pytest.mark.integration
 
 
-def test_chaos_kills_workers_triton_and_the_broker_and_nothing_is_lost_or_counted_twice(settings_env, model_build):
+EMBEDDED = Settings.from_env().broker == "embedded"
+
+
+def test_chaos_kills_workers_triton_and_brokers_and_nothing_is_lost_or_counted_twice(settings_env, model_build):
     env = {**settings_env, "MODPIPE_MODEL_DIR": str(model_build.path), "MODPIPE_LOG_FORMAT": "json"}
     env.pop("KAFKA_BOOTSTRAP_SERVERS", None)
     env.pop("TRITON_URL", None)
+    brokers = ["--broker-restarts", "1"] if EMBEDDED else [
+        "--brokers", "3", "--broker-restarts", "0", "--leader-kills", "1", "--txn-coordinator-kills", "1"]
     proc = subprocess.run([sys.executable, "-m", "modpipe", "chaos", "--posts", "500", "--rate", "20", "--workers", "2",
-                           "--worker-kills", "2", "--triton-kills", "1", "--broker-restarts", "1", "--seed", "1",
+                           "--worker-kills", "2", "--triton-kills", "1", *brokers, "--seed", "1",
                            "--timeout", "240", "--json"], env=env, capture_output=True, text=True, timeout=600)
     assert proc.stdout.strip(), proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     detail = json.dumps({k: report.get(k) for k in ("decisions", "features", "faults", "restarts", "lag_after")})[:4000]
     faults = [f for f in report["faults"] if "target" in f]
-    assert sorted(f["kind"] for f in faults) == ["broker", "triton", "worker", "worker"], detail
+    broker_kinds = ["broker"] if EMBEDDED else ["leader", "txn-coordinator"]
+    assert sorted(f["kind"] for f in faults) == sorted([*broker_kinds, "triton", "worker", "worker"]), detail
     assert all(f["killed"] for f in faults), detail  # each fault hit a live process
-    assert report["restarts"].get("broker", 0) >= 1 and report["restarts"].get("triton", 0) >= 1, detail
+    node_restarts = sum(n for name, n in report["restarts"].items() if name == "broker" or name.startswith("kafka-"))
+    assert node_restarts >= len(broker_kinds) and report["restarts"].get("triton", 0) >= 1, detail
     assert sum(n for name, n in report["restarts"].items() if name.startswith("worker")) >= 2, detail
     d = report["decisions"]
     assert d["sent"] >= 450 and d["lost"] == 0, detail  # every post the broker holds was decided

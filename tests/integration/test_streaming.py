@@ -120,6 +120,49 @@ def test_two_workers_split_partitions_and_decide_everything(local_stack, pipelin
         (result["lost"], result["duplicates"], restarts)
 
 
+def last_assignment(worker) -> dict[str, list[int]] | None:
+    """topic -> partitions of a worker's last assignment, from its log ("partitions assigned")."""
+    for line in reversed(worker.process.log_path.read_text(errors="replace").splitlines()):
+        if line.startswith("{") and '"partitions assigned"' in line:
+            record = orjson.loads(line)
+            if record["msg"] == "partitions assigned":
+                return record["topic_partitions"]
+    return None
+
+
+def test_three_workers_are_co_partitioned_under_the_classic_protocol(local_stack, pipeline_settings):
+    """The group protocol is `classic` with range assignment (streams/app.py): each worker is given the same
+    partition numbers of every input topic (posts, the stages, reports, ...), so a stage's tables live with the
+    partitions that feed them, and the workers' numbers split the partitions between them."""
+    stack = local_stack(workers=3)
+    inputs = stack.topics.inputs()
+    wanted = len(inputs) * pipeline_settings.partitions
+
+    def settled():
+        if stack.assigned_partitions() != wanted:
+            return None
+        got = [last_assignment(w) for w in stack.workers]
+        return got if all(g is not None for g in got) and sum(len(p) for g in got for p in g.values()) == wanted \
+            else None
+
+    deadline = time.monotonic() + 90
+    assignments = settled()
+    while assignments is None and time.monotonic() < deadline:
+        time.sleep(1)
+        assignments = settled()
+    assert assignments is not None, [last_assignment(w) for w in stack.workers]
+    numbers = []
+    for topics in assignments:
+        if not topics:
+            continue
+        assert set(topics) == set(inputs), topics  # a worker with partitions has them in every input topic
+        same = {tuple(p) for p in topics.values()}
+        assert len(same) == 1, topics  # ... with the same numbers in each
+        numbers.append(same.pop())
+    flat = sorted(p for ns in numbers for p in ns)
+    assert flat == list(range(pipeline_settings.partitions)), assignments  # split, each partition once
+
+
 def test_worker_killed_mid_stream_loses_nothing(local_stack, pipeline_settings, model_build):
     """SIGKILL mid-stream: the restarted worker (same transactional.id) aborts what its predecessor left open
     and processes again from the committed offsets; a read_committed reader sees each post decided once."""

@@ -13,8 +13,11 @@ import pytest
 
 from modpipe import log
 from modpipe.services.process import free_port
+from modpipe.settings import Settings
 
 pytestmark = pytest.mark.integration
+
+EMBEDDED = Settings.from_env().broker == "embedded"
 
 
 def descendants(pid: int) -> set[int]:
@@ -96,7 +99,8 @@ def _child(root: int, needle: str) -> int:
 
 
 def test_up_restarts_what_dies_and_keeps_deciding(tmp_path, settings_env, model_build):
-    """Issue #14: a SIGKILLed Triton, worker or broker is restarted by `up`, and posts are decided afterwards."""
+    """Issue #14: a SIGKILLed Triton, worker or broker (node) is restarted by `up`, and posts are decided
+    afterwards."""
     import threading
 
     from loadgen.posts import make_post
@@ -130,13 +134,14 @@ def test_up_restarts_what_dies_and_keeps_deciding(tmp_path, settings_env, model_
     try:
         wait_for(lambda: any(line.startswith("posts ") for line in lines), 180, "a status line")
         status = next(line for line in lines if line.startswith("posts "))
-        assert "broker up" in status and "triton up" in status and "workers 1/1" in status, status
-        for name, needle in (("triton", "bin/tritonserver"), ("worker-0", "modpipe worker"), ("broker", "noida")):
+        broker, broker_needle = ("broker", "noida") if EMBEDDED else ("kafka-1", "kafka.Kafka")
+        assert f"{broker} up" in status and "triton up" in status and "workers 1/1" in status, status
+        for name, needle in (("triton", "bin/tritonserver"), ("worker-0", "modpipe worker"), (broker, broker_needle)):
             victim = _child(proc.pid, needle)
             os.kill(victim, signal.SIGKILL)
             wait_for(lambda name=name: any(f"{name} restarted" in line for line in lines), 180, f"{name} restarted")
             assert _child(proc.pid, needle) != victim
-        wait_for(lambda: any(line.startswith("posts ") and "workers 1/1" in line and "broker up (1 restarts)" in line
+        wait_for(lambda: any(line.startswith("posts ") and "workers 1/1" in line and f"{broker} up (1 restarts)" in line
                              and "triton up (1 restarts)" in line for line in lines[-3:]), 60, "every component up")
 
         settings = Settings.from_env({**env, "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{broker_port}"})

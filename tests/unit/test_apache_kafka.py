@@ -8,7 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from modpipe.services.apache_kafka import coordinator_partition, java_string_hash, node_properties, random_cluster_id
+from modpipe.services.apache_kafka import (
+    coordinator_partition,
+    java_string_hash,
+    node_properties,
+    random_cluster_id,
+)
 
 
 @pytest.mark.parametrize(("text", "expected"), [

@@ -306,3 +306,18 @@ def test_the_assigned_partitions_gauge_drops_at_a_revocation_and_counts_only_res
 
     assert asyncio.run(scenario()) == [4, 0, 2, 0]
     assert during_restores == [0, 0]
+
+
+def test_a_transaction_outlasts_the_checkpoints_longest_wait_for_triton():
+    """Apache Kafka aborts a transaction open past transaction.timeout.ms; a checkpoint waits inside it for a
+    Triton request (MODPIPE_TRITON_TIMEOUT_S) and then an outage (MODPIPE_TEXT_MODEL_OUTAGE_S)."""
+    from streams.worker import TRANSACTION_TIMEOUT_MAX_S, transaction_timeout_s
+
+    default = Settings.from_env({})
+    assert transaction_timeout_s(default) >= default.triton_timeout_s + default.text_model_outage_s + 30
+    long_outage = Settings.from_env({"MODPIPE_TEXT_MODEL_OUTAGE_S": "600"})
+    assert transaction_timeout_s(long_outage) >= 630
+    assert transaction_timeout_s(Settings.from_env({"MODPIPE_TEXT_MODEL_OUTAGE_S": "5000"})) == TRANSACTION_TIMEOUT_MAX_S
+    assert transaction_timeout_s(Settings.from_env({"MODPIPE_TEXT_MODEL_OUTAGE_POLICY": "wait"})) == \
+        TRANSACTION_TIMEOUT_MAX_S
+    assert transaction_timeout_s(Settings.from_env({"MODPIPE_TEXT_MODEL": "off"})) == 60.0

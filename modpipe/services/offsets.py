@@ -1,0 +1,29 @@
+"""A partition's watermarks, asked again while the cluster has no leader for it yet.
+
+Apache Kafka answers a topic's creation before the new partitions' leaders serve requests, and a killed
+node's partitions have no leader until the controller elects another: a ListOffsets then fails with
+NOT_LEADER_FOR_PARTITION or LEADER_NOT_AVAILABLE (the embedded broker, one process, never says either).
+librdkafka does not retry those in `get_watermark_offsets`; every reader of end offsets goes through here."""
+
+from __future__ import annotations
+
+import time
+
+from confluent_kafka import KafkaError, KafkaException
+
+NOT_YET = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
+           KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT}
+RETRY_S = 0.2
+
+
+def watermarks(client, tp, timeout: float = 10.0) -> tuple[int, int]:
+    """(low, high) of `tp` from a Consumer, retried on a missing leader until `timeout` has passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return client.get_watermark_offsets(tp, timeout=max(0.5, deadline - time.monotonic()))
+        except KafkaException as exc:
+            err = exc.args[0]
+            if not (err.retriable() or err.code() in NOT_YET) or time.monotonic() + RETRY_S > deadline:
+                raise
+            time.sleep(RETRY_S)
