@@ -157,10 +157,10 @@ It prints posts/s of each path, the targets (worker and broker CPU per post, pip
 latency at 5 posts/s and at 50% load) with the measured values, the ratios pipeline/seed and
 pipeline/ceiling, where the pipeline's CPU went, the capacity per worker core beside what one GPU
 serves, and how busy the machine was with other work; the markdown table goes to --markdown. The
-stack runs on its own ports, topics and state directory (KAFKA_BOOTSTRAP_SERVERS / TRITON_URL, when
-set, are used instead of starting them). Before each pass, the posts and decisions the earlier passes
-left on its own embedded broker are deleted (the tables' changelogs stay): that broker's CPU grows with
-what it holds, Apache Kafka's does not (--keep-records keeps them).
+stack runs on its own broker (MODPIPE_BROKER: Apache Kafka by default), ports, topics and state directory
+(KAFKA_BOOTSTRAP_SERVERS / TRITON_URL, when set, are used instead of starting them). Before each pass, the
+posts and decisions the earlier passes left on its own broker are deleted (the tables' changelogs stay):
+the embedded broker's CPU grows with what it holds, Apache Kafka's does not (--keep-records keeps them).
 
 Targets: `model` (Triton vs ONNX Runtime by batch size and padding), `features` (the feature path
 with the text model off vs a plain Kafka loop), `transport` (exactly-once delivery options: records/s,

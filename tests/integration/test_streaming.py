@@ -244,7 +244,10 @@ def test_a_worker_asked_for_its_stacks_writes_them_and_keeps_deciding(local_stac
             if line.startswith("{") and orjson.loads(line)["msg"] == "stack dump: asyncio tasks":
                 tasks = {t["task"]: t["awaiting"] for t in orjson.loads(line)["tasks"]}
     dump = worker.log_path.read_text(errors="replace")[len(before):]
-    assert tasks is not None, dump[-3000:]
+    # what the worker was doing when no task dump came: stopping (a USR1 after its loop closed dumps threads
+    # only), dead, or with its loop blocked (the thread dump's main thread shows where)
+    assert tasks is not None, {"alive": worker.alive(), "stopping": '"worker stopping"' in dump,
+                               "thread_dumps": dump.count("most recent call first"), "log": dump[-3000:]}
     assert {"rounds", "checkpoints"} <= tasks.keys(), tasks
     assert any("streams/runner.py" in frame for frame in tasks["rounds"]), tasks["rounds"]
     assert "most recent call first" in dump and "streams/kafka/consumer.py" in dump, dump[-3000:]

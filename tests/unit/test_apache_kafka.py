@@ -60,3 +60,30 @@ def test_a_cluster_id_is_16_random_bytes_in_base64url():
     for cid in ids:
         assert len(cid) == 22 and not cid.startswith("-")
         assert len(base64.urlsafe_b64decode(cid + "==")) == 16
+
+
+def test_the_embedded_brokers_clients_get_its_tuning_and_kafkas_the_defaults():
+    from modpipe.services.broker import EMBEDDED_BROKER_TUNING, tuned_for
+    from modpipe.settings import Settings
+
+    defaults = Settings.from_env({})
+    assert tuned_for(defaults, "kafka") is defaults
+    assert (defaults.fetch_pause_ms, defaults.fetch_idle_pause_ms, defaults.group_rejoin_s) == (0, 0, 0)
+    assert (defaults.freeze_guard, defaults.abort_on_brokers_down) == ("off", "off")
+    embedded = tuned_for(defaults, "embedded")
+    assert {k: getattr(embedded, k) for k in EMBEDDED_BROKER_TUNING} == EMBEDDED_BROKER_TUNING
+    # a value set by hand is kept
+    mine = tuned_for(Settings.from_env({"MODPIPE_FETCH_PAUSE_MS": "5"}), "embedded")
+    assert mine.fetch_pause_ms == 5 and mine.freeze_guard == "on"
+
+
+def test_benchmarks_take_one_or_both_brokers():
+    from loadgen.cli import broker_kinds
+    from modpipe.settings import Settings
+
+    assert broker_kinds(Settings.from_env({}), None) == ["kafka"]
+    assert broker_kinds(Settings.from_env({"MODPIPE_BROKER": "embedded"}), None) == ["embedded"]
+    assert broker_kinds(Settings.from_env({}), "kafka,embedded") == ["kafka", "embedded"]
+    assert broker_kinds(Settings.from_env({"KAFKA_BOOTSTRAP_SERVERS": "k:9092"}), "kafka,embedded") == ["external"]
+    with pytest.raises(SystemExit):
+        broker_kinds(Settings.from_env({}), "redpanda")
