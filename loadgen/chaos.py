@@ -328,7 +328,10 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
                                           f"{run_id}-", pause_s=settings.fetch_pause_ms / 1000)
             collector.start()
             stats = ProduceStats()
-            producer = make_producer(settings, stack.bootstrap, idempotent=False)  # rides through broker restarts
+            # Apache Kafka keeps producer ids across a node's death: idempotent, a retried send is written once,
+            # as a platform's producer does; the embedded broker forgets them at a restart, which an idempotent
+            # producer does not survive (loadgen/traffic.py)
+            producer = make_producer(settings, stack.bootstrap, idempotent=settings.broker == "kafka")
             bar = tqdm(total=posts, desc="chaos: posts", unit="post", disable=not progress)
             produce_error: list[str] = []
             paused = threading.Event()
@@ -380,9 +383,26 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
                             last_mark, quiet_since = mark, time.monotonic()
                     quiet_for = time.monotonic() - quiet_since if quiet_since else 0.0
                     # Every post decided and nothing written for quiet_s; or nothing written for a long time
-                    # although posts are missing (the broker may have lost them: the read-back tells).
+                    # although posts are missing (the broker may have lost them: the read-back tells). Never
+                    # while a transaction is open: it holds every read_committed reader, the workers' stages
+                    # included, until it ends (a dead worker's is aborted by its restart or, on Apache Kafka,
+                    # after transaction.timeout.ms), and what it holds back is still to be applied.
                     if (done >= stats.posts and quiet_for >= quiet_s) or quiet_for >= max(60.0, 4 * quiet_s):
-                        break
+                        try:
+                            open_now = held_back(settings, stack.bootstrap, [stack.topics.posts, *watched])
+                        except Exception:  # noqa: BLE001 - a broker that does not answer: look again
+                            open_now = {"unknown": [-1, -1]}
+                        # and every input record committed by the group: a side input (a report, a label) or a
+                        # decision's feedback still to be applied changes no watermark until it is
+                        behind = stack.group_lag()
+                        if behind:
+                            waited = report.setdefault("waited_for_group_lag", {"from_s": round(time.monotonic() - t0, 1)})
+                            waited.update(until_s=round(time.monotonic() - t0, 1), lag=behind)
+                        elif not open_now:
+                            break
+                        waited = report.setdefault("waited_for_open_transactions",
+                                                   {"from_s": round(time.monotonic() - t0, 1)})
+                        waited.update(until_s=round(time.monotonic() - t0, 1), partitions=sorted(open_now)[:8])
                     time.sleep(1.0)
             finally:
                 bar.close()
