@@ -495,7 +495,8 @@ def serve(index: DecisionIndex, publish_label: Callable[[dict], dict], *, config
         raise
     policy = HostPolicy(config.host, sock.getsockname()[1], list(config.public_names))
     app = ConsoleApp(index, publish_label, config=config, policy=policy, accounts=accounts, audit=audit,
-                     proxy=proxy or ProxyIdentity("", ""), clock=clock, throttle=throttle)
+                     proxy=proxy if proxy is not None else ProxyIdentity("", ""), clock=clock,
+                     throttle=throttle)
     protocol = type("ConsoleH11", (DeadlineH11,), {"request_timeout_s": config.request_timeout_s})
     context = _tls_context(config, sock) if config.tls else None  # before the thread: a bad key fails the start
     server = uvicorn.Server(uvicorn.Config(
