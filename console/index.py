@@ -91,6 +91,47 @@ class PostView:
         return out
 
 
+class _Ranked:
+    """Members (post views) kept in a heap by a key, for "the first k" in O(k log n) instead of a walk of
+    every member: a heap with lazy deletion (an entry stands only while it is its member's current one;
+    others are dropped when they surface, and the heap is rebuilt when stale entries outnumber the members)."""
+
+    def __init__(self, key):
+        self.key = key
+        self.members: dict[str, tuple] = {}  # post_id -> its current heap entry
+        self._heap: list[tuple] = []
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def set(self, view: PostView, member: bool) -> None:
+        if not member:
+            self.members.pop(view.post_id, None)
+            return
+        entry = self.members.get(view.post_id)
+        if entry is None or entry[0] != self.key(view):
+            self._seq += 1
+            entry = self.members[view.post_id] = (self.key(view), self._seq, view.post_id)
+            heapq.heappush(self._heap, entry)
+            if len(self._heap) > 2 * len(self.members) + 1024:
+                self._heap = list(self.members.values())
+                heapq.heapify(self._heap)
+
+    def discard(self, post_id: str) -> None:
+        self.members.pop(post_id, None)
+
+    def first(self, k: int) -> list[str]:
+        found = []
+        while self._heap and len(found) < k:
+            entry = heapq.heappop(self._heap)
+            if self.members.get(entry[2]) is entry:
+                found.append(entry)
+        for entry in found:
+            heapq.heappush(self._heap, entry)
+        return [entry[2] for entry in found]
+
+
 class DecisionIndex:
     """Thread-safe: a Kafka thread applies records, HTTP threads read."""
 
@@ -100,8 +141,8 @@ class DecisionIndex:
         self._posts: collections.OrderedDict[str, PostView] = collections.OrderedDict()  # oldest first
         # user -> their post ids in arrival order (a dict: forgetting one is O(1), a list's remove() is not)
         self._by_user: dict[str, dict[str, None]] = {}
-        self._waiting: dict[str, PostView] = {}  # the review queue, unordered
-        self._blocked: dict[str, PostView] = {}
+        self._waiting = _Ranked(lambda v: v.decided_at_s or 0.0)  # the review queue, oldest decision first
+        self._blocked = _Ranked(lambda v: -(v.decided_at_s or 0.0))  # recent blocks, newest first
         self.bytes = 0
         self._lock = threading.Lock()
         # Per second of the decisions' own decided_at, the last CHART_S: verdict counts and latency samples for
@@ -123,17 +164,14 @@ class DecisionIndex:
 
     def _settle(self, view: PostView) -> None:
         """After a record changed `view`: its place in the queue and the blocks, then the bounds."""
-        for members, member in ((self._waiting, view.waiting), (self._blocked, view.blocked)):
-            if member:
-                members[view.post_id] = view
-            else:
-                members.pop(view.post_id, None)
+        self._waiting.set(view, view.waiting)
+        self._blocked.set(view, view.blocked)
         # the newest post stays even when it alone is over max_bytes: its records were accepted by the pipeline
         while len(self._posts) > 1 and (len(self._posts) > self.max_posts or self.bytes > self.max_bytes):
             _, old = self._posts.popitem(last=False)
             self.bytes -= old.size
-            self._waiting.pop(old.post_id, None)
-            self._blocked.pop(old.post_id, None)
+            self._waiting.discard(old.post_id)
+            self._blocked.discard(old.post_id)
             posts = self._by_user.get(old.user_id) if old.user_id else None
             if posts is not None:
                 posts.pop(old.post_id, None)
@@ -203,15 +241,14 @@ class DecisionIndex:
         limit = max(1, min(limit, MAX_LIST))
         with self._lock:
             now = self.clock()
-            first = heapq.nsmallest(limit, self._waiting.values(), key=lambda v: v.decided_at_s or 0.0)
-            return {"size": len(self._waiting), "posts": [v.listed(now) for v in first]}
+            first = self._waiting.first(limit)
+            return {"size": len(self._waiting), "posts": [self._posts[i].listed(now) for i in first]}
 
     def blocks(self, limit: int = 50) -> list[dict]:
         limit = max(1, min(limit, MAX_LIST))
         with self._lock:
             now = self.clock()
-            last = heapq.nlargest(limit, self._blocked.values(), key=lambda v: v.decided_at_s or 0.0)
-            return [v.listed(now) for v in last]
+            return [self._posts[i].listed(now) for i in self._blocked.first(limit)]
 
     def post(self, post_id: str) -> dict | None:
         with self._lock:

@@ -207,3 +207,32 @@ def test_a_prolific_authors_forgotten_posts_leave_their_list():
     user = index.user("spammer")
     assert user["known_posts"] == 50 and [p["post_id"] for p in user["posts"][:2]] == ["p4999", "p4998"]
     assert index.queue()["size"] == 50
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_kept_queue_and_blocks_match_a_full_sort_whatever_the_records(seed):
+    """The queue and the blocks are kept as records arrive (a heap, stale entries dropped lazily): after any mix
+    of decisions, revisions, replays, labels and evictions they equal a sort of every post the index holds."""
+    import random
+
+    from tests.unit.test_console import at
+
+    rng = random.Random(seed)
+    index = DecisionIndex(max_posts=300, clock=Clock())
+    for _ in range(3000):
+        pid = f"p{rng.randrange(600)}"
+        if rng.random() < 0.1:
+            index.add_label({"post_id": pid, "label": "spam", "created_at": at(rng.randrange(100))})
+        else:
+            index.add_decision(decision(pid, verdict=rng.choice(["allow", "review", "review", "block"]),
+                                        revision=rng.randrange(1, 4), decided_at=at(-rng.randrange(5000))))
+    views = list(index._posts.values())
+    waiting = sorted((v for v in views if v.waiting), key=lambda v: v.decided_at_s)
+    blocked = sorted((v for v in views if v.blocked), key=lambda v: -v.decided_at_s)
+    queue = index.queue(MAX_LIST)
+    assert queue["size"] == len(waiting)
+    assert [p["waiting_s"] for p in queue["posts"]] == [v.summary(index.clock())["waiting_s"]
+                                                        for v in waiting[:MAX_LIST]]
+    assert {p["post_id"] for p in queue["posts"]} <= {v.post_id for v in waiting}
+    assert [v.decided_at_s for v in (index._posts[p["post_id"]] for p in index.blocks(MAX_LIST))] == \
+        [v.decided_at_s for v in blocked[:MAX_LIST]]
