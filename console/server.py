@@ -30,6 +30,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import json
+import logging
 import math
 import socket
 import threading
@@ -500,6 +501,8 @@ def serve(index: DecisionIndex, publish_label: Callable[[dict], dict], *, config
                      proxy=proxy if proxy is not None else ProxyIdentity("", ""), clock=clock,
                      throttle=throttle)
     protocol = type("ConsoleH11", (DeadlineH11,), {"request_timeout_s": config.request_timeout_s})
+    # uvicorn's own start/stop lines repeat "console ready" and carry an ANSI-coloured copy as a log field
+    logging.getLogger("uvicorn.error").setLevel(max(logging.WARNING, logging.getLogger("uvicorn.error").level))
     context = _tls_context(config, sock) if config.tls else None  # before the thread: a bad key fails the start
     server = uvicorn.Server(uvicorn.Config(
         ConsoleASGI(app), http=protocol, lifespan="off", access_log=False, log_config=None, server_header=False,
