@@ -223,8 +223,13 @@ class ConsoleApp:
 
     # -- requests
     def handle(self, method: str, path: str, headers, address: str, body: bytes | None) -> Reply:
-        url = urllib.parse.urlsplit(path)
-        if url.path == "/healthz":
+        return self.gate(method, path, headers) or self.answer(method, path, headers, address, body)
+
+    def gate(self, method: str, path: str, headers) -> Reply | None:
+        """The checks before anything else (health, identity header once, Host, Origin): the refusal, or None.
+        No I/O and no lock, so the server runs them on its event loop: a refused request never reads its
+        body or takes a handler thread."""
+        if urllib.parse.urlsplit(path).path == "/healthz":
             return Reply(200, {"ok": True})
         if self.proxy and len(headers.get_all(self.proxy.header)) > 1:
             # a proxy that appends instead of replacing would let the client's own copy come first
@@ -234,6 +239,11 @@ class ConsoleApp:
                                         "MODPIPE_CONSOLE_PUBLIC_NAME"})
         if method == "POST" and not self._same_origin(headers):
             return Reply(403, {"error": "writes must come from the console's own page (Origin)"})
+        return None
+
+    def answer(self, method: str, path: str, headers, address: str, body: bytes | None) -> Reply:
+        """A request that passed `gate`."""
+        url = urllib.parse.urlsplit(path)
         if method == "GET" and url.path in PUBLIC_PAGES:
             name, content_type = PUBLIC_PAGES[url.path]
             return Reply(200, (STATIC / name).read_bytes(), content_type)
@@ -384,7 +394,10 @@ class ConsoleASGI:
         path = scope["raw_path"].decode("latin-1") + ("?" + scope["query_string"].decode("latin-1")
                                                       if scope["query_string"] else "")
         address = (scope.get("client") or ("", 0))[0]
-        if method == "POST":
+        gated = self.app.gate("POST" if method == "POST" else "GET", path, headers)
+        if gated is not None:
+            reply = gated
+        elif method == "POST":
             body = await self._body(headers, receive)
             reply = body if isinstance(body, Reply) else await self._handle("POST", path, headers, address, body)
         elif method in ("GET", "HEAD"):
@@ -425,7 +438,7 @@ class ConsoleASGI:
 
     async def _handle(self, method: str, path: str, headers: Headers, address: str, body: bytes | None) -> Reply:
         try:
-            return await asyncio.get_running_loop().run_in_executor(self.pool, self.app.handle, method, path,
+            return await asyncio.get_running_loop().run_in_executor(self.pool, self.app.answer, method, path,
                                                                     headers, address, body)
         except Exception:  # a bug answers 500, not a dropped connection
             _log.exception("console request failed", extra={"method": method,

@@ -236,3 +236,44 @@ def test_the_kept_queue_and_blocks_match_a_full_sort_whatever_the_records(seed):
     assert {p["post_id"] for p in queue["posts"]} <= {v.post_id for v in waiting}
     assert [v.decided_at_s for v in (index._posts[p["post_id"]] for p in index.blocks(MAX_LIST))] == \
         [v.decided_at_s for v in blocked[:MAX_LIST]]
+
+
+def test_health_and_refusals_answer_while_every_handler_thread_is_busy(tmp_path):
+    """/healthz and a foreign Host are answered on the event loop: a broker that stalls every label (and so
+    every handler thread) does not take the liveness probe down or let refused requests queue behind it."""
+    import concurrent.futures
+    import threading
+
+    from console.server import HANDLER_THREADS
+
+    accounts = Accounts(tmp_path / "accounts.json", FAST_HASHER)
+    accounts.add("ann", PASSWORD)
+    index = DecisionIndex(clock=Clock())
+    index.add_decision(decision("p1"))
+    release, stalled = threading.Event(), []
+
+    def stalled_publish(label):
+        stalled.append(label)
+        release.wait(20)
+        return label
+
+    server = serve(index, stalled_publish, config=ConsoleConfig(), accounts=accounts,
+                   audit=AuditLog(tmp_path / "audit.jsonl"))
+    c = Console(server, [], None, None, None, None)
+    try:
+        cookie, csrf = c.sign_in()
+        with concurrent.futures.ThreadPoolExecutor(HANDLER_THREADS) as pool:
+            labels = [pool.submit(c.label, cookie, csrf) for _ in range(HANDLER_THREADS)]
+            deadline = time.monotonic() + 10
+            while len(stalled) < HANDLER_THREADS and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert len(stalled) == HANDLER_THREADS  # every handler thread is waiting for the broker
+            started = time.monotonic()
+            assert c.call("/healthz")[0] == 200
+            assert c.call("/api/queue", cookie=cookie, host="evil.test")[0] == 421
+            assert time.monotonic() - started < 2
+            release.set()
+            assert [f.result(timeout=20)[0] for f in labels] == [200] * HANDLER_THREADS
+    finally:
+        release.set()
+        server.shutdown()
