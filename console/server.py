@@ -379,8 +379,9 @@ def _int(query: dict, name: str, default: int) -> int:
 
 
 class ConsoleASGI:
-    """The ASGI side: reads the request (a body of at most MAX_BODY), answers it with `ConsoleApp.handle` in a
-    bounded thread pool (argon2 and the index lock block), adds the security headers, logs one line."""
+    """The ASGI side: `ConsoleApp.gate` on the event loop; then reads the body (at most MAX_BODY) and answers with
+    `ConsoleApp.answer` in a bounded thread pool (argon2, the broker and the index lock block); adds the security
+    headers; logs one line."""
 
     def __init__(self, app: ConsoleApp):
         self.app = app
@@ -448,23 +449,32 @@ class ConsoleASGI:
 
 class DeadlineH11(H11Protocol):
     """uvicorn's HTTP/1.1 protocol with a deadline per request: its head and body must arrive within
-    `request_timeout_s` of the connection (or of the previous response), else the connection is closed. uvicorn
-    itself waits for a request's head for ever, so a client sending a byte every few seconds would hold it."""
+    `request_timeout_s` of the connection, or on a kept-alive one of the request's first byte, else the
+    connection is closed. uvicorn itself waits for a request's head for ever once a byte of it came, so a client
+    sending a byte every few seconds would hold the connection. (Between requests, uvicorn's keep-alive timeout
+    closes an idle connection.)"""
 
     request_timeout_s = 10.0  # set per server by serve()
+    _deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
         self._deadline = self.loop.call_later(self.request_timeout_s, self._expire)
 
+    def data_received(self, data: bytes) -> None:
+        if self._deadline is None:  # the first byte of the next request on a kept-alive connection
+            self._deadline = self.loop.call_later(self.request_timeout_s, self._expire)
+        super().data_received(data)
+
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        self._deadline.cancel()
-        if not self.transport.is_closing():
-            self._deadline = self.loop.call_later(self.request_timeout_s, self._expire)
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
 
     def connection_lost(self, exc) -> None:
-        self._deadline.cancel()
+        if self._deadline is not None:
+            self._deadline.cancel()
         super().connection_lost(exc)
 
     def _expire(self) -> None:

@@ -181,6 +181,18 @@ def test_the_server_keeps_a_connection_alive_and_drops_a_client_that_never_finis
         started = time.monotonic()
         assert slow.recv(100) == b""  # closed, unanswered
         assert time.monotonic() - started < 3
+    with socket.create_connection(("127.0.0.1", c.port), timeout=5) as kept:  # the same on a kept-alive one
+        for _ in range(2):  # idle between requests: uvicorn's keep-alive timeout (15 s), not the request deadline
+            kept.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            answer = b""
+            while not answer.endswith(b'{"ok": true}'):
+                chunk = kept.recv(1000)
+                assert chunk, answer
+                answer += chunk
+            time.sleep(1)
+        kept.sendall(b"GET /login HTTP/1.1\r\n")  # the next request, never finished
+        started = time.monotonic()
+        assert kept.recv(100) == b"" and time.monotonic() - started < 3
 
 
 def test_the_index_is_bounded_in_bytes_and_lists_are_clamped_to_the_page():
