@@ -348,7 +348,7 @@ class ConsoleApp:
             record = self.publish_label({"post_id": post_id, "user_id": post["user_id"], "label": label,
                                          "moderator_id": session.user})
         except Exception as exc:  # noqa: BLE001 - the broker is away: the moderator must know it did not land
-            _log.error("label not published", extra={"post_id": post_id, "error": str(exc)[:300]})
+            _log.error("label not published", extra={"post_id": printable(post_id, 200), "error": str(exc)[:300]})
             return Reply(503, {"error": f"label not published: {str(exc)[:200]}"})
         entry = {"at": record.get("created_at") or schema.rfc3339(schema.now_ms()), "moderator": session.user,
                  "role": session.role, "via": session.via, "post_id": post_id, "user_id": post["user_id"],
@@ -357,7 +357,10 @@ class ConsoleApp:
         try:
             self.audit.append(entry)
         except OSError as exc:  # published but not audited: the log line keeps the audit entry
-            _log.error("label published but not audited", extra={**entry, "error": str(exc)})
+            # post and user ids come from the platform's records: escaped like every client-made field
+            _log.error("label published but not audited",
+                       extra={**{k: printable(v, 300) if isinstance(v, str) else v for k, v in entry.items()},
+                              "error": str(exc)})
             return Reply(500, {"error": "label published, but the audit log could not be written"})
         return Reply(200, {"ok": True, "label": record})
 
