@@ -22,6 +22,7 @@ def console_config(settings: Settings, host: str, port: int):
                          plaintext_behind_proxy=settings.console_plaintext_behind_proxy == "on",
                          session_idle_s=settings.console_session_idle_s, session_max_s=settings.console_session_max_s,
                          max_connections=settings.console_max_connections,
+                         max_connections_per_address=settings.console_max_connections_per_address,
                          request_timeout_s=settings.console_request_timeout_s)
 
 

@@ -93,6 +93,7 @@ class ConsoleConfig:
     session_idle_s: float = 1800.0
     session_max_s: float = 43200.0
     max_connections: int = 1000
+    max_connections_per_address: int = 256  # 0: no cap (the proxies of ProxyIdentity are never capped)
     request_timeout_s: float = 10.0
     keep_alive_s: float = 15.0  # longer than the page's 2 s refresh: the polls reuse one connection
 
@@ -457,12 +458,26 @@ class DeadlineH11(H11Protocol):
     sending a byte every few seconds would hold the connection. (Between requests, uvicorn's keep-alive timeout
     closes an idle connection.)"""
 
-    request_timeout_s = 10.0  # set per server by serve()
+    # set per server by serve()
+    request_timeout_s = 10.0
+    per_address = 0  # connections one client address may hold (0: any number)
+    uncapped: Callable[[str], bool] = staticmethod(lambda address: False)  # the trusted proxies
+    by_address: dict[str, int] = {}
     _deadline: asyncio.TimerHandle | None = None
+    _counted: str | None = None
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
         self._deadline = self.loop.call_later(self.request_timeout_s, self._expire)
+        address = (self.client or ("",))[0]
+        if self.per_address and not self.uncapped(address):
+            # one address cannot take every connection the server holds (MODPIPE_CONSOLE_MAX_CONNECTIONS)
+            if self.by_address.get(address, 0) >= self.per_address:
+                _log.debug("connection refused: too many from one address", extra={"client": address})
+                transport.close()
+                return
+            self.by_address[address] = self.by_address.get(address, 0) + 1
+            self._counted = address
 
     def data_received(self, data: bytes) -> None:
         if self._deadline is None:  # the first byte of the next request on a kept-alive connection
@@ -478,6 +493,11 @@ class DeadlineH11(H11Protocol):
     def connection_lost(self, exc) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
+        if self._counted is not None:
+            left = self.by_address.pop(self._counted) - 1
+            if left:
+                self.by_address[self._counted] = left
+            self._counted = None
         super().connection_lost(exc)
 
     def _expire(self) -> None:
@@ -526,7 +546,9 @@ def serve(index: DecisionIndex, publish_label: Callable[[dict], dict], *, config
     app = ConsoleApp(index, publish_label, config=config, policy=policy, accounts=accounts, audit=audit,
                      proxy=proxy if proxy is not None else ProxyIdentity("", ""), clock=clock,
                      throttle=throttle)
-    protocol = type("ConsoleH11", (DeadlineH11,), {"request_timeout_s": config.request_timeout_s})
+    protocol = type("ConsoleH11", (DeadlineH11,), {
+        "request_timeout_s": config.request_timeout_s, "per_address": config.max_connections_per_address,
+        "uncapped": staticmethod(app.proxy.trusted), "by_address": {}})
     # uvicorn's own start/stop lines repeat "console ready" and carry an ANSI-coloured copy as a log field
     logging.getLogger("uvicorn.error").setLevel(max(logging.WARNING, logging.getLogger("uvicorn.error").level))
     context = _tls_context(config, sock) if config.tls else None  # before the thread: a bad key fails the start

@@ -269,6 +269,10 @@ SETTINGS_SPEC: dict[str, Spec] = {
     "console_max_connections": Spec("MODPIPE_CONSOLE_MAX_CONNECTIONS", "1000",
                                     "Connections the console holds at once; a request beyond them is answered 503.",
                                     int),
+    "console_max_connections_per_address": Spec("MODPIPE_CONSOLE_MAX_CONNECTIONS_PER_ADDRESS", "256",
+                                                "Connections one client address may hold at once (beyond: closed at "
+                                                "once; the proxies of MODPIPE_CONSOLE_PROXY_ADDRESSES are not "
+                                                "capped). 0: no cap.", int),
     "console_request_timeout_s": Spec("MODPIPE_CONSOLE_REQUEST_TIMEOUT_S", "10",
                                       "A request's head and body must arrive within this long of its connection "
                                       "(or of the previous answer on it), else the connection is closed (seconds).",
@@ -366,6 +370,7 @@ class Settings:
     console_max_posts: int
     console_max_bytes: int
     console_max_connections: int
+    console_max_connections_per_address: int
     console_request_timeout_s: float
     console_proxy_forwarded_header: str
     log_level: str

@@ -289,3 +289,35 @@ def test_health_and_refusals_answer_while_every_handler_thread_is_busy(tmp_path)
     finally:
         release.set()
         server.shutdown()
+
+
+def test_one_address_cannot_hold_more_than_its_share_of_connections_but_the_proxy_can(start):
+    c = start(max_connections_per_address=5)
+    held = [socket.create_connection(("127.0.0.1", c.port), timeout=5) for _ in range(5)]
+    try:
+        with socket.create_connection(("127.0.0.1", c.port), timeout=5) as sixth:
+            assert sixth.recv(100) == b""  # closed at once, before a byte of its request
+        held.pop().close()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # until the server saw that one go
+            connection = http.client.HTTPConnection("127.0.0.1", c.port, timeout=5)
+            try:
+                connection.request("GET", "/healthz")
+                if connection.getresponse().status == 200:
+                    break
+            except (ConnectionError, http.client.HTTPException):
+                time.sleep(0.05)
+            finally:
+                connection.close()
+        else:
+            raise AssertionError("no connection after one of the five closed")
+    finally:
+        for s in held:
+            s.close()
+    proxied_console = start(max_connections_per_address=5, proxy=ProxyIdentity("", "127.0.0.1/32"))
+    many = [socket.create_connection(("127.0.0.1", proxied_console.port), timeout=5) for _ in range(8)]
+    try:
+        assert proxied_console.call("/healthz")[0] == 200  # the proxy's address is not capped
+    finally:
+        for s in many:
+            s.close()
