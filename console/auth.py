@@ -3,16 +3,20 @@
 - `Accounts`: named moderators in one JSON file (mode 0600), passwords as argon2id hashes (argon2-cffi);
   re-read when the file changes, so `modpipe console add-moderator` / `remove-moderator` apply to a running
   console (a removed account's sessions end at its next request).
-- `Sessions`: server-side, random ids, an idle and an absolute expiry, a CSRF token each.
-- `LoginThrottle`: failed sign-ins per client address and per account name; after a few, every further
-  attempt must wait a delay that doubles with each failure.
+- `Sessions`: server-side, random ids, an idle and an absolute expiry, a CSRF token each; one per user a
+  sign-in proxy names (its cookieless requests share it), and creating one costs O(1).
+- `LoginThrottle`: failed sign-ins per key; after a few, every further attempt must wait a delay that
+  doubles with each failure. The server keys it by client address and by (client address, account name):
+  nobody elsewhere can make an account's owner wait.
 - `HostPolicy`: the Host (and Origin) names a request may carry: a page on another name is another site,
   even when DNS rebinding points that name at the console's address.
-- `ProxyIdentity`: the user an authenticating reverse proxy names in a header, believed only from its address.
+- `ProxyIdentity`: the user an authenticating reverse proxy names in a header, believed only from its address,
+  and the client address the proxy forwards (X-Forwarded-For), believed likewise.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime
 import hmac
@@ -153,20 +157,47 @@ class Sessions:
 
     def __init__(self, idle_s: float, max_s: float, clock: Callable[[], float] = time.time):
         self.idle_s, self.max_s, self.clock = idle_s, max_s, clock
-        self._sessions: dict[str, Session] = {}
+        # oldest first: the sessions past max_s are at the front, so sweeping them never walks the live ones
+        self._sessions: collections.OrderedDict[str, Session] = collections.OrderedDict()
+        self._by_proxy_user: dict[str, str] = {}  # user -> sid of their proxy session
         self._lock = threading.Lock()
 
     def _expired(self, s: Session, now: float) -> bool:
         return now - s.active_s > self.idle_s or now - s.created_s > self.max_s
 
-    def create(self, user: str, role: str, via: str) -> Session:
-        now = self.clock()
+    def _forget(self, sid: str) -> None:
+        session = self._sessions.pop(sid, None)
+        if session is not None and self._by_proxy_user.get(session.user) == sid:
+            del self._by_proxy_user[session.user]
+
+    def _add(self, user: str, role: str, via: str, now: float) -> Session:
+        while self._sessions:  # O(1) per session ever created; idle ones in between go at their next get
+            oldest = next(iter(self._sessions.values()))
+            if now - oldest.created_s <= self.max_s:
+                break
+            self._forget(oldest.sid)
         session = Session(secrets.token_urlsafe(32), user, role, via, secrets.token_urlsafe(32), now, now)
-        with self._lock:
-            for sid in [sid for sid, s in self._sessions.items() if self._expired(s, now)]:
-                del self._sessions[sid]
-            self._sessions[session.sid] = session
+        self._sessions[session.sid] = session
         return session
+
+    def create(self, user: str, role: str, via: str) -> Session:
+        with self._lock:
+            return self._add(user, role, via, self.clock())
+
+    def for_proxy_user(self, user: str, role: str) -> tuple[Session, bool]:
+        """The live session of the user a sign-in proxy names, made on their first request: (session, new)."""
+        now = self.clock()
+        with self._lock:
+            sid = self._by_proxy_user.get(user)
+            session = self._sessions.get(sid) if sid else None
+            if session is not None and not self._expired(session, now):
+                session.active_s = now
+                return session, False
+            if sid:
+                self._forget(sid)
+            session = self._add(user, role, "proxy", now)
+            self._by_proxy_user[user] = session.sid
+            return session, True
 
     def get(self, sid: str | None, active: bool = True) -> Session | None:
         """The live session of that id; `active` counts the request as the moderator's action."""
@@ -178,7 +209,7 @@ class Sessions:
             if session is None:
                 return None
             if self._expired(session, now):
-                del self._sessions[sid]
+                self._forget(sid)
                 return None
             if active:
                 session.active_s = now
@@ -186,7 +217,7 @@ class Sessions:
 
     def drop(self, sid: str) -> None:
         with self._lock:
-            self._sessions.pop(sid, None)
+            self._forget(sid)
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -287,10 +318,12 @@ class HostPolicy:
 
 
 class ProxyIdentity:
-    """The user named in `header` by a reverse proxy at one of `addresses` (networks); nobody otherwise."""
+    """The user named in `header` by a reverse proxy at one of `addresses` (networks); nobody otherwise. From
+    those addresses, `forwarded_header` (X-Forwarded-For) gives the client's own address."""
 
-    def __init__(self, header: str, addresses: str, role: str = "viewer"):
-        self.header, self.role = header.strip(), role
+    def __init__(self, header: str, addresses: str, role: str = "viewer",
+                 forwarded_header: str = "X-Forwarded-For"):
+        self.header, self.role, self.forwarded_header = header.strip(), role, forwarded_header.strip()
         try:
             self.networks = [ipaddress.ip_network(a.strip(), strict=False) for a in addresses.split(",") if a.strip()]
         except ValueError as exc:
@@ -315,3 +348,18 @@ class ProxyIdentity:
             return None
         name = (headers.get(self.header) or "").strip()
         return name if name and self.trusted(address) else None
+
+    def client(self, address: str, headers) -> str:
+        """The client's address: behind a trusted proxy, the last forwarded address that is not one of the
+        proxies (a client can prepend anything to X-Forwarded-For, but the proxy appends what it saw)."""
+        if not self.forwarded_header or not self.trusted(address):
+            return address
+        hops = [hop.strip() for value in headers.get_all(self.forwarded_header) for hop in value.split(",")]
+        for hop in reversed(hops):
+            try:
+                ip = ipaddress.ip_address(hop.strip("[]"))
+            except ValueError:
+                return address  # garbage the proxy passed on: count the proxy itself, never a made-up name
+            if not self.trusted(str(ip)):
+                return str(ip)
+        return address

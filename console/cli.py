@@ -20,7 +20,10 @@ def console_config(settings: Settings, host: str, port: int):
     return ConsoleConfig(host=host, port=port, public_names=public_names(settings.console_public_name),
                          tls_cert=settings.console_tls_cert, tls_key=settings.console_tls_key,
                          plaintext_behind_proxy=settings.console_plaintext_behind_proxy == "on",
-                         session_idle_s=settings.console_session_idle_s, session_max_s=settings.console_session_max_s)
+                         session_idle_s=settings.console_session_idle_s, session_max_s=settings.console_session_max_s,
+                         max_connections=settings.console_max_connections,
+                         max_connections_per_address=settings.console_max_connections_per_address,
+                         request_timeout_s=settings.console_request_timeout_s)
 
 
 def accounts_of(settings: Settings):
@@ -37,11 +40,11 @@ def run_console(settings: Settings, host: str, port: int) -> int:
     from console.server import ConsoleError, serve
 
     bootstrap = settings.bootstrap()
-    index = DecisionIndex(settings.console_max_posts)
+    index = DecisionIndex(settings.console_max_posts, max_bytes=settings.console_max_bytes)
     accounts = accounts_of(settings)
     try:
         proxy = ProxyIdentity(settings.console_proxy_user_header, settings.console_proxy_addresses,
-                              settings.console_proxy_role)
+                              settings.console_proxy_role, settings.console_proxy_forwarded_header)
         if not accounts.list() and not proxy:
             raise ConsoleError(f"no moderator accounts in {accounts.path} and no sign-in proxy: create one with "
                                "`modpipe console add-moderator NAME`")

@@ -5,8 +5,11 @@ revision standing, so a record read twice changes nothing), and the
 moderator's label. The review queue is the posts whose latest decision is `review` and that nobody has
 labelled, oldest waiting first; recent blocks likewise. A user's posts are listed newest first.
 
-Bounded: at most `max_posts` posts are kept, the oldest forgotten first (a post and everything about it),
-so a console that follows a busy platform for days keeps its memory.
+Bounded: at most `max_posts` posts and `max_bytes` bytes of them (the records' encoded size plus a fixed
+overhead per post) are kept, the oldest forgotten first (a post and everything about it), in O(1) per post,
+so a console that follows a busy platform for days keeps its memory. Lists are clamped to what the page shows
+(MAX_LIST posts, texts cut at LIST_TEXT characters; a post's own page has all of it), and the queue and the
+blocks are kept as sets as records arrive, so a read costs the page, not the index.
 """
 
 from __future__ import annotations
@@ -14,13 +17,20 @@ from __future__ import annotations
 import collections
 import dataclasses
 import datetime
+import heapq
+import itertools
 import threading
 import time
 from typing import Any
 
+import orjson
+
 from modpipe import schema
 
 CHART_S = 600  # how far back the charts can look
+MAX_LIST = 200  # posts in one list answer: the page shows 100 of the queue and 20 blocks
+LIST_TEXT = 1_000  # characters of a post's text in a list (the post's own page has all of it)
+POST_OVERHEAD = 1_024  # bytes counted per post beyond its records: the objects that hold them
 
 
 @dataclasses.dataclass
@@ -33,16 +43,31 @@ class PostView:
     first_seen_s: float = 0.0  # when the console first heard of the post (wall time)
     decisions: dict[int, dict] = dataclasses.field(default_factory=dict)  # revision -> decision
     label: dict | None = None  # the latest moderator label record
+    latest: dict | None = None  # the decision of the highest revision
+    decided_at_s: float | None = None  # when the latest decision was made (seconds); a queue is ordered by it
+    size: int = POST_OVERHEAD  # bytes counted against the index's max_bytes
+    decision_sizes: dict[int, int] = dataclasses.field(default_factory=dict)
 
-    @property
-    def latest(self) -> dict | None:
-        return self.decisions[max(self.decisions)] if self.decisions else None
-
-    @property
-    def decided_at_s(self) -> float | None:
-        """When the latest decision was made (seconds); a queue is ordered by it."""
+    def set_latest(self) -> None:
+        # cached: a queue read orders thousands of posts by it, and parsing each time would cost the page
+        self.latest = self.decisions[max(self.decisions)] if self.decisions else None
         d = self.latest
-        return None if d is None else seconds(d.get("decided_at")) or self.first_seen_s
+        self.decided_at_s = None if d is None else seconds(d.get("decided_at")) or self.first_seen_s
+
+    @property
+    def waiting(self) -> bool:
+        return self.label is None and (self.latest or {}).get("verdict") == "review"
+
+    @property
+    def blocked(self) -> bool:
+        return (self.latest or {}).get("verdict") == "block"
+
+    def listed(self, now_s: float) -> dict:
+        """The summary with the text cut for a list."""
+        out = self.summary(now_s)
+        if out["text"] and len(out["text"]) > LIST_TEXT:
+            out["text"], out["text_truncated"] = out["text"][:LIST_TEXT], True
+        return out
 
     def summary(self, now_s: float) -> dict:
         d = self.latest or {}
@@ -66,14 +91,59 @@ class PostView:
         return out
 
 
+class _Ranked:
+    """Members (post views) kept in a heap by a key, for "the first k" in O(k log n) instead of a walk of
+    every member: a heap with lazy deletion (an entry stands only while it is its member's current one;
+    others are dropped when they surface, and the heap is rebuilt when stale entries outnumber the members)."""
+
+    def __init__(self, key):
+        self.key = key
+        self.members: dict[str, tuple] = {}  # post_id -> its current heap entry
+        self._heap: list[tuple] = []
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def set(self, view: PostView, member: bool) -> None:
+        if not member:
+            self.members.pop(view.post_id, None)
+            return
+        entry = self.members.get(view.post_id)
+        if entry is None or entry[0] != self.key(view):
+            self._seq += 1
+            entry = self.members[view.post_id] = (self.key(view), self._seq, view.post_id)
+            heapq.heappush(self._heap, entry)
+            if len(self._heap) > 2 * len(self.members) + 1024:
+                self._heap = list(self.members.values())
+                heapq.heapify(self._heap)
+
+    def discard(self, post_id: str) -> None:
+        self.members.pop(post_id, None)
+
+    def first(self, k: int) -> list[str]:
+        found = []
+        while self._heap and len(found) < k:
+            entry = heapq.heappop(self._heap)
+            if self.members.get(entry[2]) is entry:
+                found.append(entry)
+        for entry in found:
+            heapq.heappush(self._heap, entry)
+        return [entry[2] for entry in found]
+
+
 class DecisionIndex:
     """Thread-safe: a Kafka thread applies records, HTTP threads read."""
 
-    def __init__(self, max_posts: int = 50_000, clock=time.time):
-        self.max_posts = max_posts
+    def __init__(self, max_posts: int = 50_000, clock=time.time, max_bytes: int = 256 * 2**20):
+        self.max_posts, self.max_bytes = max_posts, max_bytes
         self.clock = clock
         self._posts: collections.OrderedDict[str, PostView] = collections.OrderedDict()  # oldest first
-        self._by_user: dict[str, list[str]] = collections.defaultdict(list)
+        # user -> their post ids in arrival order (a dict: forgetting one is O(1), a list's remove() is not)
+        self._by_user: dict[str, dict[str, None]] = {}
+        self._waiting = _Ranked(lambda v: v.decided_at_s or 0.0)  # the review queue, oldest decision first
+        self._blocked = _Ranked(lambda v: -(v.decided_at_s or 0.0))  # recent blocks, newest first
+        self.bytes = 0
         self._lock = threading.Lock()
         # Per second of the decisions' own decided_at, the last CHART_S: verdict counts and latency samples for
         # the live charts (a console that starts late, or reads a backlog at once, draws the past as it was).
@@ -85,25 +155,44 @@ class DecisionIndex:
         view = self._posts.get(post_id)
         if view is None:
             view = self._posts[post_id] = PostView(post_id, first_seen_s=self.clock())
-            while len(self._posts) > self.max_posts:
-                _, old = self._posts.popitem(last=False)
-                if old.user_id and old.post_id in self._by_user.get(old.user_id, ()):
-                    self._by_user[old.user_id].remove(old.post_id)
-                    if not self._by_user[old.user_id]:
-                        del self._by_user[old.user_id]
+            self.bytes += view.size
         return view
+
+    def _grow(self, view: PostView, delta: int) -> None:
+        view.size += delta
+        self.bytes += delta
+
+    def _settle(self, view: PostView) -> None:
+        """After a record changed `view`: its place in the queue and the blocks, then the bounds."""
+        self._waiting.set(view, view.waiting)
+        self._blocked.set(view, view.blocked)
+        # the newest post stays even when it alone is over max_bytes: its records were accepted by the pipeline
+        while len(self._posts) > 1 and (len(self._posts) > self.max_posts or self.bytes > self.max_bytes):
+            _, old = self._posts.popitem(last=False)
+            self.bytes -= old.size
+            self._waiting.discard(old.post_id)
+            self._blocked.discard(old.post_id)
+            posts = self._by_user.get(old.user_id) if old.user_id else None
+            if posts is not None:
+                posts.pop(old.post_id, None)
+                if not posts:
+                    del self._by_user[old.user_id]
 
     def _link_user(self, view: PostView, user_id: str | None) -> None:
         if user_id and view.user_id is None:
-            view.user_id = user_id
-            self._by_user[user_id].append(view.post_id)
+            view.user_id = str(user_id)
+            self._by_user.setdefault(view.user_id, {})[view.post_id] = None
+            self._grow(view, len(view.user_id))
 
     def add_post(self, post: dict) -> None:
         with self._lock:
             view = self._view(str(post["post_id"]))
             self._link_user(view, post.get("user_id"))
+            before = _utf8(view.text) + _utf8(view.url) + _utf8(view.created_at)
             view.text, view.url, view.created_at = post.get("text"), post.get("url"), post.get("created_at")
+            self._grow(view, _utf8(view.text) + _utf8(view.url) + _utf8(view.created_at) - before)
             self.counts["post"] += 1
+            self._settle(view)
 
     def add_decision(self, decision: dict) -> None:
         with self._lock:
@@ -111,8 +200,13 @@ class DecisionIndex:
             self._link_user(view, decision.get("user_id"))
             revision = decision.get("revision") if isinstance(decision.get("revision"), int) else 1
             view.decisions[revision] = decision  # a later copy of a revision replaces the earlier one
+            size = len(orjson.dumps(decision, default=str))
+            self._grow(view, size - view.decision_sizes.get(revision, 0))
+            view.decision_sizes[revision] = size
+            view.set_latest()
             self.counts["decision"] += 1
             self._chart(decision)
+            self._settle(view)
 
     def _chart(self, decision: dict) -> None:
         now = self.clock()
@@ -135,25 +229,26 @@ class DecisionIndex:
             view = self._view(str(label["post_id"]))
             self._link_user(view, label.get("user_id"))
             if view.label is None or str(label.get("created_at")) >= str(view.label.get("created_at")):
+                before = 0 if view.label is None else len(orjson.dumps(view.label, default=str))
                 view.label = label
+                self._grow(view, len(orjson.dumps(label, default=str)) - before)
             self.counts["label"] += 1
+            self._settle(view)
 
     # -- reading
     def queue(self, limit: int = 100) -> dict:
-        """Posts to review (latest verdict review, no label), oldest decision first."""
+        """Posts to review (latest verdict review, no label), oldest decision first (at most MAX_LIST)."""
+        limit = max(1, min(limit, MAX_LIST))
         with self._lock:
             now = self.clock()
-            waiting = [v for v in self._posts.values()
-                       if v.label is None and (v.latest or {}).get("verdict") == "review"]
-            waiting.sort(key=lambda v: v.decided_at_s or 0.0)
-            return {"size": len(waiting), "posts": [v.summary(now) for v in waiting[:limit]]}
+            first = self._waiting.first(limit)
+            return {"size": len(self._waiting), "posts": [self._posts[i].listed(now) for i in first]}
 
     def blocks(self, limit: int = 50) -> list[dict]:
+        limit = max(1, min(limit, MAX_LIST))
         with self._lock:
             now = self.clock()
-            blocked = [v for v in self._posts.values() if (v.latest or {}).get("verdict") == "block"]
-            blocked.sort(key=lambda v: v.decided_at_s or 0.0, reverse=True)
-            return [v.summary(now) for v in blocked[:limit]]
+            return [self._posts[i].listed(now) for i in self._blocked.first(limit)]
 
     def post(self, post_id: str) -> dict | None:
         with self._lock:
@@ -161,10 +256,12 @@ class DecisionIndex:
             return None if view is None else view.detail(self.clock())
 
     def user(self, user_id: str, limit: int = 50) -> dict:
+        limit = max(1, min(limit, MAX_LIST))
         with self._lock:
             now = self.clock()
-            ids = self._by_user.get(user_id, [])
-            posts = [self._posts[i].summary(now) for i in reversed(ids[-limit:]) if i in self._posts]
+            ids = self._by_user.get(user_id, {})
+            newest = list(itertools.islice(reversed(ids), limit))
+            posts = [self._posts[i].listed(now) for i in newest if i in self._posts]
             verdicts = collections.Counter(p["verdict"] for p in posts)
             return {"user_id": user_id, "posts": posts, "verdicts": dict(verdicts), "known_posts": len(ids)}
 
@@ -181,8 +278,7 @@ class DecisionIndex:
             now = int(self.clock())
             rows = {t: (b["allow"], b["review"], b["block"], sorted(b["lat"]))
                     for t, b in self._per_second.items() if now - window_s < t <= now}
-            queue_size = sum(1 for v in self._posts.values()
-                             if v.label is None and (v.latest or {}).get("verdict") == "review")
+            queue_size = len(self._waiting)
         series = []
         for second in range(now - window_s + 1, now + 1):
             allow, review, block, lat = rows.get(second, (0, 0, 0, []))
@@ -190,7 +286,11 @@ class DecisionIndex:
                            "p50_ms": lat[len(lat) // 2] if lat else None,
                            "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else None})
         return {"now": now, "series": series, "queue_size": queue_size, "posts_known": len(self._posts),
-                "records": dict(self.counts)}
+                "bytes_known": self.bytes, "records": dict(self.counts)}
+
+
+def _utf8(text: Any) -> int:
+    return len(text.encode("utf-8", "replace")) if isinstance(text, str) else 0
 
 
 def seconds(rfc3339: Any) -> float | None:

@@ -17,21 +17,31 @@ moderators also label, under their own name, and each label is appended to the a
 Post texts are hostile input: the API returns them as JSON and the page puts them into the DOM as text
 only (textContent, never innerHTML); a Content-Security-Policy allows no inline script and nothing from
 elsewhere. No secret travels in a URL, and the request log has paths without their query.
+
+Served by uvicorn (ASGI, HTTP/1.1 keep-alive, h11) on one event loop: a connection costs a socket, not a
+thread; the handlers run in a bounded thread pool. A request's head and body must arrive within
+MODPIPE_CONSOLE_REQUEST_TIMEOUT_S of its first byte (or of the connection), so slow clients are dropped
+instead of kept, and at most MODPIPE_CONSOLE_MAX_CONNECTIONS connections are held (beyond: 503).
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import dataclasses
-import http.server
 import json
+import logging
 import math
-import ssl
-import sys
+import socket
 import threading
 import time
 import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
+
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from console.audit import AuditLog
 from console.auth import (
@@ -64,6 +74,7 @@ SECURITY_HEADERS = {
 }
 MAX_BODY = 10_000
 MAX_VERIFYING = 4  # password verifications at once
+HANDLER_THREADS = 16  # requests answered at once (argon2 waits in MAX_VERIFYING; the rest are index reads)
 REFRESH_HEADER = "X-Console-Refresh"  # the page's background polling: not a moderator's action
 
 
@@ -81,6 +92,10 @@ class ConsoleConfig:
     plaintext_behind_proxy: bool = False  # a TLS-terminating proxy in front
     session_idle_s: float = 1800.0
     session_max_s: float = 43200.0
+    max_connections: int = 1000
+    max_connections_per_address: int = 256  # 0: no cap (the proxies of ProxyIdentity are never capped)
+    request_timeout_s: float = 10.0
+    keep_alive_s: float = 15.0  # longer than the page's 2 s refresh: the polls reuse one connection
 
     @property
     def tls(self) -> bool:
@@ -110,6 +125,29 @@ class ConsoleConfig:
 
 def public_names(setting: str) -> tuple[str, ...]:
     return tuple(n.strip() for n in setting.split(",") if n.strip())
+
+
+class Headers:
+    """A request's headers, names case-insensitive; `get` gives the first value, `get_all` every one."""
+
+    def __init__(self, pairs: list[tuple[bytes, bytes]]):
+        self._values: dict[str, list[str]] = {}
+        for name, value in pairs:
+            self._values.setdefault(name.decode("latin-1").lower(), []).append(value.decode("latin-1"))
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        values = self._values.get(name.lower())
+        return values[0] if values else default
+
+    def get_all(self, name: str) -> list[str]:
+        return self._values.get(name.lower(), [])
+
+
+def printable(text: object, limit: int = 64) -> str:
+    """A client-supplied string as a log field: control characters escaped, so no format (text or JSON) shows
+    a forged line, and cut to `limit`."""
+    text = str(text)[:limit]
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
 @dataclasses.dataclass
@@ -160,11 +198,17 @@ class ConsoleApp:
             _log.warning("proxy user header ignored: not from MODPIPE_CONSOLE_PROXY_ADDRESSES",
                          extra={"client": address, "header": self.proxy.header})
         if proxy_user is not None and valid_name(proxy_user):
-            if session is not None and session.via == "proxy" and session.user == proxy_user:
-                return session, {}
+            # the account is read on every request: a demoted or removed moderator loses the role at once
             account = self.accounts.get(proxy_user)
-            session = self.sessions.create(proxy_user, account.role if account else self.proxy.role, "proxy")
-            _log.info("console sign-in", extra={"moderator": proxy_user, "role": session.role, "via": "proxy"})
+            role = account.role if account else self.proxy.role
+            if session is not None and session.via == "proxy" and session.user == proxy_user:
+                session.role = role
+                return session, {}
+            # one session per user the proxy names: a flood of cookieless requests does not make one each
+            session, new = self.sessions.for_proxy_user(proxy_user, role)
+            session.role = role
+            if new:
+                _log.info("console sign-in", extra={"moderator": proxy_user, "role": role, "via": "proxy"})
             return session, self.set_cookie(session)
         if session is None:
             return None, {}
@@ -180,14 +224,27 @@ class ConsoleApp:
 
     # -- requests
     def handle(self, method: str, path: str, headers, address: str, body: bytes | None) -> Reply:
-        url = urllib.parse.urlsplit(path)
-        if url.path == "/healthz":
+        return self.gate(method, path, headers) or self.answer(method, path, headers, address, body)
+
+    def gate(self, method: str, path: str, headers) -> Reply | None:
+        """The checks before anything else (health, identity header once, Host, Origin): the refusal, or None.
+        No I/O and no lock, so the server runs them on its event loop: a refused request never reads its
+        body or takes a handler thread."""
+        if urllib.parse.urlsplit(path).path == "/healthz":
             return Reply(200, {"ok": True})
+        if self.proxy and len(headers.get_all(self.proxy.header)) > 1:
+            # a proxy that appends instead of replacing would let the client's own copy come first
+            return Reply(400, {"error": f"{self.proxy.header} more than once"})
         if not self.policy.allows_host(headers.get("Host")):
             return Reply(421, {"error": "this console is not reached by that name (Host); see "
                                         "MODPIPE_CONSOLE_PUBLIC_NAME"})
         if method == "POST" and not self._same_origin(headers):
             return Reply(403, {"error": "writes must come from the console's own page (Origin)"})
+        return None
+
+    def answer(self, method: str, path: str, headers, address: str, body: bytes | None) -> Reply:
+        """A request that passed `gate`."""
+        url = urllib.parse.urlsplit(path)
         if method == "GET" and url.path in PUBLIC_PAGES:
             name, content_type = PUBLIC_PAGES[url.path]
             return Reply(200, (STATIC / name).read_bytes(), content_type)
@@ -248,7 +305,10 @@ class ConsoleApp:
             name, password = str(given["name"]), str(given["password"])
         except (ValueError, KeyError, TypeError) as exc:
             return Reply(400, {"error": f"body must be {{\"name\": ..., \"password\": ...}} ({exc})"})
-        keys = [f"address:{address}", f"name:{name.lower()[:64]}"]
+        # By client address (the one a trusted proxy forwards), and by account from that address only: a guesser
+        # elsewhere slows down themselves, never the account's owner.
+        client = self.proxy.client(address, headers)
+        keys = [f"address:{client}", f"account:{client}:{name.lower()[:64]}"]
         wait = self.throttle.attempt(keys)
         if wait > 0:
             seconds = math.ceil(wait)
@@ -264,12 +324,12 @@ class ConsoleApp:
         finally:
             self._verifying.release()
         if account is None:
-            _log.warning("console sign-in failed", extra={"account": name[:64], "client": address})
+            _log.warning("console sign-in failed", extra={"account": printable(name), "client": client})
             return Reply(401, {"error": "wrong name or password"})
         self.throttle.succeeded(keys)
         session = self.sessions.create(account.name, account.role, "password")
         _log.info("console sign-in", extra={"moderator": account.name, "role": account.role, "via": "password",
-                                            "client": address})
+                                            "client": client})
         return Reply(200, {"moderator": account.name, "role": account.role}, headers=self.set_cookie(session))
 
     def _label(self, session: Session, body: bytes | None, headers) -> Reply:
@@ -289,7 +349,7 @@ class ConsoleApp:
             record = self.publish_label({"post_id": post_id, "user_id": post["user_id"], "label": label,
                                          "moderator_id": session.user})
         except Exception as exc:  # noqa: BLE001 - the broker is away: the moderator must know it did not land
-            _log.error("label not published", extra={"post_id": post_id, "error": str(exc)[:300]})
+            _log.error("label not published", extra={"post_id": printable(post_id, 200), "error": str(exc)[:300]})
             return Reply(503, {"error": f"label not published: {str(exc)[:200]}"})
         entry = {"at": record.get("created_at") or schema.rfc3339(schema.now_ms()), "moderator": session.user,
                  "role": session.role, "via": session.via, "post_id": post_id, "user_id": post["user_id"],
@@ -298,7 +358,10 @@ class ConsoleApp:
         try:
             self.audit.append(entry)
         except OSError as exc:  # published but not audited: the log line keeps the audit entry
-            _log.error("label published but not audited", extra={**entry, "error": str(exc)})
+            # post and user ids come from the platform's records: escaped like every client-made field
+            _log.error("label published but not audited",
+                       extra={**{k: printable(v, 300) if isinstance(v, str) else v for k, v in entry.items()},
+                              "error": str(exc)})
             return Reply(500, {"error": "label published, but the audit log could not be written"})
         return Reply(200, {"ok": True, "label": record})
 
@@ -313,104 +376,207 @@ def _json_body(headers, body: bytes | None) -> dict:
 
 
 def _int(query: dict, name: str, default: int) -> int:
-    try:
+    try:  # the index clamps each list to what the page shows
         return max(1, min(10_000, int((query.get(name) or [default])[0])))
     except ValueError:
         return default
 
 
-def make_handler(app: ConsoleApp):
-    class Handler(http.server.BaseHTTPRequestHandler):
-        server_version = "modpipe-console"
-        sys_version = ""
-        timeout = 30  # a client that stalls mid-request gives its thread back
+class ConsoleASGI:
+    """The ASGI side: `ConsoleApp.gate` on the event loop; then reads the body (at most MAX_BODY) and answers with
+    `ConsoleApp.answer` in a bounded thread pool (argon2, the broker and the index lock block); adds the security
+    headers; logs one line."""
 
-        def setup(self):
-            if isinstance(self.request, ssl.SSLSocket):  # the handshake in this thread, not the accept loop
-                self.request.settimeout(self.timeout)
-                self.request.do_handshake()
-            super().setup()
+    def __init__(self, app: ConsoleApp):
+        self.app = app
+        self.pool = concurrent.futures.ThreadPoolExecutor(HANDLER_THREADS, thread_name_prefix="console-handler")
 
-        def log_request(self, code="-", size="-"):  # the path without its query, as a structured line
-            _log.debug("http", extra={"method": self.command, "path": urllib.parse.urlsplit(self.path).path,
-                                      "status": str(code), "client": self.client_address[0]})
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":  # lifespan is off; websockets are not served
+            return
+        method = scope["method"]
+        headers = Headers(scope["headers"])
+        path = scope["raw_path"].decode("latin-1") + ("?" + scope["query_string"].decode("latin-1")
+                                                      if scope["query_string"] else "")
+        address = (scope.get("client") or ("", 0))[0]
+        gated = self.app.gate("POST" if method == "POST" else "GET", path, headers)
+        if gated is not None:
+            reply = gated
+        elif method == "POST":
+            body = await self._body(headers, receive)
+            reply = body if isinstance(body, Reply) else await self._handle("POST", path, headers, address, body)
+        elif method in ("GET", "HEAD"):
+            reply = await self._handle("GET", path, headers, address, None)
+        else:
+            reply = Reply(405, {"error": "GET, HEAD or POST"}, headers={"Allow": "GET, HEAD, POST"})
+        payload = reply.body if isinstance(reply.body, bytes) else json.dumps(reply.body).encode()
+        out = {"Content-Type": reply.content_type, "Content-Length": str(len(payload)), **SECURITY_HEADERS}
+        if self.app.config.tls:
+            out["Strict-Transport-Security"] = "max-age=31536000"
+        out.update(reply.headers)
+        # logged before the answer leaves: whoever reads the log after the reply finds the line
+        _log.debug("http", extra={"method": method, "path": printable(urllib.parse.urlsplit(path).path, 200),
+                                  "status": str(reply.status), "client": address})
+        await send({"type": "http.response.start", "status": reply.status,
+                    "headers": [(k.lower().encode("latin-1"), str(v).encode("latin-1")) for k, v in out.items()]})
+        await send({"type": "http.response.body", "body": b"" if method == "HEAD" else payload})
 
-        def log_message(self, fmt, *args):
-            _log.debug("http error", extra={"client": self.client_address[0], "error": (fmt % args)[:200]})
+    async def _body(self, headers: Headers, receive) -> bytes | Reply:
+        try:
+            length = int(headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        too_big = Reply(400, {"error": f"a JSON body of at most {MAX_BODY} bytes is required"})
+        if not 0 < length <= MAX_BODY:
+            return too_big
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return too_big
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            more = message.get("more_body", False)
+            if size > MAX_BODY:
+                return too_big
+        return b"".join(chunks)
 
-        def _reply(self, reply: Reply) -> None:
-            body = reply.body if isinstance(reply.body, bytes) else json.dumps(reply.body).encode()
-            self.send_response(reply.status)
-            self.send_header("Content-Type", reply.content_type)
-            self.send_header("Content-Length", str(len(body)))
-            if app.config.tls:
-                self.send_header("Strict-Transport-Security", "max-age=31536000")
-            for k, v in {**SECURITY_HEADERS, **reply.headers}.items():
-                self.send_header(k, v)
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
-
-        def _serve(self, method: str, body: bytes | None = None) -> None:
-            try:
-                reply = app.handle(method, self.path, self.headers, self.client_address[0], body)
-            except Exception:  # a bug answers 500, not a dropped connection
-                _log.exception("console request failed", extra={"method": method,
-                                                                "path": urllib.parse.urlsplit(self.path).path})
-                reply = Reply(500, {"error": "internal error (see the console's log)"})
-            self._reply(reply)
-
-        def do_GET(self):  # noqa: N802 - http.server's naming
-            self._serve("GET")
-
-        def do_HEAD(self):  # noqa: N802
-            self._serve("GET")
-
-        def do_POST(self):  # noqa: N802
-            try:
-                length = int(self.headers.get("Content-Length") or 0)
-            except ValueError:
-                length = -1
-            if not 0 < length <= MAX_BODY:
-                return self._reply(Reply(400, {"error": f"a JSON body of at most {MAX_BODY} bytes is required"}))
-            self._serve("POST", self.rfile.read(length))
-
-    return Handler
+    async def _handle(self, method: str, path: str, headers: Headers, address: str, body: bytes | None) -> Reply:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.pool, self.app.answer, method, path,
+                                                                    headers, address, body)
+        except Exception:  # a bug answers 500, not a dropped connection
+            _log.exception("console request failed", extra={"method": method,
+                                                            "path": printable(urllib.parse.urlsplit(path).path, 200)})
+            return Reply(500, {"error": "internal error (see the console's log)"})
 
 
-class ConsoleHTTPServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
+class DeadlineH11(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol with a deadline per request: its head and body must arrive within
+    `request_timeout_s` of the connection, or on a kept-alive one of the request's first byte, else the
+    connection is closed. uvicorn itself waits for a request's head for ever once a byte of it came, so a client
+    sending a byte every few seconds would hold the connection. (Between requests, uvicorn's keep-alive timeout
+    closes an idle connection.)"""
 
-    def handle_error(self, request, client_address):  # e.g. plain HTTP to the TLS port: one line, no traceback
-        _log.debug("connection error", extra={"client": client_address[0], "error": repr(sys.exc_info()[1])[:200]})
+    # set per server by serve()
+    request_timeout_s = 10.0
+    per_address = 0  # connections one client address may hold (0: any number)
+    uncapped: Callable[[str], bool] = staticmethod(lambda address: False)  # the trusted proxies
+    by_address: dict[str, int] = {}
+    _deadline: asyncio.TimerHandle | None = None
+    _counted: str | None = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._deadline = self.loop.call_later(self.request_timeout_s, self._expire)
+        address = (self.client or ("",))[0]
+        if self.per_address and not self.uncapped(address):
+            # one address cannot take every connection the server holds (MODPIPE_CONSOLE_MAX_CONNECTIONS)
+            if self.by_address.get(address, 0) >= self.per_address:
+                _log.debug("connection refused: too many from one address", extra={"client": address})
+                transport.close()
+                return
+            self.by_address[address] = self.by_address.get(address, 0) + 1
+            self._counted = address
+
+    def data_received(self, data: bytes) -> None:
+        if self._deadline is None:  # the first byte of the next request on a kept-alive connection
+            self._deadline = self.loop.call_later(self.request_timeout_s, self._expire)
+        super().data_received(data)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def connection_lost(self, exc) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        if self._counted is not None:
+            left = self.by_address.pop(self._counted) - 1
+            if left:
+                self.by_address[self._counted] = left
+            self._counted = None
+        super().connection_lost(exc)
+
+    def _expire(self) -> None:
+        # their_state: IDLE/SEND_BODY while the client still owes its request; DONE once it is in (we answer)
+        if not self.transport.is_closing() and self.conn.their_state in (h11.IDLE, h11.SEND_BODY):
+            _log.debug("request timed out", extra={"client": (self.client or ("",))[0]})
+            self.transport.close()
+
+
+class ConsoleServer:
+    """A running console: uvicorn on its own event loop in a daemon thread."""
+
+    def __init__(self, app: ConsoleApp, server: uvicorn.Server, sock: socket.socket, thread: threading.Thread):
+        self.app, self._server, self.socket, self._thread = app, server, sock, thread
+        self.server_address = sock.getsockname()
 
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        scheme = "https" if isinstance(self.socket, ssl.SSLSocket) else "http"
+        scheme = "https" if self.app.config.tls else "http"
         return f"{scheme}://{'localhost' if is_loopback(host) else host}:{port}/"
+
+    def shutdown(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(10)
+        self.socket.close()
+        self._server.config.app.pool.shutdown(wait=False)  # the ConsoleASGI serve() gave uvicorn
 
 
 def serve(index: DecisionIndex, publish_label: Callable[[dict], dict], *, config: ConsoleConfig,
           accounts: Accounts, audit: AuditLog, proxy: ProxyIdentity | None = None,
-          clock: Callable[[], float] = time.time, throttle: LoginThrottle | None = None) -> ConsoleHTTPServer:
+          clock: Callable[[], float] = time.time, throttle: LoginThrottle | None = None) -> ConsoleServer:
     """Start serving in a daemon thread; returns the server (`shutdown()` stops it)."""
     config.check()
-    context = None
-    if config.tls:
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        try:
-            context.load_cert_chain(config.tls_cert, config.tls_key)
-        except (OSError, ssl.SSLError) as exc:
-            raise ConsoleError(f"TLS certificate or key unusable: {exc}") from exc
-    server = ConsoleHTTPServer((config.host, config.port), http.server.BaseHTTPRequestHandler)
-    if context is not None:
-        server.socket = context.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
-    policy = HostPolicy(config.host, server.server_address[1], list(config.public_names))
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets that say so, and without it a reply's head and
+    # body in two writes wait 40 ms for the client's delayed ACK
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((config.host, config.port))  # here, so a port in use fails the start with OSError
+    except OSError:
+        sock.close()
+        raise
+    policy = HostPolicy(config.host, sock.getsockname()[1], list(config.public_names))
     app = ConsoleApp(index, publish_label, config=config, policy=policy, accounts=accounts, audit=audit,
-                     proxy=proxy or ProxyIdentity("", ""), clock=clock, throttle=throttle)
-    server.RequestHandlerClass = make_handler(app)
-    server.app = app
-    threading.Thread(target=server.serve_forever, name="console-http", daemon=True).start()
-    return server
+                     proxy=proxy if proxy is not None else ProxyIdentity("", ""), clock=clock,
+                     throttle=throttle)
+    protocol = type("ConsoleH11", (DeadlineH11,), {
+        "request_timeout_s": config.request_timeout_s, "per_address": config.max_connections_per_address,
+        "uncapped": staticmethod(app.proxy.trusted), "by_address": {}})
+    # uvicorn's own start/stop lines repeat "console ready" and carry an ANSI-coloured copy as a log field
+    logging.getLogger("uvicorn.error").setLevel(max(logging.WARNING, logging.getLogger("uvicorn.error").level))
+    context = _tls_context(config, sock) if config.tls else None  # before the thread: a bad key fails the start
+    server = uvicorn.Server(uvicorn.Config(
+        ConsoleASGI(app), http=protocol, lifespan="off", access_log=False, log_config=None, server_header=False,
+        limit_concurrency=config.max_connections, timeout_keep_alive=max(1, int(config.keep_alive_s)),
+        timeout_graceful_shutdown=2, proxy_headers=False,  # forwarded addresses: ProxyIdentity, from its proxies only
+        ssl_context_factory=(lambda _config, _default: context) if context else None))
+    server.config.load()
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), name="console-http",
+                              daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if not server.started:
+        raise ConsoleError("the console's HTTP server did not start (see the log)")
+    return ConsoleServer(app, server, sock, thread)
+
+
+def _tls_context(config: ConsoleConfig, sock: socket.socket):
+    import ssl
+
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(config.tls_cert, config.tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        sock.close()
+        raise ConsoleError(f"TLS certificate or key unusable: {exc}") from exc
+    return context

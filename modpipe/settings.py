@@ -266,6 +266,25 @@ SETTINGS_SPEC: dict[str, Spec] = {
                                float),
     "console_max_posts": Spec("MODPIPE_CONSOLE_MAX_POSTS", "50000",
                               "Posts the console keeps in memory (oldest forgotten first).", int),
+    "console_max_bytes": Spec("MODPIPE_CONSOLE_MAX_BYTES", "268435456",
+                              "Bytes of posts the console keeps in memory: their records' encoded size plus 1 KiB "
+                              "per post (oldest forgotten first; whichever of this and MAX_POSTS is reached first).",
+                              int),
+    "console_max_connections": Spec("MODPIPE_CONSOLE_MAX_CONNECTIONS", "1000",
+                                    "Connections the console holds at once; a request beyond them is answered 503.",
+                                    int),
+    "console_max_connections_per_address": Spec("MODPIPE_CONSOLE_MAX_CONNECTIONS_PER_ADDRESS", "256",
+                                                "Connections one client address may hold at once (beyond: closed at "
+                                                "once; the proxies of MODPIPE_CONSOLE_PROXY_ADDRESSES are not "
+                                                "capped). 0: no cap.", int),
+    "console_request_timeout_s": Spec("MODPIPE_CONSOLE_REQUEST_TIMEOUT_S", "10",
+                                      "A request's head and body must arrive within this long of its connection "
+                                      "(or of the previous answer on it), else the connection is closed (seconds).",
+                                      float),
+    "console_proxy_forwarded_header": Spec("MODPIPE_CONSOLE_PROXY_FORWARDED_HEADER", "X-Forwarded-For",
+                                           "Header in which MODPIPE_CONSOLE_PROXY_ADDRESSES forward the client's "
+                                           "address (the last hop not a proxy counts); sign-ins are throttled by it. "
+                                           "Empty: the proxy's own address."),
     "log_level": Spec("MODPIPE_LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR."),
     "log_format": Spec("MODPIPE_LOG_FORMAT", "json", "`json` (one object per line) or `text`."),
 }
@@ -353,6 +372,11 @@ class Settings:
     console_proxy_role: str
     console_lookback_s: float
     console_max_posts: int
+    console_max_bytes: int
+    console_max_connections: int
+    console_max_connections_per_address: int
+    console_request_timeout_s: float
+    console_proxy_forwarded_header: str
     log_level: str
     log_format: str
 
