@@ -14,10 +14,6 @@ from pathlib import Path
 from modpipe import log
 
 RECEIVE_MESSAGE_MAX_BYTES = 1_000_000_000  # every client's; why: Settings.kafka_client_config
-# Every client's metadata refresh: after an Apache Kafka node died, consumers of three-node chaos runs kept
-# partitions it had led unfetched until librdkafka's next periodic refresh (300 s by default), which is too
-# long for a pipeline's stage hops (docs/faults.md, "A broker node dies").
-METADATA_REFRESH_MS = 10_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -490,8 +486,7 @@ class Settings:
         100 MB default the client rejects the response and retries the same fetch for ever (docs/faults.md).
         Apache Kafka keeps responses within fetch.max.bytes (50 MB), so there the limit is never reached."""
         conf = {"bootstrap.servers": self.bootstrap_servers, "security.protocol": self.security_protocol,
-                "logger": log.kafka_client_logger(), "receive.message.max.bytes": RECEIVE_MESSAGE_MAX_BYTES,
-                "topic.metadata.refresh.interval.ms": METADATA_REFRESH_MS}
+                "logger": log.kafka_client_logger(), "receive.message.max.bytes": RECEIVE_MESSAGE_MAX_BYTES}
         if self.sasl_mechanism:
             conf.update({"sasl.mechanism": self.sasl_mechanism, "sasl.username": self.sasl_username,
                          "sasl.password": self.sasl_password})

@@ -43,6 +43,7 @@ from confluent_kafka import (
 
 from features.events import TABLES
 from modpipe import log
+from modpipe.services.offsets import watermarks
 from modpipe.settings import Settings
 
 _log = log.get(__name__)
@@ -169,8 +170,18 @@ def restore(tables: list[Table], partitions: list[int], settings: Settings, boot
     consumer = Consumer(conf)
     records = 0
     try:
+        # Read to the high watermark of the restore's start, not to the first end-of-partition event: under
+        # read_committed librdkafka reports that at the last stable offset, and on Apache Kafka a transaction
+        # that its producer has committed (EndTxn answered) may not have its marker in the changelog yet when
+        # the partition's next owner starts restoring. Stopping there lost the states of the previous owner's
+        # last checkpoint (three-worker chaos runs, tables unequal to features.offline). Positions pass a
+        # marker or an aborted transaction's records; an open transaction holds the restore until it ends.
+        deadline = started + timeout_s
+        ends = {(topic, p): watermarks(consumer, TopicPartition(topic, p), max(1.0, deadline - time.monotonic()),
+                                       topic_may_be_new=False)[1]
+                for topic, p in fresh}
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for topic, p in fresh])
-        left = set(fresh)
+        left = {tp for tp, end in ends.items() if end > 0}
         report_at = started + RESTORE_PROGRESS_S
         while left:
             if time.monotonic() - started > timeout_s:
@@ -180,11 +191,15 @@ def restore(tables: list[Table], partitions: list[int], settings: Settings, boot
                 _log.warning("changelog restore still reading", extra={
                     "seconds": round(time.monotonic() - started), "records": records, "partitions_left": len(left),
                     "behind": _positions(consumer, sorted(left)[:4])})
-            for m in consumer.consume(1000, 0.05):
+            batch = consumer.consume(1000, 0.05)
+            if not batch or any(m.error() is not None for m in batch):
+                for tp in consumer.position([TopicPartition(t, p) for t, p in left]):
+                    if tp.offset >= ends[(tp.topic, tp.partition)]:
+                        left.discard((tp.topic, tp.partition))
+            for m in batch:
                 err = m.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
-                        left.discard((m.topic(), m.partition()))
                         continue
                     if err.fatal() or err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
                         raise KafkaException(err)

@@ -18,14 +18,18 @@ NOT_YET = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
 RETRY_S = 0.2
 
 
-def watermarks(client, tp, timeout: float = 10.0) -> tuple[int, int]:
-    """(low, high) of `tp` from a Consumer, retried on a missing leader until `timeout` has passed."""
+def watermarks(client, tp, timeout: float = 10.0, *, topic_may_be_new: bool = True) -> tuple[int, int]:
+    """(low, high) of `tp` from a Consumer, retried on a missing leader until `timeout` has passed.
+    `topic_may_be_new=False`: a topic the cluster does not know is an error at once (a changelog to restore
+    is created before any worker runs)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
             return client.get_watermark_offsets(tp, timeout=max(0.5, deadline - time.monotonic()))
         except KafkaException as exc:
             err = exc.args[0]
-            if not (err.retriable() or err.code() in NOT_YET) or time.monotonic() + RETRY_S > deadline:
+            unknown = err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+            again = (err.retriable() or err.code() in NOT_YET) and (topic_may_be_new or not unknown)
+            if not again or time.monotonic() + RETRY_S > deadline:
                 raise
             time.sleep(RETRY_S)

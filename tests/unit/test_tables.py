@@ -14,6 +14,7 @@ from confluent_kafka import (
     TIMESTAMP_NOT_AVAILABLE,
     KafkaError,
     KafkaException,
+    TopicPartition,
 )
 
 from features.events import TABLES
@@ -98,6 +99,9 @@ class FakeError:
     def fatal(self):
         return self._fatal
 
+    def retriable(self):
+        return False
+
 
 class FakeMessage:
     def __init__(self, topic, partition, key=None, value=None, error=None, timestamp=(TIMESTAMP_CREATE_TIME, 5)):
@@ -146,14 +150,30 @@ def fake_consumer(monkeypatch):
 
         def assign(self, tps):
             self.assigned = [(tp.topic, tp.partition, tp.offset) for tp in tps]
+            self.read: collections.Counter = collections.Counter()  # records handed out, per partition
+
+        def get_watermark_offsets(self, tp, timeout=None, cached=False):
+            """(0, records the script holds for the partition, plus `unseen` of them): one offset per record,
+            as without markers; a partition the script says is missing raises, as the broker's answer does."""
+            msgs = [m for batch in FakeConsumer.script for m in batch if (m.topic(), m.partition()) == (tp.topic, tp.partition)]
+            missing = [m.error() for m in msgs if m.error() is not None and m.error().code() == KafkaError.UNKNOWN_TOPIC_OR_PART]
+            if missing:
+                raise KafkaException(missing[0])
+            return 0, sum(m.error() is None for m in msgs) + FakeConsumer.unseen.get((tp.topic, tp.partition), 0)
+
+        def position(self, tps):
+            return [TopicPartition(tp.topic, tp.partition, self.read[(tp.topic, tp.partition)]) for tp in tps]
 
         def consume(self, n, timeout):
-            return self.script.popleft() if self.script else []
+            batch = self.script.popleft() if self.script else []
+            self.read.update((m.topic(), m.partition()) for m in batch if m.error() is None)
+            return batch
 
         def close(self):
             self.closed = True
 
     FakeConsumer.script = []
+    FakeConsumer.unseen = {}
     monkeypatch.setattr(tables, "Consumer", FakeConsumer)
     return FakeConsumer
 
@@ -173,6 +193,7 @@ def test_restore_replaces_the_partitions_with_what_their_changelogs_hold(fake_co
     assert n == 5
     assert user.decoded() == {1: {"u1": {"n": 4}}, 2: {"kept": {"n": 7}}, 3: {}}
     assert url.decoded() == {1: {"x": {"n": 3}}, 3: {}}
+
     assert user.size_bytes == len(encode_value({"n": 4})) + len(encode_value({"n": 7}))
     [consumer] = fake_consumer.made
     assert consumer.conf["isolation.level"] == "read_committed" and consumer.conf["enable.partition.eof"] is True
@@ -199,6 +220,7 @@ def test_a_missing_changelog_fails_the_restore_and_leaves_the_table_alone(fake_c
 def test_a_changelog_not_read_to_its_end_in_time_fails_the_restore(fake_consumer):
     user = Table("user", "c")
     fake_consumer.script = [[record("c", 0, "u", {"n": 1})]]  # then nothing, never the end
+    fake_consumer.unseen = {("c", 0): 1}
     with pytest.raises(TimeoutError):
         restore([user], [0], Settings.from_env({}), "b", timeout_s=0.05)
     assert user.decoded() == {} and fake_consumer.made[0].closed
@@ -225,3 +247,18 @@ def test_a_restored_key_keeps_the_age_of_its_last_record(fake_consumer):
     assert post.expired() == [(0, "old")]
     clock.now = 96_000 + 10_000  # "no-ts" counts from the restore
     assert post.expired() == [(0, "no-ts")] and post.keys() == 0
+
+
+def test_a_restore_reads_past_an_end_of_partition_to_the_high_watermark(fake_consumer):
+    """Under read_committed librdkafka reports the end of a partition at its last stable offset: a transaction
+    its producer committed, whose marker is not in the changelog yet, lies beyond it. The restore reads on to
+    the high watermark it found at its start, so the previous owner's last states are not lost."""
+    user = Table("user", "app-features-user-changelog")
+    uc = user.changelog
+    fake_consumer.script = [
+        [record(uc, 0, "u1", {"n": 1}), eof(uc, 0)],  # the end as the last stable offset stood
+        [],  # the marker is written meanwhile
+        [record(uc, 0, "u1", {"n": 2}), record(uc, 0, "u2", {"n": 1}), eof(uc, 0)],  # the committed rest
+    ]
+    assert restore([user], [0], Settings.from_env({}), "b:9092") == 3
+    assert user.decoded() == {0: {"u1": {"n": 2}, "u2": {"n": 1}}}
