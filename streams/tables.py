@@ -154,6 +154,9 @@ def make_tables(app_id: str, retention_ms: dict[str, int] | None = None) -> dict
     return {name: Table(name, changelog_topic(app_id, name), retention_ms.get(name, 0)) for name in TABLES}
 
 
+END_ASK_S = 0.5  # how long a restore waits for a partition's high watermark before it reads and asks again
+
+
 def restore(tables: list[Table], partitions: list[int], settings: Settings, bootstrap: str,
             timeout_s: float = 600.0) -> int:
     """Replace the given partitions of `tables` with what their changelogs hold (committed records only).
@@ -176,12 +179,9 @@ def restore(tables: list[Table], partitions: list[int], settings: Settings, boot
         # the partition's next owner starts restoring. Stopping there lost the states of the previous owner's
         # last checkpoint (three-worker chaos runs, tables unequal to features.offline). Positions pass a
         # marker or an aborted transaction's records; an open transaction holds the restore until it ends.
-        deadline = started + timeout_s
-        ends = {(topic, p): watermarks(consumer, TopicPartition(topic, p), max(1.0, deadline - time.monotonic()),
-                                       topic_may_be_new=False)[1]
-                for topic, p in fresh}
+        ends: dict[tuple[str, int], int] = {}  # asked inside the loop: a broker that does not answer is reported
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for topic, p in fresh])
-        left = {tp for tp, end in ends.items() if end > 0}
+        left = set(fresh)
         report_at = started + RESTORE_PROGRESS_S
         while left:
             if time.monotonic() - started > timeout_s:
@@ -191,9 +191,20 @@ def restore(tables: list[Table], partitions: list[int], settings: Settings, boot
                 _log.warning("changelog restore still reading", extra={
                     "seconds": round(time.monotonic() - started), "records": records, "partitions_left": len(left),
                     "behind": _positions(consumer, sorted(left)[:4])})
+            for topic, p in [tp for tp in left if tp not in ends]:
+                try:
+                    ends[(topic, p)] = watermarks(consumer, TopicPartition(topic, p), END_ASK_S,
+                                                  topic_may_be_new=False)[1]
+                except KafkaException as exc:
+                    if exc.args[0].fatal() or exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                        raise
+                    continue  # asked again on the next pass
+                if ends[(topic, p)] <= 0:
+                    left.discard((topic, p))
             batch = consumer.consume(1000, 0.05)
-            if not batch or any(m.error() is not None for m in batch):
-                for tp in consumer.position([TopicPartition(t, p) for t, p in left]):
+            known = [TopicPartition(t, p) for t, p in left if (t, p) in ends]
+            if known and (not batch or any(m.error() is not None for m in batch)):
+                for tp in consumer.position(known):
                     if tp.offset >= ends[(tp.topic, tp.partition)]:
                         left.discard((tp.topic, tp.partition))
             for m in batch:

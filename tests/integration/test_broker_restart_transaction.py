@@ -40,6 +40,24 @@ def read_committed(bootstrap: str, topic: str, wait_s: float, until: bytes = b"a
     return got
 
 
+async def transaction_holding_one_record(settings: Settings, bootstrap: str, topic: str):
+    """A started transactional Outbox whose open transaction holds one delivered record (`before-restart`),
+    and the list its fatal errors go to."""
+    loop = asyncio.get_running_loop()
+    outbox = Outbox(settings, bootstrap, linger_ms=5, transactional_id=f"w-{uuid.uuid4().hex[:6]}")
+    fatal: list[Exception] = []
+    outbox.on_fatal = fatal.append
+    await loop.run_in_executor(None, outbox.start, loop)
+    before = Pending()
+    outbox.produce(topic, b"before-restart", partition=0, pending=before)
+    before.seal()
+    deadline = time.monotonic() + 30
+    while before.holds and time.monotonic() < deadline:  # delivered: the transaction holds a record
+        await asyncio.sleep(0.05)
+    assert before.holds == 0
+    return outbox, fatal
+
+
 def test_on_the_embedded_broker_a_transaction_open_across_its_restart_is_doomed_and_never_blocks_readers(tmp_path):
     broker = EmbeddedBroker(tmp_path / "data", free_port()).start()
     bootstrap, topic = broker.bootstrap, "out"
@@ -48,17 +66,7 @@ def test_on_the_embedded_broker_a_transaction_open_across_its_restart_is_doomed_
 
     async def scenario() -> dict:
         loop = asyncio.get_running_loop()
-        outbox = Outbox(settings, bootstrap, linger_ms=5, transactional_id=f"w-{uuid.uuid4().hex[:6]}")
-        fatal: list[Exception] = []
-        outbox.on_fatal = fatal.append
-        await loop.run_in_executor(None, outbox.start, loop)
-        before = Pending()
-        outbox.produce(topic, b"before-restart", partition=0, pending=before)
-        before.seal()
-        deadline = time.monotonic() + 30
-        while before.holds and time.monotonic() < deadline:  # delivered: the transaction holds a record
-            await asyncio.sleep(0.05)
-        assert before.holds == 0
+        outbox, fatal = await transaction_holding_one_record(settings, bootstrap, topic)
 
         await loop.run_in_executor(None, broker.stop)
         deadline = time.monotonic() + 10
@@ -107,17 +115,7 @@ def test_on_apache_kafka_a_transaction_open_across_a_broker_restart_commits_whol
 
     async def scenario() -> dict:
         loop = asyncio.get_running_loop()
-        outbox = Outbox(settings, bootstrap, linger_ms=5, transactional_id=f"w-{uuid.uuid4().hex[:6]}")
-        fatal: list[Exception] = []
-        outbox.on_fatal = fatal.append
-        await loop.run_in_executor(None, outbox.start, loop)
-        before = Pending()
-        outbox.produce(topic, b"before-restart", partition=0, pending=before)
-        before.seal()
-        deadline = time.monotonic() + 30
-        while before.holds and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        assert before.holds == 0
+        outbox, fatal = await transaction_holding_one_record(settings, bootstrap, topic)
         await loop.run_in_executor(None, broker.kill)
         await asyncio.sleep(2)  # every broker gone: the embedded broker's outbox would doom the transaction here
         late_errors: list[Exception] = []

@@ -242,21 +242,28 @@ class BrokersDown:
         return KafkaError._ALL_BROKERS_DOWN
 
 
+def lose_every_broker_between_two_records(box: Outbox) -> tuple[list, list]:
+    """One record, every broker gone, a second record: the fatal errors and the second record's errors."""
+    async def scenario():
+        box.start(asyncio.get_running_loop())
+        fatal = []
+        box.on_fatal = fatal.append
+        box.produce("decisions", b"v1")
+        box._on_client_error(BrokersDown())
+        errors = []
+        late = Pending(on_error=errors.append)
+        box.produce("decisions", b"v2", pending=late)
+        await asyncio.sleep(0)
+        return fatal, errors
+
+    return asyncio.run(scenario())
+
+
 def test_losing_every_broker_keeps_the_transaction_by_default(fake_outbox):
     """Apache Kafka keeps an open transaction across a moment without brokers (MODPIPE_ABORT_ON_BROKERS_DOWN off)."""
-    async def scenario():
-        fake_outbox.start(asyncio.get_running_loop())
-        fatal = []
-        fake_outbox.on_fatal = fatal.append
-        fake_outbox.produce("decisions", b"v1")
-        fake_outbox._on_client_error(BrokersDown())
-        fake_outbox.produce("decisions", b"v2")
-        await asyncio.sleep(0)
-        return fatal
-
-    fatal = asyncio.run(scenario())
+    fatal, errors = lose_every_broker_between_two_records(fake_outbox)
     fake_outbox.close()
-    assert fake_outbox.doomed is None and fatal == []
+    assert fake_outbox.doomed is None and fatal == [] and errors == []
     assert len(fake_outbox.producer.produced) == 2
 
 
@@ -265,19 +272,8 @@ def test_on_the_embedded_broker_losing_every_broker_dooms_the_open_transaction(m
     fake_outbox = Outbox(Settings.from_env({"MODPIPE_ABORT_ON_BROKERS_DOWN": "on"}), "b:9092", linger_ms=5,
                          transactional_id="worker-0")
 
-    async def scenario():
-        fake_outbox.start(asyncio.get_running_loop())
-        fatal = []
-        fake_outbox.on_fatal = fatal.append
-        fake_outbox.produce("decisions", b"v1")
-        fake_outbox._on_client_error(BrokersDown())
-        errors = []
-        late = Pending(on_error=errors.append)
-        fake_outbox.produce("decisions", b"v2", pending=late)  # refused: it would reach a restarted broker
-        await asyncio.sleep(0)
-        return fatal, errors
-
-    fatal, errors = asyncio.run(scenario())
+    # the second record is refused: it would reach a restarted broker
+    fatal, errors = lose_every_broker_between_two_records(fake_outbox)
     fake_outbox.close()
     assert fake_outbox.doomed and ("purge",) in fake_outbox.producer.calls
     assert len(fake_outbox.producer.produced) == 1  # only the record from before
