@@ -182,6 +182,7 @@ class Wiring:
             metrics.LOCAL_HOPS.labels(stage).inc()
             queue.extend(out.items)
             r.ready += out.ready
+            metrics.POSTS_RESENT.inc(out.resent)
             r.redecisions += out.redecisions
 
     def finish(self, r: Round) -> None:
@@ -284,6 +285,7 @@ def make_handlers(w: Wiring, settings: Settings, scorer: TextScorer, decider: De
                         w.dead_letter(event, exc, r.pending, raw=orjson.dumps(item))
                         continue
                     r.ready += out.ready
+                    metrics.POSTS_RESENT.inc(out.resent)
                     r.redecisions += out.redecisions
                     w.dispatch(r, out.items, origin=event)
             w.finish(r)

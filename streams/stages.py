@@ -50,6 +50,7 @@ class StageOutputs:
     items: list[tuple[str, str, dict]] = dataclasses.field(default_factory=list)  # (stage, partition key, item)
     ready: list[ReadyPost] = dataclasses.field(default_factory=list)
     redecisions: list[Redecision] = dataclasses.field(default_factory=list)
+    resent: int = 0  # posts sent again by the platform: already decided, so not decided again
 
 
 def post_item(post: dict, received_at_ms: int) -> tuple[str, str, dict]:
@@ -142,6 +143,11 @@ class Stage:
             out.items.append((stage, pkey, {**item, "to": targets}))
             return
         ctx = item["ctx"]
+        if ctx.get(RESENT):
+            # The post id was decided when it first came (a producer's retry after an epoch bump, a replay):
+            # one decision per post for the platform, and the tables counted it once already.
+            out.resent += 1
+            return
         counts = {**item["counts"], **ban_features(ctx, self.is_banned)}
         out.ready.append(ReadyPost(post=item["post"], received_at_ms=item["received_at_ms"], ctx=ctx,
                                    features=assemble(item["post"], counts)))

@@ -11,11 +11,12 @@ import time
 
 from confluent_kafka import KafkaError, KafkaException
 
-# _DESTROY: librdkafka dropped the connection object of a node the cluster's metadata no longer lists (a killed
-# node, fenced by the controller) while a request to it was out; the next try goes to the partition's new leader
+# _DESTROY, _DESTROY_BROKER: librdkafka dropped the connection object of a node the cluster's metadata no longer
+# lists (a killed node, fenced by the controller) while a request to it was out; the next try goes to the
+# partition's new leader
 NOT_YET = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
-           KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT, KafkaError._DESTROY, KafkaError._TRANSPORT,
-           KafkaError._ALL_BROKERS_DOWN}
+           KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT, KafkaError._DESTROY, KafkaError._DESTROY_BROKER,
+           KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN}
 RETRY_S = 0.2
 
 

@@ -24,8 +24,9 @@ class Answers:
 
 def test_a_missing_leader_is_asked_again(monkeypatch):
     monkeypatch.setattr(offsets, "RETRY_S", 0.001)
-    client = Answers(KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError._DESTROY)
-    assert offsets.watermarks(client, "tp", 5) == (3, 9) and client.calls == 4
+    client = Answers(KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError._DESTROY,
+                     KafkaError._DESTROY_BROKER)
+    assert offsets.watermarks(client, "tp", 5) == (3, 9) and client.calls == 5
 
 
 def test_other_errors_and_an_unknown_topic_that_must_exist_raise_at_once(monkeypatch):

@@ -37,6 +37,8 @@ class Harness:
         self.decide = decide
         self.redecisions = []
         self.hops = collections.Counter()
+        self.decided = collections.Counter()  # post id -> posts handed on to be decided
+        self.resent = 0
 
     def is_banned(self, key: str) -> bool:
         state = self.bans.get(key)
@@ -65,7 +67,9 @@ class Harness:
             self.stages[stage].flush()
             self.queue.extend(out.items)
             self.redecisions += out.redecisions
+            self.resent += out.resent
             for post in out.ready:
+                self.decided[post.ctx["post_id"]] += 1
                 self.features.setdefault(post.ctx["post_id"], post.features)
                 if self.decide is not None:
                     spam = self.decide(post.post, post.features)
@@ -91,6 +95,22 @@ def test_redelivered_items_count_nothing_twice(seed):
     for kind, raw in with_redeliveries(events, seed):
         h.send(kind, raw)
     assert h.features == compute(events).features
+
+
+@settings(max_examples=15, deadline=None, database=None)
+@given(st.integers(0, 10**9))
+def test_a_post_sent_again_is_decided_once(seed):
+    """A platform's producer that re-sends (librdkafka's idempotent producer after an epoch bump writes the
+    in-flight records again) must not get a second decision of the same post."""
+    events = make_events(seed)
+    h = Harness()
+    sent = collections.Counter()
+    for kind, raw in with_redeliveries(events, seed):
+        if kind == "post":
+            sent[raw["post_id"]] += 1
+        h.send(kind, raw)
+    assert set(h.decided) == set(sent) and set(h.decided.values()) == {1}
+    assert h.resent == sum(sent.values()) - len(sent) > 0
 
 
 def test_decisions_are_fed_back_like_offline():
