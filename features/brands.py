@@ -8,11 +8,11 @@ exact skeleton matches, or `ups`/`visa` would match half the web.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import unicodedata
 
 from features.lists import BRAND_DOMAINS
 from features.url import UrlInfo
+from modpipe import memory
 
 # Confusable letters (Cyrillic, Greek, Latin variants) and leetspeak digits, folded to one latin letter.
 # i/l/1/| all fold to "l" because they are what a reader cannot tell apart in most fonts.
@@ -90,7 +90,7 @@ def brand_match(info: UrlInfo) -> BrandMatch:
     return _match(info.host_unicode or info.host, info.domain, info.tld or "")
 
 
-@functools.lru_cache(maxsize=65536)
+@memory.cached("brand_match")
 def _match(host_unicode: str, domain: str, tld: str) -> BrandMatch:
     if domain in _BRAND_SET:
         return BrandMatch(brand=domain, owned=True, edits=0)

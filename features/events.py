@@ -16,7 +16,6 @@ derived keys. Table names and keys:
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import hashlib
 import ipaddress
 import json
@@ -24,6 +23,7 @@ from typing import Any
 
 from features.text import text_fingerprint
 from features.url import parse_url, url_key
+from modpipe import memory
 
 USER, URL, DOMAIN, IP, POST, BANS = "user", "url", "domain", "ip", "post", "bans"
 TABLES = (USER, URL, DOMAIN, IP, POST)
@@ -66,7 +66,7 @@ def normalize_ip(value: Any) -> str | None:
     return _normalize_ip(value)
 
 
-@functools.lru_cache(maxsize=65536)  # a platform's IPs repeat (homes, carriers, a campaign's /24)
+@memory.cached("ip_normalize")  # a platform's IPs repeat (homes, carriers, a campaign's /24)
 def _normalize_ip(value: str) -> str | None:
     try:
         addr = ipaddress.ip_address(value.strip().strip("[]").split("%", 1)[0])

@@ -6,8 +6,9 @@ bare submit) or replay scripted steps far faster than a person can type.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
+
+from modpipe import memory
 
 TYPING_STEPS = frozenset({"type", "typing", "keypress", "keydown", "keyup", "input", "compose", "edit", "write"})
 PASTE_STEPS = frozenset({"paste"})
@@ -26,7 +27,7 @@ def _kind(step: Any) -> str:
     return _kind_of(step if isinstance(step, str) else str(step or ""))
 
 
-@functools.lru_cache(maxsize=4096)  # a platform's journeys use a handful of step names
+@memory.cached("journey_step")  # a platform's journeys use a handful of step names; by bytes: any length
 def _kind_of(step: str) -> str:
     name = step.strip().lower().replace("-", "_")
     base = name.split(":", 1)[0].split("_", 1)[0]  # `type:title`, `type_body` -> `type`

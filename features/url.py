@@ -1,7 +1,9 @@
 """Link URL parsing: never raises, canonical form for counting, registrable domain from an offline PSL.
 
 `parse_url` is lenient the way browsers are (WHATWG-ish): missing scheme, backslashes, `http:example.com`,
-decimal/hex IPv4 hosts, unicode hosts (-> IDNA), trailing dots. Anything it cannot make sense of comes
+decimal/hex IPv4 hosts, unicode hosts, trailing dots. Unicode and `xn--` labels are read with UTS #46
+(the `idna` package, non-transitional), as browsers do: `faß.de` is `xn--fa-hia.de`, not `fass.de`; a label
+it rejects (emoji, symbols, broken punycode, a bidi mix) makes the link invalid with its reason. Anything it cannot make sense of comes
 back as `UrlInfo(valid=False)` with whatever was recovered, so one malformed post never stops a stream.
 
 The public-suffix list is the snapshot bundled in `publicsuffixlist` (no network, ICANN + private
@@ -11,17 +13,17 @@ sections: `foo.blogspot.com` is its own registrable domain, as browsers treat it
 from __future__ import annotations
 
 import dataclasses
-import encodings.idna
-import functools
 import hashlib
 import ipaddress
 import re
 import unicodedata
-from urllib.parse import unquote
+from urllib.parse import quote_from_bytes, unquote
 
+import idna
 from publicsuffixlist import PublicSuffixList
 
 from features.lists import SHORTENER_DOMAINS, TRACKING_PARAMS, TRACKING_PREFIXES
+from modpipe import memory
 
 MAX_URL_CHARS = 8192  # beyond this we do not parse: no legitimate link is that long, and it bounds CPU
 MAX_KEY_CHARS = 512  # longer canonical URLs are keyed by their hash: table keys stay small
@@ -42,6 +44,8 @@ _UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012
 # Characters kept verbatim in path/query (RFC 3986 pchar + "/" + "?"); everything else is %-encoded.
 _PATH_SAFE = _UNRESERVED | frozenset("!$&'()*+,;=:@/")
 _QUERY_SAFE = _PATH_SAFE | frozenset("?")
+# quote_from_bytes keeps letters, digits and "_.-~" (= _UNRESERVED) and the characters it is given
+_SAFE_STRINGS = {safe: "".join(sorted(safe - _UNRESERVED)) for safe in (_PATH_SAFE, _QUERY_SAFE)}
 _DOTS = str.maketrans({"\u3002": ".", "\uff0e": ".", "\uff61": "."})  # IDNA treats these as label dots
 _TOKEN_SPLIT_RE = re.compile(r"[\W_]+", re.UNICODE)
 
@@ -87,9 +91,10 @@ def _invalid(raw: str, error: str, **kw) -> UrlInfo:
     return UrlInfo(raw=raw, valid=False, raw_length=len(raw), error=error, **kw)
 
 
-@functools.lru_cache(maxsize=65536)
+@memory.cached("url_parse")
 def parse_url(url: str) -> UrlInfo:
-    """Parse a link; never raises. Cached: spam repeats the same URLs."""
+    """Parse a link; never raises. Cached by bytes (modpipe/memory.py): spam repeats the same URLs, and a
+    hostile link parses to ~110 KB."""
     if not isinstance(url, str):
         return _invalid(repr(url)[:100], "not a string")
     try:
@@ -208,11 +213,11 @@ def _parse_host(h: str) -> dict:
                 "punycode": False, "unicode_host": unicode_host}
     labels = []
     for label in h.split("."):
-        if not label.isascii():
+        if not label.isascii() or label[:4].lower() == "xn--":
             try:
-                label = encodings.idna.ToASCII(label).decode("ascii")
-            except (UnicodeError, ValueError):
-                return {"error": "bad IDN label", "unicode_host": True}
+                label = idna.encode(label, uts46=True, transitional=False).decode("ascii")
+            except (idna.IDNAError, UnicodeError, ValueError) as exc:
+                return {"error": f"bad IDN label (UTS #46): {str(exc)[:120]}", "unicode_host": unicode_host}
         label = label.lower()
         if not label or len(label) > 63 or not _LABEL_RE.match(label):
             return {"error": "bad host label", "unicode_host": unicode_host}
@@ -229,8 +234,8 @@ def _to_unicode(label: str) -> str:
     if not label.startswith("xn--"):
         return label
     try:
-        return encodings.idna.ToUnicode(label)
-    except (UnicodeError, ValueError):
+        return idna.decode(label)
+    except (idna.IDNAError, UnicodeError, ValueError):
         return label
 
 
@@ -267,6 +272,8 @@ def _norm_pct(s: str, safe: frozenset[str]) -> str:
     """RFC 3986 normalisation: decode %XX of unreserved chars, uppercase the rest, encode unsafe chars.
 
     Idempotent: the output contains only `safe` chars and `%XX` (uppercase, not unreserved)."""
+    if "%" not in s:  # nothing to decode: the stdlib encodes in C (a 4,000-emoji path: 7 ms -> 0.2 ms)
+        return quote_from_bytes(s.encode("utf-8", "surrogatepass"), _SAFE_STRINGS[safe])
     out = []
     i, n = 0, len(s)
     while i < n:

@@ -9,7 +9,6 @@ each message live in `modpipe/schemas/` and a test keeps them in agreement with 
 from __future__ import annotations
 
 import base64
-import functools
 import ipaddress
 import math
 import time
@@ -17,6 +16,8 @@ from datetime import datetime
 from typing import Any
 
 import orjson
+
+from modpipe import memory
 
 SCHEMA_VERSION = 1
 SUPPORTED_VERSIONS = frozenset({1})
@@ -130,7 +131,7 @@ def _timestamp(obj: dict, name: str, where: str = "", optional: bool = False) ->
 MAX_CACHED_CHARS = 64
 
 
-@functools.lru_cache(maxsize=65536)
+@memory.cached("timestamp_parse")
 def _normalised_timestamp(value: str) -> tuple[str | None, str | None]:
     """(RFC 3339 UTC with milliseconds, None), or (None, "not" | "zone") when it is not one / has no zone."""
     try:
@@ -142,11 +143,14 @@ def _normalised_timestamp(value: str) -> tuple[str | None, str | None]:
     return rfc3339(parsed.timestamp() * 1000), None
 
 
-@functools.lru_cache(maxsize=65536)
 def canonical_ip(value: str) -> str | None:
     """The canonical text of an IP address, None when `value` is not one."""
-    if len(value) > MAX_CACHED_CHARS:
-        return None
+    # checked before the cache: an over-long string is refused without being kept as a key
+    return None if len(value) > MAX_CACHED_CHARS else _canonical_ip(value)
+
+
+@memory.cached("ip_parse")
+def _canonical_ip(value: str) -> str | None:
     try:
         return str(ipaddress.ip_address(value.strip()))
     except ValueError:

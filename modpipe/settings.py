@@ -216,6 +216,12 @@ SETTINGS_SPEC: dict[str, Spec] = {
                                   "The same for the post table, whose states hold a decision snapshot (~9 KB "
                                   "each) and are hot only for the minutes after the post: 20,000 of them grew a "
                                   "worker by ~120 MiB in the soak run.", int),
+    "worker_memory_mb": Spec("MODPIPE_WORKER_MEMORY_MB", "2048",
+                             "Memory a worker has (its pod's limit: set both together). Every cache and buffer fed "
+                             "by platform data is bounded in bytes by a fixed share of it, ~17 % in all (parsed "
+                             "links 4 %, decision queue 3 %, librdkafka's producer queue 4 %, stage bundles 2 %, "
+                             "text cache 1 %, ...: modpipe/memory.py, docs/features.md); the rest is the process "
+                             "and the feature tables.", int),
     "post_retention_s": Spec("MODPIPE_POST_RETENTION_S", "21600",
                              "How long the post table keeps a post not written since (its reports, labels and "
                              "decision snapshot; a later report or ban cannot decide it again). Memory per worker "
@@ -351,6 +357,7 @@ class Settings:
     metrics_port: int
     state_cache_keys: int
     post_state_cache_keys: int
+    worker_memory_mb: int
     post_retention_s: float
     feature_retention_s: float
     console_host: str
@@ -419,6 +426,8 @@ class Settings:
             raise SettingsError("MODPIPE_CONSOLE_PROXY_ROLE must be `viewer` or `moderator`")
         if self.state_cache_keys < 1 or self.post_state_cache_keys < 1:
             raise SettingsError("MODPIPE_STATE_CACHE_KEYS and MODPIPE_POST_STATE_CACHE_KEYS must be >= 1")
+        if self.worker_memory_mb < 256:
+            raise SettingsError("MODPIPE_WORKER_MEMORY_MB must be >= 256")
         if self.post_retention_s < 0 or self.feature_retention_s < 0:
             raise SettingsError("MODPIPE_POST_RETENTION_S and MODPIPE_FEATURE_RETENTION_S must be >= 0 (0: for ever)")
         if self.static_membership not in ("on", "off"):

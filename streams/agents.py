@@ -37,7 +37,7 @@ import orjson
 
 from features import events as fe
 from features.state import DEFAULT_LIMITS
-from modpipe import log, schema
+from modpipe import log, memory, schema
 from modpipe.decision.verdict import Decider
 from modpipe.settings import Settings
 from streams import metrics
@@ -105,9 +105,11 @@ class Wiring:
         text_version = "off" if scorer.disabled else scorer.model_version
         # read per batch: a promoted decision model changes the decider's version without a restart
         self.publisher = Publisher(outbox, pipe.topics, lambda: {"text_model": text_version, "decider": decider.version})
+        self.budgets = memory.apply_budget(settings.worker_memory_mb)
         self.batcher = DecisionBatcher(scorer, decider, self.publisher, max_batch=settings.max_batch,
                                        max_wait_s=settings.max_wait_ms / 1000, max_inflight=settings.max_inflight,
-                                       on_error=self.crash, feedback=self.feedback, shadow=shadow)
+                                       on_error=self.crash, feedback=self.feedback, shadow=shadow,
+                                       max_bytes=self.budgets["decision_queue"])
         self.owned: set[TP] = set()  # stage-topic partitions assigned to this worker (empty while rebalancing)
         self.assignments = 0  # assignments received (readiness: the worker has been given its partitions)
         self._partition_events: dict[tuple[str, int], PartitionEvent] = {}
@@ -139,7 +141,13 @@ class Wiring:
         await self.epochs.idle(epoch)
 
     def new_round(self, events=()) -> Round:
-        return Round(self._opened(), Bundler(self.partitions), list(events))
+        pending = self._opened()
+        return Round(pending, self.bundler(pending), list(events))
+
+    def bundler(self, pending: Pending) -> Bundler:
+        """A bundler whose records go out under `pending`, as soon as it holds more than its byte share."""
+        return Bundler(self.partitions, self.budgets["bundles"],
+                       on_full=lambda full: self.publisher.send_bundles(full, pending))
 
     def dead_letter(self, event, error: Exception, pending: Pending, raw: bytes | None = None) -> None:
         send_dead_letter(self.outbox, self.topics.dead_letters, event, error, pending, raw)
@@ -231,7 +239,7 @@ class Wiring:
         """A batch's verdicts back to the tables: through the stage topics. (Not applied here even when this
         worker owns the partition: the decision is already out, and the worker may be recovering a table
         partition it was just given while Triton answered.)"""
-        bundler = Bundler(self.partitions)
+        bundler = self.bundler(pending)
         for stage, pkey, item in items:
             bundler.add(self.topics.stages[stage], pkey, item)
         self.publisher.send_bundles(bundler, pending)

@@ -11,14 +11,22 @@ small ones.
 Record value: `{"items": [item, ...]}` (orjson). An item is `{"kind", "ctx", "to": [[table, key], ...]}`
 plus, for a post on its way through the stages, `"post"` (the validated post), `"received_at_ms"`,
 `"counts"` (features gathered so far) and `"route"` (the hops still ahead).
+
+A round's bundler holds at most its share of MODPIPE_WORKER_MEMORY_MB (modpipe/memory.py): past it, what it
+holds is produced there and then (`on_full`), into the round's own transaction, and it starts empty; a
+partition's items keep their order, only in more records.
 """
 
 from __future__ import annotations
 
-import functools
 import struct
+import sys
+from collections.abc import Callable
 
 import orjson
+
+from modpipe import memory
+from streams import metrics
 
 MAX_BUNDLE_BYTES = 512 * 1024  # well under Kafka's default 1 MB record limit
 
@@ -47,7 +55,7 @@ def murmur2(data: bytes) -> int:
     return h - 0x100000000 if h & 0x80000000 else h
 
 
-@functools.lru_cache(maxsize=200_000)
+@memory.cached("partition")
 def partition_for(key: str, partitions: int) -> int:
     """The partition Kafka's default partitioner (murmur2: Java client; librdkafka `murmur2_random`) gives a
     record keyed `key`."""
@@ -69,15 +77,24 @@ def decode_bundle(value: bytes) -> list[dict]:
 class Bundler:
     """Items collected per (topic, partition) during one round, then produced as bundle records."""
 
-    def __init__(self, partitions: int):
+    def __init__(self, partitions: int, max_bytes: int | None = None,
+                 on_full: Callable[[Bundler], None] | None = None):
         self.partitions = partitions
+        self.max_bytes = memory.budget_bytes("bundles", memory.DEFAULT_WORKER_MEMORY_MB) \
+            if max_bytes is None else max_bytes
+        self.on_full = on_full  # produces what the bundler holds (emptying it); None: it only grows
         self._items: dict[tuple[str, int], list[bytes]] = {}
         self.items = 0
+        self.bytes = 0  # the encoded items as they sit in memory, with their list slots
 
     def add(self, topic: str, partition_key: str, item: dict) -> None:
         where = (topic, partition_for(partition_key, self.partitions))
-        self._items.setdefault(where, []).append(orjson.dumps(item))
+        encoded = orjson.dumps(item)
+        self._items.setdefault(where, []).append(encoded)
         self.items += 1
+        self.bytes += sys.getsizeof(encoded) + 8
+        if self.on_full is not None and self.bytes > self.max_bytes:
+            self.on_full(self)
 
     def __bool__(self) -> bool:
         return bool(self._items)
@@ -95,8 +112,10 @@ class Bundler:
                 chunk.append(item)
                 size += len(item) + 1
             yield topic, partition, _join(chunk), len(chunk)
+        metrics.BUFFER_BYTES.labels("bundles").set(self.bytes)
         self._items.clear()
         self.items = 0
+        self.bytes = 0
 
 
 def _join(encoded_items: list[bytes]) -> bytes:

@@ -4,7 +4,9 @@
 requests going: a post is sent as soon as a slot is free (no timer at low load); while every slot is
 taken, posts gather into the next batch (up to MODPIPE_MAX_BATCH), and a batch that finds a slot while
 another request is still at Triton waits up to MODPIPE_MAX_WAIT_MS to fill. Bans short-circuit before
-the text model; repeats come from the text cache (`scoring.TextCache`).
+the text model; repeats come from the text cache (`scoring.TextCache`). The queue is bounded by count and by
+bytes (its share of MODPIPE_WORKER_MEMORY_MB): past either, the runner pauses fetching (back-pressure: a post
+handed over is never refused, so its round completes as usual).
 
 During a text-model outage (Triton failing for MODPIPE_TEXT_MODEL_OUTAGE_S) a batch is decided without it
 as MODPIPE_TEXT_MODEL_OUTAGE_POLICY says (`decide` or `review`; `wait` keeps retrying): each such decision
@@ -23,7 +25,7 @@ import asyncio
 import collections
 from collections.abc import Callable, Sequence
 
-from modpipe import log, schema
+from modpipe import log, memory, schema
 from modpipe.decision.engine import cascade, shortcut
 from modpipe.decision.verdict import Decider, without_text_model
 from streams import metrics
@@ -124,7 +126,7 @@ class DecisionBatcher:
 
     def __init__(self, scorer: TextScorer, decider: Decider, publisher: Publisher, *, max_batch: int,
                  max_wait_s: float, max_inflight: int, on_error: Callable[[Exception], None],
-                 feedback: Callable[[list, Pending], None], shadow=None):
+                 feedback: Callable[[list, Pending], None], shadow=None, max_bytes: int | None = None):
         self.scorer, self.decider, self.publisher = scorer, decider, publisher
         self.shadow = shadow  # modpipe.decision.live.ShadowScorer: compared, never published
         self.outage_policy = scorer.outage_policy
@@ -132,6 +134,10 @@ class DecisionBatcher:
         self.max_batch, self.max_wait_s = max_batch, max_wait_s
         self.on_error = on_error
         self._queue: collections.deque[ReadyPost] = collections.deque()
+        self._sizes: collections.deque[int] = collections.deque()  # bytes of each queued post, in step
+        self.queued_bytes = 0
+        self.max_bytes = memory.budget_bytes("decision_queue", memory.DEFAULT_WORKER_MEMORY_MB) \
+            if max_bytes is None else max_bytes
         self._ready = asyncio.Event()
         self._more = asyncio.Event()
         self._slots = asyncio.Semaphore(max_inflight)
@@ -143,6 +149,11 @@ class DecisionBatcher:
         if not posts:
             return
         self._queue.extend(posts)
+        for p in posts:  # not `source`: the round's handle, shared and not the post's
+            size = memory.deep_size(p.post) + memory.deep_size(p.features) + memory.deep_size(p.ctx)
+            self._sizes.append(size)
+            self.queued_bytes += size
+        metrics.BUFFER_BYTES.labels("decision_queue").set(self.queued_bytes)
         self._ready.set()
         self._more.set()
         if self._runner is None:
@@ -152,6 +163,17 @@ class DecisionBatcher:
     def queued(self) -> int:
         return len(self._queue)
 
+    @property
+    def over_budget(self) -> bool:
+        """The queue holds more bytes than its share (read on the consumer's thread: fetching pauses)."""
+        return self.queued_bytes > self.max_bytes
+
+    def _take(self, n: int) -> list[ReadyPost]:
+        batch = [self._queue.popleft() for _ in range(n)]
+        self.queued_bytes -= sum(self._sizes.popleft() for _ in range(n))
+        metrics.BUFFER_BYTES.labels("decision_queue").set(self.queued_bytes)
+        return batch
+
     async def _run(self) -> None:
         try:
             while True:
@@ -159,7 +181,7 @@ class DecisionBatcher:
                 await self._slots.acquire()
                 if self._inflight and len(self._queue) < self.max_batch and self.max_wait_s > 0:
                     await self._fill(self.max_wait_s)
-                batch = [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]
+                batch = self._take(min(self.max_batch, len(self._queue)))
                 if not self._queue:
                     self._ready.clear()
                 if not batch:

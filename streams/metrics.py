@@ -6,6 +6,8 @@ from pathlib import Path
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from modpipe import memory
+
 # Up to a minute: a backlog (a burst, a restart) shows as seconds of queueing, not as one +Inf bucket.
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 15, 20, 30, 60)
 
@@ -74,6 +76,15 @@ INTERNAL_PURGES = Counter(
 MEMORY_LIMIT = Gauge("modpipe_memory_limit_bytes",
                      "Memory limit of the worker's cgroup (a pod's limit); +Inf when there is none. Beside the "
                      "process collector's process_resident_memory_bytes: how close the tables are to it.")
+MEMORY_BUDGET = Gauge("modpipe_memory_budget_bytes",
+                      "Bytes each cache or buffer fed by platform data may hold: its share of "
+                      "MODPIPE_WORKER_MEMORY_MB (modpipe/memory.py).", ["use"])
+CACHE_BYTES = Gauge("modpipe_cache_bytes", "Bytes charged to the entries of each byte-bounded cache "
+                    "(an over-estimate of what they allocate).", ["cache"])
+CACHE_ENTRIES = Gauge("modpipe_cache_entries", "Entries in each byte-bounded cache.", ["cache"])
+BUFFER_BYTES = Gauge("modpipe_buffer_bytes",
+                     "Bytes held by a buffer of platform data: decision_queue (ready posts waiting for Triton, "
+                     "now), bundles (the last round's stage bundles as they were produced).", ["buffer"])
 CONSUMER_LAG = Gauge("modpipe_consumer_lag_messages", "Records behind the end of each assigned partition.",
                      ["topic", "partition"])
 
@@ -93,6 +104,18 @@ def init_labels(verdicts, dead_letter_reasons, outage_policy: str | None, tables
         TEXT_MODEL_AVAILABLE.set(1)
         if outage_policy != "wait":
             DEGRADED_DECISIONS.labels(outage_policy)
+
+
+def init_memory(budgets: dict[str, int]) -> None:
+    """Export each use's budget, and each registered cache's bytes and entries, read when scraped (by name:
+    a cache made later under the same name, such as a new TextScorer's, is the one read)."""
+    for use, limit in budgets.items():
+        MEMORY_BUDGET.labels(use).set(limit)
+    for name in memory.CACHES:
+        CACHE_BYTES.labels(name).set_function(lambda name=name: memory.CACHES[name].bytes)
+        CACHE_ENTRIES.labels(name).set_function(lambda name=name: len(memory.CACHES[name]))
+    for buffer in ("decision_queue", "bundles"):
+        BUFFER_BYTES.labels(buffer)
 
 
 # cgroup v1 writes "no limit" as the largest page-aligned signed 64-bit number

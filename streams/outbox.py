@@ -44,7 +44,7 @@ from collections.abc import Callable
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
-from modpipe import log
+from modpipe import log, memory
 from modpipe.settings import Settings
 
 _log = log.get(__name__)
@@ -106,6 +106,10 @@ class Outbox:
             # One record per destination partition per round is already a batch; keep librdkafka's
             # own queue deep enough for a burst of decisions.
             "queue.buffering.max.messages": 1_000_000, "compression.type": "none",
+            # and bounded in bytes by its share of the worker's memory (librdkafka's default is 1 GiB); a
+            # full queue makes `produce` wait for deliveries. Never under 32 MiB: a bundle record must fit.
+            "queue.buffering.max.kbytes": max(32 * 1024, memory.budget_bytes("producer_queue",
+                                                                             settings.worker_memory_mb) // 1024),
             # Retried batches keep their order within a partition: without it an older changelog state or
             # decision revision could land after a newer one and win.
             "enable.idempotence": True,

@@ -93,7 +93,7 @@ class Runner:
         self._wake.set()
 
     def _busy(self) -> bool:  # read on the consumer's thread
-        return len(self._batches) >= MAX_QUEUED_BATCHES or \
+        return len(self._batches) >= MAX_QUEUED_BATCHES or self.wiring.batcher.over_budget or \
             self.wiring.batcher.queued >= self.settings.max_batch * self.settings.max_inflight * 2
 
     # -- rounds

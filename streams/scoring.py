@@ -6,20 +6,20 @@ Plain classes, no Kafka: the decision batcher hands `TextScorer` texts and gets 
 Campaigns post the same text many times. `TextCache` remembers the probability of each exact model
 input (the token ids after normalisation and truncation, per model version), so a repeat skips Triton:
 the cached value is the probability the model gave that same input, and a text whose ids differ in any
-token is scored. Bounded (LRU); hits and misses are metrics.
+token is scored. Bounded (LRU) by entries and by bytes (its share of MODPIPE_WORKER_MEMORY_MB); hits and misses
+are metrics.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import hashlib
 import time
 from collections.abc import Sequence
 
 import numpy as np
 
-from modpipe import log
+from modpipe import log, memory
 from modpipe.textmodel.artifacts import ModelBuild
 from modpipe.textmodel.tokenize import BatchTokenizer
 from streams import metrics
@@ -38,33 +38,34 @@ class TextModelUnavailable(RuntimeError):
 class TextCache:
     """Spam probability per exact model input (token ids) and model version; least recently used evicted."""
 
-    def __init__(self, model_version: str, capacity: int = DEFAULT_CACHE_TEXTS):
+    def __init__(self, model_version: str, capacity: int = DEFAULT_CACHE_TEXTS, max_bytes: int | None = None):
         self.model_version = model_version
         self.capacity = capacity
-        self._items: collections.OrderedDict[bytes, float] = collections.OrderedDict()
-        self.hits = 0
-        self.misses = 0
+        if max_bytes is None:
+            max_bytes = memory.budget_bytes("text", memory.DEFAULT_WORKER_MEMORY_MB)
+        self._items = memory.register(memory.ByteLRU("text", max_bytes, max_entries=max(capacity, 0)))
+
+    @property
+    def hits(self) -> int:
+        return self._items.hits
+
+    @property
+    def misses(self) -> int:
+        return self._items.misses
 
     def key(self, ids: np.ndarray) -> bytes:
         """Key of one row of token ids without its padding."""
         return hashlib.blake2b(ids.tobytes(), digest_size=16, key=self.model_version.encode()[:64]).digest()
 
     def get(self, key: bytes) -> float | None:
-        value = self._items.get(key)
-        if value is None:
-            self.misses += 1
-            return None
-        self._items.move_to_end(key)
-        self.hits += 1
-        return value
+        return self._items.get(key)
 
     def put(self, key: bytes, probability: float) -> None:
-        if self.capacity <= 0:
-            return
-        self._items[key] = probability
-        self._items.move_to_end(key)
-        while len(self._items) > self.capacity:
-            self._items.popitem(last=False)
+        self._items.put(key, probability)
+
+    @property
+    def bytes(self) -> int:
+        return self._items.bytes
 
     def __len__(self) -> int:
         return len(self._items)
@@ -82,7 +83,7 @@ class TextScorer:
 
     def __init__(self, build: ModelBuild, triton_url: str, model_name: str, timeout_s: float = 10.0,
                  max_seq_len: int | None = None, disabled: bool = False, cache_texts: int = DEFAULT_CACHE_TEXTS,
-                 outage_s: float = 30.0, outage_policy: str = "decide"):
+                 outage_s: float = 30.0, outage_policy: str = "decide", cache_bytes: int | None = None):
         if outage_policy not in OUTAGE_POLICIES:
             raise ValueError(f"outage policy {outage_policy!r}: expected one of {OUTAGE_POLICIES}")
         self.outage_s, self.outage_policy = outage_s, outage_policy
@@ -93,7 +94,7 @@ class TextScorer:
         self.tokenizer = BatchTokenizer.for_build(build, min(max_seq_len or build.max_seq_len, build.max_seq_len))
         self.model_version = build.version
         self.stack = None if disabled else build.stack()  # lexical.StackedScorer, or None: transformer alone
-        self.cache = TextCache(build.version, cache_texts)
+        self.cache = TextCache(build.version, cache_texts, cache_bytes)
         self.triton_url = triton_url
         self.model_name = model_name
         self.timeout_s = timeout_s

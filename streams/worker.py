@@ -158,6 +158,7 @@ def run_worker(settings: Settings, name: str | None = None) -> int:
                         None if scorer.disabled else settings.text_model_outage_policy, tables=list(pipe.tables))
     wiring.observe_tables()
     metrics.MEMORY_LIMIT.set(metrics.cgroup_memory_limit())
+    metrics.init_memory(wiring.budgets)
     probes = health.Health()
     probes.live_checks["ban_log_reader"] = bans.alive
     probes.ready_checks.update({"ban_log_read": lambda: bans.is_caught_up, "text_model_warm": lambda: scorer.answered,

@@ -301,6 +301,9 @@ def test_worker_identity_state_and_probes(target):
     assert spec["terminationGracePeriodSeconds"] >= settings.shutdown_grace_s + 60 + 20
     assert spec["enableServiceLinks"] is False
     assert "memory" in c["resources"]["limits"] and "cpu" in c["resources"]["requests"]
+    # The memory budget the caches and buffers share is the pod's limit itself, in MiB (modpipe/memory.py).
+    budget = next(v for v in c["env"] if v["name"] == "MODPIPE_WORKER_MEMORY_MB")["valueFrom"]["resourceFieldRef"]
+    assert budget == {"containerName": "worker", "resource": "limits.memory", "divisor": "1Mi"}
 
 
 def spec_labels(workload: dict) -> dict:

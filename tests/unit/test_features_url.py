@@ -161,3 +161,36 @@ def test_brand_other_signals():
     assert brand_match(parse_url("secure-paypal-login.com")).in_host
     assert brand_match(parse_url("example.com")).brand is None
     assert skeleton("PаYPA1") == skeleton("paypal")
+
+
+# UTS #46, non-transitional (the `idna` package), as browsers read hosts; IDNA 2003 read `faß` as `fass`.
+@pytest.mark.parametrize("raw,host,host_unicode,domain", [
+    ("https://faß.de/", "xn--fa-hia.de", "faß.de", "xn--fa-hia.de"),
+    ("https://FAß.DE/", "xn--fa-hia.de", "faß.de", "xn--fa-hia.de"),  # upper case folded; ß kept
+    ("https://XN--FA-HIA.de/", "xn--fa-hia.de", "faß.de", "xn--fa-hia.de"),
+    ("https://FASS.de/", "fass.de", "fass.de", "fass.de"),  # a different host from faß.de
+    ("https://www.Bücher.de/", "www.xn--bcher-kva.de", "www.bücher.de", "xn--bcher-kva.de"),
+    ("https://pаypal.com/", "xn--pypal-4ve.com", "pаypal.com", "xn--pypal-4ve.com"),  # Latin with a Cyrillic а: one label, allowed
+    ("https://ｅｘａｍｐｌｅ．ｃｏｍ/", "example.com", "example.com", "example.com"),  # fullwidth letters and dot
+    ("https://bücher。de/", "xn--bcher-kva.de", "bücher.de", "xn--bcher-kva.de"),  # ideographic full stop
+    ("https://straße.example.com/", "xn--strae-oqa.example.com", "straße.example.com", "example.com"),
+    ("https://_dmarc.example.com/", "_dmarc.example.com", "_dmarc.example.com", "example.com"),  # ASCII labels as before
+])
+def test_hosts_are_read_with_uts46_as_browsers_do(raw, host, host_unicode, domain):
+    info = parse_url(raw)
+    assert info.valid and info.host == host and info.host_unicode == host_unicode and info.domain == domain
+
+
+@pytest.mark.parametrize("raw,why", [
+    ("https://" + "ü" * 60 + ".com/", "Label too long"),  # 60 characters, over 63 once punycoded
+    ("https://☃.net/", "not allowed"),  # symbols and emoji are not IDNA 2008 letters
+    ("https://😀😀.com/", "not allowed"),
+    ("https://xn--zz.com/", "Invalid A-label"),  # broken punycode
+    ("https://aא.com/", "direction"),  # Latin and Hebrew in one label breaks the bidi rule
+    ("https://a\u200db.com/", ""),  # a zero-width joiner outside the contexts that allow it
+])
+def test_hosts_uts46_refuses_are_invalid_links_with_the_reason(raw, why):
+    info = parse_url(raw)
+    assert not info.valid and info.host is None and info.domain is None
+    assert info.error.startswith("bad IDN label (UTS #46)") and why in info.error
+    assert info.unicode_host == (not raw.isascii())

@@ -27,7 +27,7 @@ class FakeTable:
 class FakeWiring:
     def __init__(self):
         self.topics = SimpleNamespace(awaiting_text=AWAITING, stages={"user": USER})
-        self.batcher = SimpleNamespace(queued=0)
+        self.batcher = SimpleNamespace(queued=0, over_budget=False)
         self.pipe = SimpleNamespace(tables={"user": FakeTable(), "url": FakeTable()})
         self.crashes: list[Exception] = []
         self.revocations = 0
@@ -73,6 +73,13 @@ def test_the_freeze_limit_is_the_session_less_a_heartbeat():
 def test_without_the_freeze_guard_there_is_no_watch():
     """Apache Kafka fences a frozen member itself (MODPIPE_FREEZE_GUARD off, the default)."""
     assert make_runner().watch is None
+
+
+def test_fetching_pauses_while_the_decision_queue_is_over_its_bytes():
+    runner = make_runner()
+    assert not runner._busy()
+    runner.wiring.batcher.over_budget = True  # few posts, but large ones
+    assert runner._busy()
 
 
 def test_done_keeps_the_offset_after_the_last_record_per_partition_until_taken():

@@ -1,0 +1,180 @@
+"""A worker's memory budget, and the byte-bounded caches that respect it.
+
+What users post reaches caches and buffers (parsed links, IPs, timestamps, text probabilities, bundles, the
+decision queue). Bounded by count, a cache of hostile entries (4,000-character emoji links, ~110 KB parsed)
+outgrows any pod, so each is bounded by bytes instead: its share of MODPIPE_WORKER_MEMORY_MB (`SHARES`), the
+memory the pod's limit gives the worker. The rest of the budget is the process itself (~400 MiB: Python,
+numpy, the models, librdkafka) and the feature tables (bounded by their retentions, docs/features.md).
+
+`ByteLRU` charges each entry `deep_size(key) + deep_size(value) + ENTRY_OVERHEAD`, an over-estimate of what
+tracemalloc sees it allocate (tests/unit/test_memory.py checks both directions on real entries). Pure: no
+Kafka, no metrics; streams/metrics.py reads `CACHES` when it is scraped.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import sys
+import threading
+from collections.abc import Callable, Hashable
+from typing import Any
+
+DEFAULT_WORKER_MEMORY_MB = 2048
+
+# Fraction of MODPIPE_WORKER_MEMORY_MB each use may hold (docs/features.md, Memory budget). ~17 % in all;
+# the rest is the process and the feature tables.
+SHARES: dict[str, float] = {
+    "url_parse": 0.04,  # features.url.parse_url: parsed links (~2 KB each; a hostile one ~110 KB)
+    "brand_match": 0.005,  # features.brands: look-alike matches per host
+    "ip_parse": 0.005,  # modpipe.schema.canonical_ip
+    "ip_normalize": 0.005,  # features.events.normalize_ip
+    "timestamp_parse": 0.005,  # modpipe.schema timestamps
+    "journey_step": 0.002,  # features.journey step names
+    "partition": 0.01,  # streams.bundles.partition_for
+    "text": 0.01,  # streams.scoring.TextCache: probabilities per model input
+    "bundles": 0.02,  # one round's stage bundles before they are produced
+    "decision_queue": 0.03,  # ready posts waiting for a Triton batch (fetching pauses above it)
+    "producer_queue": 0.04,  # librdkafka's queue of produced records not yet delivered
+}
+MIB = 1024 * 1024
+
+# What a cache entry costs beyond its key and value: the OrderedDict's hash slot and linked-list node, and the
+# (value, size) pair (measured ~150 B on CPython 3.11; rounded up).
+ENTRY_OVERHEAD = 200
+
+_ATOMS = (int, float, bool, complex, type(None))
+
+
+def deep_size(obj: Any, _seen: set[int] | None = None) -> int:
+    """Bytes `obj` holds: sys.getsizeof of it and, recursively, of what it contains (containers, dataclasses,
+    objects with __dict__ or __slots__, dataclasses among them), each object once. Conservative: shared objects (interned strings,
+    small ints) are counted as if the entry owned them."""
+    seen = set() if _seen is None else _seen
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    size = sys.getsizeof(obj)
+    if isinstance(obj, (str, bytes, bytearray, *_ATOMS)):
+        return size
+    if isinstance(obj, dict):
+        return size + sum(deep_size(k, seen) + deep_size(v, seen) for k, v in obj.items())
+    if isinstance(obj, (list, tuple, set, frozenset, collections.deque)):
+        return size + sum(deep_size(x, seen) for x in obj)
+    if hasattr(obj, "__dict__"):
+        size += deep_size(vars(obj), seen)
+    for name in getattr(type(obj), "__slots__", ()):
+        if hasattr(obj, name):
+            size += deep_size(getattr(obj, name), seen)
+    return size
+
+
+def budget_bytes(use: str, worker_memory_mb: float) -> int:
+    return int(SHARES[use] * worker_memory_mb * MIB)
+
+
+class ByteLRU:
+    """Least recently used entries evicted once the entries' charged bytes exceed `max_bytes`. An entry
+    larger than the whole cache is not kept. Thread-safe (a lock around each operation)."""
+
+    def __init__(self, name: str, max_bytes: int, size: Callable[[Any, Any], int] | None = None,
+                 max_entries: int | None = None):
+        self.name = name
+        self.max_bytes = max_bytes
+        self.max_entries = max_entries  # an optional count limit as well (None: bytes only)
+        self._size = size or (lambda key, value: deep_size(key) + deep_size(value))
+        self._items: collections.OrderedDict[Hashable, tuple[Any, int]] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._items
+
+    def get(self, key: Hashable, default: Any = None) -> Any:
+        with self._lock:
+            entry = self._items.get(key)
+            if entry is None:
+                self.misses += 1
+                return default
+            self._items.move_to_end(key)
+            self.hits += 1
+            return entry[0]
+
+    def put(self, key: Hashable, value: Any) -> None:
+        size = self._size(key, value) + ENTRY_OVERHEAD
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self.bytes -= old[1]
+            if size > self.max_bytes or self.max_entries == 0:
+                return
+            self._items[key] = (value, size)
+            self.bytes += size
+            self._shrink()
+
+    def resize(self, max_bytes: int, max_entries: int | None = None) -> None:
+        with self._lock:
+            self.max_bytes, self.max_entries = max_bytes, max_entries
+            self._shrink()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self.bytes = 0
+
+    def keys(self) -> list:
+        """Keys from the least to the most recently used."""
+        with self._lock:
+            return list(self._items)
+
+    def _shrink(self) -> None:
+        while self._items and (self.bytes > self.max_bytes or
+                               (self.max_entries is not None and len(self._items) > self.max_entries)):
+            _, (_, size) = self._items.popitem(last=False)
+            self.bytes -= size
+            self.evictions += 1
+
+
+# Every cache fed by platform data, by name: streams/metrics.py exports their bytes, `apply_budget` sizes them.
+CACHES: dict[str, ByteLRU] = {}
+
+
+def register(cache: ByteLRU) -> ByteLRU:
+    CACHES[cache.name] = cache  # a newer cache of the same name (a new TextScorer) replaces the old one
+    return cache
+
+
+def cached(name: str, size: Callable[[Any, Any], int] | None = None):
+    """Decorator: memoise a function of hashable arguments in a registered `ByteLRU` (`fn.cache`) sized by
+    its share of the default budget until `apply_budget` sizes it for the worker's."""
+    def wrap(fn):
+        cache = register(ByteLRU(name, budget_bytes(name, DEFAULT_WORKER_MEMORY_MB), size))
+        missing = object()
+
+        @functools.wraps(fn)
+        def call(*args):
+            key = args[0] if len(args) == 1 else args
+            value = cache.get(key, missing)
+            if value is missing:
+                value = fn(*args)
+                cache.put(key, value)
+            return value
+
+        call.cache = cache
+        return call
+
+    return wrap
+
+
+def apply_budget(worker_memory_mb: float) -> dict[str, int]:
+    """Size every registered cache by its share of `worker_memory_mb`; returns each use's budget in bytes."""
+    budgets = {use: budget_bytes(use, worker_memory_mb) for use in SHARES}
+    for name, cache in CACHES.items():
+        cache.resize(budgets[name], cache.max_entries)
+    return budgets

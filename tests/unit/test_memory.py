@@ -1,0 +1,263 @@
+"""modpipe.memory: byte-bounded caches charged a measured size, the worker's budget split, and the caches and
+buffers that respect it (parsed links under hostile input, IPs, the text cache, bundles, the decision queue),
+with their metrics. Memory is measured with tracemalloc."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import sys
+import tracemalloc
+
+import numpy as np
+import orjson
+import pytest
+from prometheus_client import REGISTRY
+
+from features.url import parse_url
+from modpipe import memory, schema
+from modpipe.decision.verdict import ThresholdDecider
+from modpipe.memory import ENTRY_OVERHEAD, ByteLRU, deep_size
+from modpipe.settings import Settings, SettingsError
+from streams import metrics
+from streams.bundles import Bundler, decode_bundle
+from streams.decisions import DecisionBatcher, Publisher
+from streams.outbox import Pending
+from streams.scoring import TextCache
+from streams.topics import TopicNames
+from tests.unit.test_text_model_outage import ready_post, scorer
+
+EMOJI = [chr(c) for c in range(0x1F600, 0x1F650)]
+
+
+def emoji_link(i: int, chars: int = 4000) -> str:
+    """A distinct, valid link of `chars` characters, its path emoji: ~110 KB once parsed."""
+    head = f"https://example{i % 7}.com/{i}/"
+    pair = EMOJI[i % len(EMOJI)] + EMOJI[i * 7 % len(EMOJI)]
+    return head + pair * ((chars - len(head)) // 2) + EMOJI[0] * ((chars - len(head)) % 2)
+
+
+@pytest.fixture
+def url_cache():
+    cache = parse_url.cache
+    saved = cache.max_bytes, cache.max_entries
+    cache.clear()
+    yield cache
+    cache.clear()
+    cache.resize(*saved)
+
+
+def traced_growth(fn) -> int:
+    """Bytes still allocated after `fn()` that were not before (tracemalloc)."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        fn()
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+
+
+# ------------------------------------------------------------------------------------------------ the size
+
+@pytest.mark.parametrize("make", [lambda i: emoji_link(i), lambda i: f"https://shop{i}.example.co.uk/a/b?q={i}&x=1",
+                                  lambda i: f"http://bücher{i}.de/katalog"])
+def test_the_charge_covers_what_an_entry_allocates_and_not_much_more(url_cache, make):
+    parse_url(make(-1))  # what the first call of a path allocates once (a compiled pattern, a table) is not the entry's
+    url_cache.clear()
+    url_cache.resize(1 << 40)
+    n = 60
+    growth = traced_growth(lambda: [parse_url(make(i)) for i in range(n)])  # the links live on as keys
+    assert len(url_cache) == n
+    charged = url_cache.bytes
+    # small entries share what Python interns (short strings, small ints, booleans): over-charged more
+    assert growth <= charged <= 3 * growth, (growth / n, charged / n)
+
+
+def test_a_hostile_link_is_charged_about_110_kb():
+    info = parse_url(emoji_link(1))
+    assert info.valid and info.key.startswith("sha256:")
+    assert 100_000 < deep_size(info.raw) + deep_size(info) + ENTRY_OVERHEAD < 150_000
+
+
+def test_deep_size_counts_contents_once():
+    s = "x" * 1000
+    assert deep_size((s, s)) == deep_size(()) + 8 * 2 + deep_size(s)  # the tuple's two slots, the string once
+    assert deep_size({"a": [s]}) == sys.getsizeof({"a": [s]}) + deep_size("a") + sys.getsizeof([s]) + deep_size(s)
+    assert deep_size(3.5) == 24
+
+
+# ------------------------------------------------------------------------------------------------ the bound
+
+def test_distinct_emoji_links_allocate_no_more_than_the_url_cache_bytes(url_cache):
+    url_cache.resize(2 * memory.MIB)
+    n = 300  # ~33 MB if they were all kept (tracemalloc slows parsing ~10x: a few hundred here)
+
+    def feed():
+        for i in range(n):
+            assert parse_url(emoji_link(i)).valid
+
+    growth = traced_growth(feed)
+    assert url_cache.bytes <= 2 * memory.MIB and 0 < len(url_cache) < 25
+    assert growth <= 2 * memory.MIB + 128 * 1024, growth
+
+
+def test_thousands_of_distinct_emoji_links_keep_the_charged_bytes_under_the_bound(url_cache):
+    url_cache.resize(4 * memory.MIB)
+    n = 1500  # ~165 MB if they were all kept
+    peak = 0
+    for i in range(n):
+        assert parse_url(emoji_link(i)).valid
+        peak = max(peak, url_cache.bytes)
+    assert peak <= 4 * memory.MIB and url_cache.evictions >= n - 40
+
+
+def test_an_over_long_ip_is_refused_before_the_cache():
+    cache = schema._canonical_ip.cache
+    before = len(cache)
+    for i in range(2000):
+        assert schema.canonical_ip(f"{i}" + "9" * 200) is None
+    assert len(cache) == before
+    assert schema.canonical_ip(" 10.0.0.1 ") == "10.0.0.1" and len(cache) == before + 1
+
+
+# ------------------------------------------------------------------------------------------------ the LRU
+
+def test_least_recently_used_goes_first_when_the_bytes_are_over():
+    c = ByteLRU("t", max_bytes=3 * (100 + ENTRY_OVERHEAD), size=lambda k, v: 100)
+    for k in "abc":
+        c.put(k, k)
+    assert c.get("a") == "a"  # used: now the most recent
+    c.put("d", "d")
+    assert c.keys() == ["c", "a", "d"] and c.get("b") is None and c.evictions == 1
+    assert c.bytes == 3 * (100 + ENTRY_OVERHEAD) and (c.hits, c.misses) == (1, 1)
+
+
+def test_an_entry_larger_than_the_cache_is_not_kept_and_a_replaced_one_is_charged_once():
+    c = ByteLRU("t", max_bytes=1000, size=lambda k, v: len(v))
+    c.put("big", "x" * 2000)
+    assert len(c) == 0 and c.bytes == 0
+    c.put("k", "x" * 10)
+    c.put("k", "x" * 20)
+    assert len(c) == 1 and c.bytes == 20 + ENTRY_OVERHEAD
+
+
+def test_resizing_evicts_down_to_the_new_bound_and_a_count_limit_also_holds():
+    c = ByteLRU("t", max_bytes=10_000, size=lambda k, v: 100, max_entries=5)
+    for i in range(8):
+        c.put(i, i)
+    assert c.keys() == [3, 4, 5, 6, 7]
+    c.resize(2 * (100 + ENTRY_OVERHEAD), 5)
+    assert c.keys() == [6, 7]
+
+
+def test_the_budget_splits_the_worker_memory_by_share():
+    assert Settings.from_env({}).worker_memory_mb == memory.DEFAULT_WORKER_MEMORY_MB
+    with pytest.raises(SettingsError):
+        Settings.from_env({"MODPIPE_WORKER_MEMORY_MB": "100"})
+    assert set(memory.CACHES) >= {"url_parse", "ip_parse", "ip_normalize", "timestamp_parse", "brand_match",
+                                  "journey_step", "partition"}
+    assert sum(memory.SHARES.values()) < 0.2  # the rest is the process and the feature tables
+    saved = {name: (c.max_bytes, c.max_entries) for name, c in memory.CACHES.items()}
+    try:
+        budgets = memory.apply_budget(1000)
+        assert budgets["url_parse"] == int(0.04 * 1000 * memory.MIB) == parse_url.cache.max_bytes
+    finally:
+        for name, (max_bytes, max_entries) in saved.items():
+            memory.CACHES[name].resize(max_bytes, max_entries)
+
+
+def test_the_text_cache_is_bounded_by_bytes_as_well_as_entries():
+    c = TextCache("v1", capacity=100_000, max_bytes=50 * (ENTRY_OVERHEAD + 100))
+    for i in range(1000):
+        c.put(c.key(np.array([i])), 0.5)
+    assert 10 < len(c) < 100 and c.bytes <= 50 * (ENTRY_OVERHEAD + 100)
+    assert memory.CACHES["text"] is c._items
+
+
+# ------------------------------------------------------------------------------------------------ metrics
+
+def test_each_cache_exports_its_bytes_entries_and_budget():
+    budgets = {use: memory.budget_bytes(use, 2048) for use in memory.SHARES}
+    metrics.init_memory(budgets)
+    parse_url("https://metrics.example.com/x")
+    cache = parse_url.cache
+    assert REGISTRY.get_sample_value("modpipe_cache_bytes", {"cache": "url_parse"}) == cache.bytes > 0
+    assert REGISTRY.get_sample_value("modpipe_cache_entries", {"cache": "url_parse"}) == len(cache)
+    assert REGISTRY.get_sample_value("modpipe_memory_budget_bytes", {"use": "decision_queue"}) == \
+        budgets["decision_queue"]
+    assert REGISTRY.get_sample_value("modpipe_buffer_bytes", {"buffer": "bundles"}) is not None
+
+
+# ------------------------------------------------------------------------------------------------ buffers
+
+def test_a_bundler_over_its_bytes_produces_what_it_holds_and_keeps_each_partitions_order():
+    produced = []
+    b = Bundler(4, max_bytes=20_000, on_full=lambda full: produced.extend(full.records()))
+    items = [{"n": i, "text": emoji_link(i, 500)} for i in range(60)]  # ~2 KB each
+    for item in items:
+        b.add("stage", f"key{item['n'] % 9}", item)
+        assert b.bytes <= 20_000
+    produced.extend(b.records())
+    assert len(produced) > 4  # flushed along the way, not only at the end
+    got: dict[int, list[int]] = {}
+    for _, partition, value, n in produced:
+        decoded = decode_bundle(value)
+        assert len(decoded) == n
+        got.setdefault(partition, []).extend(item["n"] for item in decoded)
+    assert sorted(n for ns in got.values() for n in ns) == list(range(60))  # each item once
+    assert all(ns == sorted(ns) for ns in got.values())  # in the order added
+    assert REGISTRY.get_sample_value("modpipe_buffer_bytes", {"buffer": "bundles"}) > 0
+
+
+def test_a_bundler_without_a_producer_only_grows():
+    b = Bundler(4, max_bytes=100)
+    for i in range(10):
+        b.add("stage", "k", {"n": i})
+    assert b.items == 10 and b.bytes > 100
+
+
+class Outbox:
+    def __init__(self):
+        self.records = []
+
+    def produce(self, topic, value, *, key=None, partition=None, pending=None, **kwargs):
+        self.records.append(orjson.loads(value))
+        pending.hold()
+        pending.release()
+
+
+def test_the_decision_queue_counts_its_bytes_and_says_when_it_is_over():
+    s, client = scorer("decide")
+    client.down = False
+    topics = TopicNames.from_settings(Settings.from_env({}))
+    outbox = Outbox()
+    publisher = Publisher(outbox, topics, {"text_model": "test-v1", "decider": "thresholds-v1"})
+    posts = [ready_post(i) for i in range(20)]
+    for p in posts:
+        p.post["text"] = emoji_link(0, 2000)  # 8 KB each as Python holds it
+    one = deep_size(posts[0].post) + deep_size(posts[0].features) + deep_size(posts[0].ctx)
+    batcher = DecisionBatcher(s, ThresholdDecider(), publisher, max_batch=8, max_wait_s=0.0, max_inflight=1,
+                              on_error=print, feedback=lambda items, pending: None, max_bytes=10 * one)
+    source = Pending(epoch=None)
+    for p in posts:
+        p.source = source
+    source.hold(len(posts))
+    source.seal()
+
+    async def run():
+        batcher.submit(posts)
+        assert batcher.queued_bytes >= 20 * one - 20 and batcher.over_budget
+        assert REGISTRY.get_sample_value("modpipe_buffer_bytes", {"buffer": "decision_queue"}) == \
+            batcher.queued_bytes
+        for _ in range(200):
+            await asyncio.sleep(0.02)
+            if len([r for r in outbox.records if "verdict" in r]) == 20:
+                break
+        await batcher.close()
+
+    asyncio.run(run())
+    assert batcher.queued_bytes == 0 and not batcher.over_budget
+    assert len({r["post_id"] for r in outbox.records if "verdict" in r}) == 20
