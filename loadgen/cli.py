@@ -265,10 +265,12 @@ def _smoke(args) -> int:
 def _fuzz(args) -> int:
     from loadgen.fuzz import fuzz
 
-    result = fuzz(Settings.from_env(), args.records, seed=args.seed, workers=args.workers, timeout_s=args.timeout,
-                  progress=not args.json)
+    result = fuzz(Settings.from_env(), args.emoji_links or args.records, seed=args.seed, workers=args.workers,
+                  timeout_s=args.timeout, progress=not args.json, emoji_links=bool(args.emoji_links),
+                  link_chars=args.link_chars)
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
-    ok = result["lost"] == 0 and not result["dead_letter_reason_mismatches"] and not result["valid_records_dead_lettered"]
+    ok = result["lost"] == 0 and not result.get("dead_letter_reason_mismatches") and \
+        not result.get("valid_records_dead_lettered") and not result.get("dead_letters")
     return 0 if ok and result.get("workers_alive", True) and not result.get("lag_after") else 1
 
 
@@ -418,6 +420,10 @@ def register_clients(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the generator (default 0)")
     p.add_argument("--workers", type=int, default=1, help="workers to start when the embedded stack is used")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for every outcome")
+    p.add_argument("--emoji-links", type=int, default=0, metavar="N",
+                   help="instead: N valid posts with distinct ~4,000-character emoji links, each to be decided; "
+                        "reports the first worker's resident memory before, at its peak and after")
+    p.add_argument("--link-chars", type=int, default=4000, help="characters of each --emoji-links link")
     p.add_argument("--json", action="store_true", help="print one JSON object (no progress bars)")
     p.set_defaults(func=_fuzz)
 

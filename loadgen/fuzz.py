@@ -11,11 +11,17 @@ record lands in the dead-letter topic with that reason (matched by its topic, pa
 valid post gets a decision, a valid side event is consumed (the group's lag returns to 0), and the worker
 stays up. The report counts what was sent, where it went and what was lost; the worker's memory before
 and after is the caller's (see `run_fuzz`'s `rss` hook).
+
+`--emoji-links N` sends N valid posts instead, each with its own ~4,000-character emoji link (~16 KB a post,
+~110 KB once parsed): every post must be decided, and the worker's resident memory must stay within its caches'
+byte budgets (modpipe/memory.py) instead of growing with the links.
 """
 
 from __future__ import annotations
 
+import functools
 import random
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -213,6 +219,82 @@ def run_fuzz(settings: Settings, bootstrap: str, n: int, *, seed: int = 0, timeo
     }
 
 
+EMOJI = [chr(c) for c in range(0x1F600, 0x1F650)]
+
+
+def emoji_link(rng: random.Random, i: int, chars: int = 4000) -> str:
+    head = f"https://links{i % 50}.example.com/{i}/"
+    return head + "".join(rng.choice(EMOJI) for _ in range(chars - len(head)))
+
+
+def run_emoji_links(settings: Settings, bootstrap: str, n: int, *, seed: int = 0, timeout_s: float = 900.0,
+                    progress: bool = True, healthy: Callable[[], bool] = lambda: True, link_chars: int = 4000) -> dict:
+    """N valid posts with distinct emoji links of `link_chars` characters; how many were decided."""
+    names = TopicNames.from_settings(settings)
+    rng = random.Random(seed)
+    run_id = f"emoji{seed}-{int(time.time())}"
+    consumer = end_consumer(settings, bootstrap, [names.decisions, names.dead_letters])
+    producer = Producer({**settings.kafka_client_config(), "bootstrap.servers": bootstrap, "linger.ms": 5})
+    wanted: set[str] = set()
+    for i in tqdm(range(n), desc="emoji links: produce", unit="post", disable=not progress):
+        post = make_post(rng, f"{run_id}-{i}", f"look at this {i}", user_id=f"{run_id}-u{i % 500}")
+        post["url"] = emoji_link(rng, i, link_chars)
+        schema.decode_post(schema.dumps(post), settings.max_text_chars)  # valid, or this run is wrong
+        wanted.add(post["post_id"])
+        while True:
+            try:
+                producer.produce(names.posts, value=schema.dumps(post), key=post["user_id"].encode())
+                break
+            except BufferError:
+                producer.poll(0.1)
+        producer.poll(0)
+    producer.flush(60)
+    decided: set[str] = set()
+    dead = 0
+    deadline = time.monotonic() + timeout_s
+    bar = tqdm(total=n, desc="emoji links: decided", unit="post", disable=not progress)
+    while time.monotonic() < deadline and not wanted <= decided:
+        msg = consumer.poll(0.2)
+        if msg is None:
+            if not healthy():
+                break
+            continue
+        if msg.error():
+            continue
+        if msg.topic() == names.dead_letters:
+            dead += 1
+            continue
+        post_id = orjson.loads(msg.value()).get("post_id")
+        if post_id in wanted and post_id not in decided:
+            decided.add(post_id)
+            bar.update(1)
+    bar.close()
+    consumer.close()
+    return {"run_id": run_id, "posts": n, "decided": len(decided), "dead_letters": dead,
+            "lost": len(wanted - decided)}
+
+
+class RssPeak:
+    """The largest resident memory of a process, sampled every `interval_s` on a thread of its own."""
+
+    def __init__(self, pid: int | None, interval_s: float = 0.5):
+        self.pid, self.interval_s, self.peak = pid, interval_s, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.peak = max(self.peak, worker_rss_mib(self.pid) or 0.0)
+
+    def __enter__(self) -> RssPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def worker_rss_mib(pid: int | None) -> float | None:
     try:
         for line in open(f"/proc/{pid}/status", encoding="ascii"):
@@ -223,18 +305,50 @@ def worker_rss_mib(pid: int | None) -> float | None:
     return None
 
 
+def settled(read: Callable[[], float | None], *, within_mib: float = 2.0, every_s: float = 2.0,
+            timeout_s: float = 60.0) -> None:
+    """Until three readings in a row are within `within_mib` of each other (or `timeout_s`)."""
+    readings: list[float] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        readings = (readings + [read() or 0.0])[-3:]
+        if len(readings) == 3 and max(readings) - min(readings) <= within_mib:
+            return
+        time.sleep(every_s)
+
+
+def memory_metrics(url: str) -> dict[str, float]:
+    """The worker's byte gauges (caches, buffers, tables) as its /metrics endpoint shows them."""
+    import urllib.request
+
+    out = {}
+    with urllib.request.urlopen(url, timeout=10) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(("modpipe_cache_bytes", "modpipe_buffer_bytes", "modpipe_table_bytes")):
+                name, value = line.rsplit(" ", 1)
+                out[name] = float(value)
+    return out
+
+
 def fuzz(settings: Settings, n: int, *, seed: int = 0, workers: int = 1, timeout_s: float = 300.0,
-         progress: bool = True) -> dict:
+         progress: bool = True, emoji_links: bool = False, link_chars: int = 4000) -> dict:
     """Against KAFKA_BOOTSTRAP_SERVERS when set, else the embedded stack (started and stopped here), whose
-    workers' memory and lag are then reported too."""
+    workers' memory and lag are then reported too. `emoji_links`: `n` valid posts with emoji links instead."""
+    run = functools.partial(run_emoji_links, link_chars=link_chars) if emoji_links else run_fuzz
     if settings.bootstrap_servers:
-        return run_fuzz(settings, settings.bootstrap_servers, n, seed=seed, timeout_s=timeout_s, progress=progress)
+        return run(settings, settings.bootstrap_servers, n, seed=seed, timeout_s=timeout_s, progress=progress)
     from streams.stack import LocalStack
 
     with LocalStack(settings, workers=workers) as stack:
+        if emoji_links:  # a worker still grows for a few seconds after it turns ready: measure from where it settles
+            settled(lambda: worker_rss_mib(stack.workers[0].process.pid))
         before = [worker_rss_mib(w.process.pid) for w in stack.workers]
-        report = run_fuzz(settings, stack.bootstrap, n, seed=seed, timeout_s=timeout_s, progress=progress,
-                          healthy=lambda: all(w.process.alive() for w in stack.workers))
+        with RssPeak(stack.workers[0].process.pid) as peak:
+            report = run(settings, stack.bootstrap, n, seed=seed, timeout_s=timeout_s, progress=progress,
+                         healthy=lambda: all(w.process.alive() for w in stack.workers))
+        report["first_worker_rss_peak_mib"] = peak.peak
+        if emoji_links:
+            report["first_worker_memory_metrics"] = memory_metrics(stack.workers[0].metrics_url)
         deadline = time.monotonic() + 60  # valid side events leave no record: the group's lag says they were read
         while (lag := stack.group_lag()) and time.monotonic() < deadline:
             time.sleep(1)

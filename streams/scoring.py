@@ -83,7 +83,7 @@ class TextScorer:
 
     def __init__(self, build: ModelBuild, triton_url: str, model_name: str, timeout_s: float = 10.0,
                  max_seq_len: int | None = None, disabled: bool = False, cache_texts: int = DEFAULT_CACHE_TEXTS,
-                 outage_s: float = 30.0, outage_policy: str = "decide", cache_bytes: int | None = None):
+                 outage_s: float = 30.0, outage_policy: str = "decide"):
         if outage_policy not in OUTAGE_POLICIES:
             raise ValueError(f"outage policy {outage_policy!r}: expected one of {OUTAGE_POLICIES}")
         self.outage_s, self.outage_policy = outage_s, outage_policy
@@ -94,7 +94,7 @@ class TextScorer:
         self.tokenizer = BatchTokenizer.for_build(build, min(max_seq_len or build.max_seq_len, build.max_seq_len))
         self.model_version = build.version
         self.stack = None if disabled else build.stack()  # lexical.StackedScorer, or None: transformer alone
-        self.cache = TextCache(build.version, cache_texts, cache_bytes)
+        self.cache = TextCache(build.version, cache_texts)  # its bytes: the worker's budget (Wiring)
         self.triton_url = triton_url
         self.model_name = model_name
         self.timeout_s = timeout_s
