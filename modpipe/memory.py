@@ -22,10 +22,10 @@ from typing import Any
 
 DEFAULT_WORKER_MEMORY_MB = 2048
 
-# Fraction of MODPIPE_WORKER_MEMORY_MB each use may hold (docs/features.md, Memory budget). ~17 % in all;
+# Fraction of MODPIPE_WORKER_MEMORY_MB each use may hold (docs/features.md, Memory budget). ~16 % in all;
 # the rest is the process and the feature tables.
 SHARES: dict[str, float] = {
-    "url_parse": 0.04,  # features.url.parse_url: parsed links (~2 KB each; a hostile one ~110 KB)
+    "url_parse": 0.02,  # features.url.parse_url: parsed links (~2 KB each; a hostile one ~110 KB)
     "brand_match": 0.005,  # features.brands: look-alike matches per host
     "ip_parse": 0.005,  # modpipe.schema.canonical_ip
     "ip_normalize": 0.005,  # features.events.normalize_ip
@@ -34,8 +34,9 @@ SHARES: dict[str, float] = {
     "partition": 0.01,  # streams.bundles.partition_for
     "text": 0.01,  # streams.scoring.TextCache: probabilities per model input
     "bundles": 0.02,  # one round's stage bundles before they are produced
+    "fetched": 0.02,  # records fetched and waiting for their rounds (fetching pauses above it)
     "decision_queue": 0.03,  # ready posts waiting for a Triton batch (fetching pauses above it)
-    "producer_queue": 0.04,  # librdkafka's queue of produced records not yet delivered
+    "producer_queue": 0.03,  # librdkafka's queue of produced records not yet delivered
 }
 MIB = 1024 * 1024
 

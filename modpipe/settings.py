@@ -218,10 +218,10 @@ SETTINGS_SPEC: dict[str, Spec] = {
                                   "worker by ~120 MiB in the soak run.", int),
     "worker_memory_mb": Spec("MODPIPE_WORKER_MEMORY_MB", "2048",
                              "Memory a worker has (its pod's limit: set both together). Every cache and buffer fed "
-                             "by platform data is bounded in bytes by a fixed share of it, ~17 % in all (parsed "
-                             "links 4 %, decision queue 3 %, librdkafka's producer queue 4 %, stage bundles 2 %, "
-                             "text cache 1 %, ...: modpipe/memory.py, docs/features.md); the rest is the process "
-                             "and the feature tables.", int),
+                             "by platform data is bounded in bytes by a fixed share of it, ~16 % in all (decision "
+                             "queue 3 %, librdkafka's producer queue 3 %, parsed links 2 %, fetched records 2 %, "
+                             "stage bundles 2 %, text cache 1 %, ...: modpipe/memory.py, docs/features.md); the "
+                             "rest is the process and the feature tables.", int),
     "post_retention_s": Spec("MODPIPE_POST_RETENTION_S", "21600",
                              "How long the post table keeps a post not written since (its reports, labels and "
                              "decision snapshot; a later report or ban cannot decide it again). Memory per worker "

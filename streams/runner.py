@@ -19,7 +19,7 @@ import asyncio
 import collections
 
 from features import events as fe
-from modpipe import log
+from modpipe import log, memory
 from modpipe.settings import Settings
 from streams import metrics, tables
 from streams.checkpoint import Checkpointer, FreezeWatch
@@ -32,6 +32,7 @@ _log = log.get(__name__)
 
 ROUND_MAX = 128  # records handled per round at most (a stage record is a bundle of many items)
 MAX_QUEUED_BATCHES = 8  # fetched batches waiting for their rounds before fetching pauses
+RECORD_OVERHEAD = 300  # a Record beside its key and value: the object, its TP, the bytes objects' headers
 AWAITING_TEXT_RETRY_S = 1.0  # the text model is still out: read the awaiting posts again after this
 
 
@@ -56,6 +57,10 @@ class Runner:
         self.checkpoint = Checkpointer(self, wiring, outbox, self.consumer, settings.commit_interval_ms / 1000,
                                        self.watch, purger=self.purger)
         self._batches: collections.deque[list[Record]] = collections.deque()
+        # fetched records waiting for their rounds, in bytes: fetching pauses past the share (modpipe/memory.py)
+        self._batch_bytes: collections.deque[int] = collections.deque()
+        self.fetched_bytes = 0
+        self.fetched_max_bytes = memory.budget_bytes("fetched", settings.worker_memory_mb)
         self._wake = asyncio.Event()
         self._rounds_open = asyncio.Event()
         self._rounds_open.set()
@@ -89,11 +94,21 @@ class Runner:
             self.wiring.crash(task.exception())
 
     def _deliver(self, records: list[Record]) -> None:
+        size = sum(RECORD_OVERHEAD + len(r.value or b"") + len(r.key or b"") for r in records)
         self._batches.append(records)
+        self._batch_bytes.append(size)
+        self.fetched_bytes += size
+        metrics.BUFFER_BYTES.labels("fetched").set(self.fetched_bytes)
         self._wake.set()
 
+    def _next_batch(self) -> list[Record]:
+        self.fetched_bytes -= self._batch_bytes.popleft()
+        metrics.BUFFER_BYTES.labels("fetched").set(self.fetched_bytes)
+        return self._batches.popleft()
+
     def _busy(self) -> bool:  # read on the consumer's thread
-        return len(self._batches) >= MAX_QUEUED_BATCHES or self.wiring.batcher.over_budget or \
+        return len(self._batches) >= MAX_QUEUED_BATCHES or self.fetched_bytes > self.fetched_max_bytes or \
+            self.wiring.batcher.over_budget or \
             self.wiring.batcher.queued >= self.settings.max_batch * self.settings.max_inflight * 2
 
     # -- rounds
@@ -135,7 +150,7 @@ class Runner:
             if not self._batches:
                 continue
             by_topic: dict[str, list[Record]] = {}
-            for r in self._fresh(self._batches.popleft()):
+            for r in self._fresh(self._next_batch()):
                 by_topic.setdefault(r.topic, []).append(r)
             for topic, records in by_topic.items():
                 if topic == self.awaiting_topic:
@@ -198,6 +213,8 @@ class Runner:
         self._own(removed=tps)  # at once: the next assignment may restore for a while before it counts
         self._generation += 1  # the awaiting-text task drops what it holds of the old assignment
         self._batches.clear()  # fetched, not started: their next owner reads them again
+        self._batch_bytes.clear()
+        self.fetched_bytes = 0
         self._awaiting.clear()
         if self.committing_on_revoke:
             await self.checkpoint.commit_all()

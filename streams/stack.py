@@ -130,6 +130,8 @@ class LocalStack:
         env.update({
             "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap, "TRITON_URL": self.triton_url or "",
             "MODPIPE_METRICS_PORT": str(worker_port(self.settings.metrics_port, index)),
+            # as the image sets it (Dockerfile): glibc's per-thread arenas keep what librdkafka's threads freed
+            "MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX", "2"),
         })
         env.update(self.extra_env)
         return {**os.environ, **env}

@@ -163,7 +163,7 @@ def test_the_budget_splits_the_worker_memory_by_share():
     saved = {name: (c.max_bytes, c.max_entries) for name, c in memory.CACHES.items()}
     try:
         budgets = memory.apply_budget(1000)
-        assert budgets["url_parse"] == int(0.04 * 1000 * memory.MIB) == parse_url.cache.max_bytes
+        assert budgets["url_parse"] == int(memory.SHARES["url_parse"] * 1000 * memory.MIB) == parse_url.cache.max_bytes
     finally:
         for name, (max_bytes, max_entries) in saved.items():
             memory.CACHES[name].resize(max_bytes, max_entries)

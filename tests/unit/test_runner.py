@@ -82,6 +82,18 @@ def test_fetching_pauses_while_the_decision_queue_is_over_its_bytes():
     assert runner._busy()
 
 
+def test_fetching_pauses_while_the_fetched_records_are_over_their_bytes_and_resumes_as_rounds_take_them():
+    runner = make_runner(env={"MODPIPE_WORKER_MEMORY_MB": "256"})  # 2 %: ~5 MiB
+    big = [Record(POSTS, 0, o, b"k", b"x" * 1_000_000) for o in range(3)]
+    runner._deliver(big)  # one batch of three 1 MB records: under MAX_QUEUED_BATCHES, under the bytes
+    assert not runner._busy() and runner.fetched_bytes > 3_000_000
+    runner._deliver([Record(POSTS, 0, o, b"k", b"x" * 1_000_000) for o in range(3, 6)])
+    assert runner._busy()  # two batches, 6 MB
+    assert runner._next_batch() is big and not runner._busy()
+    runner._next_batch()
+    assert runner.fetched_bytes == 0
+
+
 def test_done_keeps_the_offset_after_the_last_record_per_partition_until_taken():
     r = make_runner()
     r._done(records(POSTS, 0, [5, 6, 7]) + records(POSTS, 1, [2]), 0)
