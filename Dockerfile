@@ -35,8 +35,8 @@ RUN apt-get update \
 COPY --from=build /opt/venv /opt/venv
 # Templates of the Triton model repository, so `modpipe triton export` works from this image too.
 COPY triton_models/ /opt/modpipe/triton_models/
-# MALLOC_ARENA_MAX: glibc gives each thread (librdkafka has several) an arena that keeps what it freed; two
-# arenas held a worker's growth over 12,000 posts with 4,000-character links ~60 MiB lower (docs/features.md).
+# MALLOC_ARENA_MAX: glibc gives each thread (librdkafka has several) an arena of its own that keeps what it
+# freed; with two, the worker's `malloc_trim` (streams/worker.py) reaches nearly all of it (docs/features.md).
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \

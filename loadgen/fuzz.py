@@ -275,16 +275,25 @@ def run_emoji_links(settings: Settings, bootstrap: str, n: int, *, seed: int = 0
 
 
 class RssPeak:
-    """The largest resident memory of a process, sampled every `interval_s` on a thread of its own."""
+    """The largest resident memory of a process and, with `metrics_url`, the largest value of each of its byte
+    gauges, sampled every `interval_s` on a thread of its own."""
 
-    def __init__(self, pid: int | None, interval_s: float = 0.5):
+    def __init__(self, pid: int | None, interval_s: float = 0.5, metrics_url: str | None = None):
         self.pid, self.interval_s, self.peak = pid, interval_s, 0.0
+        self.metrics_url = metrics_url
+        self.peaks: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             self.peak = max(self.peak, worker_rss_mib(self.pid) or 0.0)
+            if self.metrics_url:
+                try:
+                    for name, value in memory_metrics(self.metrics_url).items():
+                        self.peaks[name] = max(self.peaks.get(name, 0.0), value)
+                except OSError:  # a scrape that failed: the next one counts
+                    pass
 
     def __enter__(self) -> RssPeak:
         self._thread.start()
@@ -343,12 +352,14 @@ def fuzz(settings: Settings, n: int, *, seed: int = 0, workers: int = 1, timeout
         if emoji_links:  # a worker still grows for a few seconds after it turns ready: measure from where it settles
             settled(lambda: worker_rss_mib(stack.workers[0].process.pid))
         before = [worker_rss_mib(w.process.pid) for w in stack.workers]
-        with RssPeak(stack.workers[0].process.pid) as peak:
+        with RssPeak(stack.workers[0].process.pid,
+                     metrics_url=stack.workers[0].metrics_url if emoji_links else None) as peak:
             report = run(settings, stack.bootstrap, n, seed=seed, timeout_s=timeout_s, progress=progress,
                          healthy=lambda: all(w.process.alive() for w in stack.workers))
         report["first_worker_rss_peak_mib"] = peak.peak
         if emoji_links:
             report["first_worker_memory_metrics"] = memory_metrics(stack.workers[0].metrics_url)
+            report["first_worker_memory_metrics_peak"] = peak.peaks
         deadline = time.monotonic() + 60  # valid side events leave no record: the group's lag says they were read
         while (lag := stack.group_lag()) and time.monotonic() < deadline:
             time.sleep(1)

@@ -5,8 +5,9 @@ requests going: a post is sent as soon as a slot is free (no timer at low load);
 taken, posts gather into the next batch (up to MODPIPE_MAX_BATCH), and a batch that finds a slot while
 another request is still at Triton waits up to MODPIPE_MAX_WAIT_MS to fill. Bans short-circuit before
 the text model; repeats come from the text cache (`scoring.TextCache`). The queue is bounded by count and by
-bytes (its share of MODPIPE_WORKER_MEMORY_MB): past either, the runner pauses fetching (back-pressure: a post
-handed over is never refused, so its round completes as usual).
+bytes (its share of MODPIPE_WORKER_MEMORY_MB): past either, the runner pauses fetching, and past the bytes it
+starts no round until Triton has taken posts off (`room`); a post handed over is never refused, so its round
+completes as usual.
 
 During a text-model outage (Triton failing for MODPIPE_TEXT_MODEL_OUTAGE_S) a batch is decided without it
 as MODPIPE_TEXT_MODEL_OUTAGE_POLICY says (`decide` or `review`; `wait` keeps retrying): each such decision
@@ -136,6 +137,7 @@ class DecisionBatcher:
         self._queue: collections.deque[ReadyPost] = collections.deque()
         self._sizes: collections.deque[int] = collections.deque()  # bytes of each queued post, in step
         self.queued_bytes = 0
+        self._room = asyncio.Event()  # set whenever the queue is back within its bytes
         self.max_bytes = memory.budget_bytes("decision_queue", memory.DEFAULT_WORKER_MEMORY_MB) \
             if max_bytes is None else max_bytes
         self._ready = asyncio.Event()
@@ -168,10 +170,18 @@ class DecisionBatcher:
         """The queue holds more bytes than its share (read on the consumer's thread: fetching pauses)."""
         return self.queued_bytes > self.max_bytes
 
+    async def room(self) -> None:
+        """Until the queue is within its bytes (Triton batches take posts off it)."""
+        while self.over_budget:
+            self._room.clear()
+            await self._room.wait()
+
     def _take(self, n: int) -> list[ReadyPost]:
         batch = [self._queue.popleft() for _ in range(n)]
         self.queued_bytes -= sum(self._sizes.popleft() for _ in range(n))
         metrics.BUFFER_BYTES.labels("decision_queue").set(self.queued_bytes)
+        if not self.over_budget:
+            self._room.set()
         return batch
 
     async def _run(self) -> None:

@@ -83,9 +83,10 @@ CACHE_BYTES = Gauge("modpipe_cache_bytes", "Bytes charged to the entries of each
                     "(an over-estimate of what they allocate).", ["cache"])
 CACHE_ENTRIES = Gauge("modpipe_cache_entries", "Entries in each byte-bounded cache.", ["cache"])
 BUFFER_BYTES = Gauge("modpipe_buffer_bytes",
-                     "Bytes held by a buffer of platform data: fetched (records waiting for their rounds) and "
-                     "decision_queue (ready posts waiting for Triton), now; bundles (the last round's stage "
-                     "bundles as they were produced).", ["buffer"])
+                     "Bytes held by a buffer of platform data: fetched (records waiting for their rounds), "
+                     "decision_queue (ready posts waiting for Triton) and next_epoch (records produced while the "
+                     "previous checkpoint commits), now; bundles (the last round's stage bundles as they were "
+                     "produced).", ["buffer"])
 CONSUMER_LAG = Gauge("modpipe_consumer_lag_messages", "Records behind the end of each assigned partition.",
                      ["topic", "partition"])
 
@@ -115,7 +116,7 @@ def init_memory(budgets: dict[str, int]) -> None:
     for name in memory.CACHES:
         CACHE_BYTES.labels(name).set_function(lambda name=name: memory.CACHES[name].bytes)
         CACHE_ENTRIES.labels(name).set_function(lambda name=name: len(memory.CACHES[name]))
-    for buffer in ("fetched", "decision_queue", "bundles"):
+    for buffer in ("fetched", "decision_queue", "bundles", "next_epoch"):
         BUFFER_BYTES.labels(buffer)
 
 

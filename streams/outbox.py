@@ -46,6 +46,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from modpipe import log, memory
 from modpipe.settings import Settings
+from streams import metrics
 
 _log = log.get(__name__)
 
@@ -131,6 +132,7 @@ class Outbox:
         self._no_commits = threading.Event()  # set when the worker stops: nothing more may commit
         self.head_epoch = 0  # the epoch whose records go into the open transaction
         self._later: list[tuple[str, dict, Pending]] = []  # records of the next epoch, in produce order
+        self.later_bytes = 0
 
     def start(self, loop: asyncio.AbstractEventLoop, timeout: float = 60.0) -> Outbox:
         """Blocking when transactional: `init_transactions` fences an earlier producer with our id (aborting
@@ -169,6 +171,8 @@ class Outbox:
                                              "is the open transaction's"))
                 return
             self._later.append((topic, kwargs, pending))
+            self.later_bytes += len(value) + len(key or b"")
+            metrics.BUFFER_BYTES.labels("next_epoch").set(self.later_bytes)
             return
         self._produce(topic, kwargs)
 
@@ -177,6 +181,8 @@ class Outbox:
         (on the event loop, like `produce`)."""
         self.head_epoch += 1
         later, self._later = self._later, []
+        self.later_bytes = 0
+        metrics.BUFFER_BYTES.labels("next_epoch").set(0)
         for topic, kwargs, pending in later:
             if self.doomed is not None:
                 pending.release(TransactionDoomed(self.doomed))

@@ -147,6 +147,10 @@ class Runner:
                 await self._wake.wait()
                 continue
             await self._rounds_open.wait()
+            if self.wiring.batcher.over_budget:
+                # fetched records already past the pause would add their posts on top: they wait for room
+                await self.wiring.batcher.room()
+                continue
             if not self._batches:
                 continue
             by_topic: dict[str, list[Record]] = {}

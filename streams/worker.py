@@ -4,6 +4,7 @@ process -> checkpoint loop (streams/runner.py) until stopped; serves metrics and
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import gc
 import os
 import signal
@@ -182,6 +183,23 @@ def run_worker(settings: Settings, name: str | None = None) -> int:
     return asyncio.run(_serve(settings, name, bootstrap, pipe, scorer, bans, outbox, wiring, decider, probes))
 
 
+TRIM_EVERY_S = 5.0
+
+
+async def _trim_forever() -> None:
+    """Hand the heap's free pages back to the system every TRIM_EVERY_S (glibc `malloc_trim`). Posts and
+    their parsed links come and go between long-lived cache entries and table states; glibc keeps the pages
+    they freed, so without it resident memory tracks the high-water mark, not what is in use."""
+    try:
+        trim = ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(TRIM_EVERY_S)
+        await loop.run_in_executor(None, trim, 0)
+
+
 async def _serve(settings: Settings, name: str, bootstrap: str, pipe, scorer: TextScorer, bans: BanRegistry,
                  outbox: Outbox, wiring: Wiring, decider: Decider, probes: health.Health) -> int:
     loop = asyncio.get_running_loop()
@@ -210,7 +228,9 @@ async def _serve(settings: Settings, name: str, bootstrap: str, pipe, scorer: Te
     runner.consumer.on_failure = crash
     probes.live_checks["consumer"] = runner.consumer.alive
     runner.start()
+    trimming = loop.create_task(_trim_forever(), name="malloc-trim")
     await stop.wait()
+    trimming.cancel()
     _log.info("worker stopping", extra={"failed": bool(crashed)})
     if crashed:
         runner.consumer.stop_polling()  # no rejoin while it shuts down: its restart rejoins

@@ -8,6 +8,7 @@ import asyncio
 import gc
 import sys
 import tracemalloc
+from types import SimpleNamespace
 
 import numpy as np
 import orjson
@@ -252,6 +253,11 @@ def test_the_decision_queue_counts_its_bytes_and_says_when_it_is_over():
         assert batcher.queued_bytes >= 20 * one - 20 and batcher.over_budget
         assert REGISTRY.get_sample_value("modpipe_buffer_bytes", {"buffer": "decision_queue"}) == \
             batcher.queued_bytes
+        room = asyncio.ensure_future(batcher.room())  # what the runner awaits before its next round
+        await asyncio.sleep(0)
+        assert not room.done()
+        await asyncio.wait_for(room, 5)
+        assert not batcher.over_budget
         for _ in range(200):
             await asyncio.sleep(0.02)
             if len([r for r in outbox.records if "verdict" in r]) == 20:
@@ -261,3 +267,29 @@ def test_the_decision_queue_counts_its_bytes_and_says_when_it_is_over():
     asyncio.run(run())
     assert batcher.queued_bytes == 0 and not batcher.over_budget
     assert len({r["post_id"] for r in outbox.records if "verdict" in r}) == 20
+
+
+def test_the_worker_hands_freed_heap_pages_back_at_intervals(monkeypatch):
+    from streams import worker
+
+    calls = []
+    monkeypatch.setattr(worker.ctypes, "CDLL", lambda name: SimpleNamespace(malloc_trim=calls.append))
+    monkeypatch.setattr(worker, "TRIM_EVERY_S", 0.01)
+
+    async def run():
+        task = asyncio.ensure_future(worker._trim_forever())
+        await asyncio.sleep(0.2)
+        task.cancel()
+
+    asyncio.run(run())
+    assert len(calls) >= 3 and set(calls) == {0}
+
+
+def test_without_glibc_the_worker_does_not_trim(monkeypatch):
+    from streams import worker
+
+    def no_libc(name):
+        raise OSError(name)
+
+    monkeypatch.setattr(worker.ctypes, "CDLL", no_libc)
+    asyncio.run(asyncio.wait_for(worker._trim_forever(), 1))  # returns at once
