@@ -74,6 +74,12 @@ def test_a_latency_pass_says_where_its_time_went():
     tailed["tail"]["all_waited"] = {"to_decided_ms": 40.0, "to_published_ms": 1.0, "to_visible_ms": 12.0}
     assert _latency_parts(tailed).endswith("; waited (ms to the verdict / to publish / to be seen, medians): "
                                            "those 262 / 1 / 30, all 40 / 1 / 12")
+    # both latency measures: from the schedule (the headline) and from the produce() call
+    both = {**pass_, "from_produce": {"p50_ms": 70.1, "p95_ms": 200.0, "p99_ms": 290.4, "max_ms": 301.0,
+                                      "mean_ms": 90.0}, "producer_behind_max_s": 0.012}
+    assert "visible 71 / 307 ms (from produce(): 70 / 290 ms, the producer up to 0.012 s behind its schedule); " \
+        "Triton batches of 1.5 posts" in _latency_parts(both)
+    assert report.from_produce(both) == "from produce(): 70 / 290 ms" and report.from_produce(pass_) == ""
     # a report written before Triton's statistics and the byte counter were read still renders
     old = {**pass_, "workers": {k: v for k, v in w.items() if k != "state_written_bytes"}}
     del old["triton"], old["posts"]
