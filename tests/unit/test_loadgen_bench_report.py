@@ -93,3 +93,28 @@ def test_the_machine_line_names_the_gpu_and_where_the_text_model_ran():
         "GPU NVIDIA H200 (Triton's cuda variant on it)"
     assert report._gpu({"gpu": "NVIDIA H200"}, {"triton_variant": "cpu"}) == \
         "GPU NVIDIA H200 (Triton's cpu variant on the CPU beside it)"
+
+
+def test_the_table_gives_latency_from_the_schedule_and_from_produce():
+    def latency_pass(p50, p99, produced):
+        return {"offered_posts_per_s": 5.0, "arrivals": "poisson", "posts": 150, "decided_posts_per_s": 5.0,
+                "p50_ms": p50, "p99_ms": p99, "load": 0.5, "workers": {},
+                **({"from_produce": {"p50_ms": produced[0], "p99_ms": produced[1]}} if produced else {})}
+
+    sat = {"workers": {"avg_batch": 2.0, "text_cache_hit_ratio": None}, "cpu_ms_per_post": {"workers": 1.0}}
+    rep = {"config": {"workers": 1, "posts": 40, "scenario": "mixed"}, "machine": {"cpus_usable": 2, "cpu_model": "x"},
+           "pipeline": {"posts_per_s": 40.0, "saturation": sat, "saturation_text_cache": {**sat, "posts_per_s": 50.0},
+                        "low_rate": latency_pass(60.0, 150.0, (58.0, 120.0)),
+                        "latency": latency_pass(900.0, 3000.0, (80.0, 300.0))},
+           "seed": {"width": 128, "posts_per_s": 30.0, "p50_ms": 30.0, "p99_ms": 40.0},
+           "ceiling": {"threads": 2, "best_batch": 8, "by_batch": [{"batch": 8}], "posts_per_s": 50.0},
+           "ceiling_sorted": {"best_batch": 8, "posts_per_s": 60.0}, "targets": {},
+           "ratios": dict.fromkeys(("pipeline_over_seed", "pipeline_over_ceiling",
+                                    "pipeline_text_cache_over_sorted_ceiling"), 1.0),
+           "capacity": capacity(1.0), "texts": {"posts": 40, "tokens_mean": 70}}
+    table = report.format_markdown(rep)
+    assert "scheduled send -> decision visible (read_committed); from produce(): 58 / 120 ms | 5.0 | **60** | " \
+        "**150** |" in table
+    assert "poisson arrivals at 5.0/s; from produce(): 80 / 300 ms | 5.0 | 900 | **3,000** |" in table
+    del rep["pipeline"]["latency"]["from_produce"]  # a report from before both were measured still renders
+    assert "poisson arrivals at 5.0/s | 5.0 | 900 | **3,000** |" in report.format_markdown(rep)
