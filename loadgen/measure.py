@@ -270,7 +270,8 @@ def timeseries(sent_at: dict[str, float], scheduled_at: dict[str, float], decide
 
 
 def summarize(*, sent_at: dict[str, float], scheduled_at: dict[str, float], truth: dict[str, dict],
-              decided: dict[str, Decided], produce_started: float, produce_finished: float, events_by_kind: dict[str, int] | None = None,
+              decided: dict[str, Decided], produce_started: float, produce_finished: float,
+              events_by_kind: dict[str, int] | None = None,
               lag_samples: list[tuple[float, int]] | None = None, config: dict | None = None,
               delivery_errors: int = 0, behind_s_max: float = 0.0,
               rss_samples: list[tuple[float, dict[str, float]]] | None = None) -> dict:
