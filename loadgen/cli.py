@@ -96,8 +96,9 @@ def run_loadgen(settings: Settings, bootstrap: str, *, rate: float, duration_s: 
             rss.stop()
     if stats.delivery_errors:
         _log.error("delivery errors", extra={"count": stats.delivery_errors})
-    return summarize(sent_at=stats.sent_at, truth=stats.truth, decided=collector.snapshot(),
-                     produce_started=stats.started or time.time(), produce_finished=stats.finished or time.time(),
+    return summarize(sent_at=stats.sent_at, scheduled_at=stats.scheduled_at, truth=stats.truth,
+                     decided=collector.snapshot(), produce_started=stats.started or time.time(),
+                     produce_finished=stats.finished or time.time(),
                      events_by_kind=stats.by_kind, lag_samples=sampler.samples, config=config,
                      delivery_errors=stats.delivery_errors, behind_s_max=stats.behind_s_max,
                      rss_samples=rss.samples if rss is not None else None)
@@ -147,7 +148,8 @@ With no TARGET: the end-to-end comparison, one run on this machine, the same tex
   pipeline  modpipe end to end (broker -> ingest -> feature stages -> Triton batches -> decisions)
             on a local stack of --workers worker processes, text cache off: posts/s at saturation
             (every post produced up front, decisions/s over the steady part), p50/p95/p99
-            end-to-end latency (produce -> decision published) at --low-rate posts/s and at --load x
+            end-to-end latency (each post's scheduled send -> decision visible; beside it from the
+            produce() call, which hides a producer's lag) at --low-rate posts/s and at --load x
             the saturation rate (or at --load-rate posts/s); then saturation again with the text cache on;
   seed      one synchronous gRPC request per post to the same Triton, padded to 128, batch 1;
   ceiling   in-process ONNX Runtime on the same model file and threads, best batch size,
