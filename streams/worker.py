@@ -187,8 +187,12 @@ async def _serve(settings: Settings, name: str, bootstrap: str, pipe, scorer: Te
     stop = asyncio.Event()
     crashed: list[BaseException] = []
 
+    abandon: list = []  # the checkpointer's, once the runner exists
+
     def crash(exc: BaseException) -> None:
         outbox.stop_committing()  # also a checkpoint already under way: the partitions may be another's now
+        for give_up in abandon:  # a checkpoint waiting for rounds that will not complete (a revocation's) returns
+            give_up()
         if not crashed:
             crashed.append(exc)
             _log.error("worker stops after a failure; what it did not commit is processed again",
@@ -207,6 +211,9 @@ async def _serve(settings: Settings, name: str, bootstrap: str, pipe, scorer: Te
     runner = Runner(settings, bootstrap, wiring, outbox, make_handlers(wiring, settings, scorer, decider),
                     consumer_config(settings, bootstrap, name))
     runner.consumer.on_failure = crash
+    abandon.append(runner.checkpoint.abandon)
+    if crashed:  # crashed while the runner was made
+        runner.checkpoint.abandon()
     probes.live_checks["consumer"] = runner.consumer.alive
     runner.start()
     await stop.wait()

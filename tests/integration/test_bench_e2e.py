@@ -119,7 +119,7 @@ def test_bench_reports_three_paths_and_consistent_ratios(pipeline_settings, tmp_
                    "pipeline / sorted ceiling", "Capacity", "text cache on", "(fixed rate)",
                    f"p99 at {LOAD_RATE:g} posts/s = ", f"(the first {BASELINE} posts)"):
         assert needle in table
-    assert f"{r['pipeline_over_seed']:.2f}" in table
+    assert f"{r['pipeline_over_seed']:,.2f}" in table  # the table's number format (1,234.56)
     text = format_text(report)
     assert "targets" in text and f"s of model time for {POSTS} texts" in text  # the run's machine speed
     assert "worker-0 event loop (py-spy" in text
