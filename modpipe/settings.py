@@ -176,7 +176,7 @@ SETTINGS_SPEC: dict[str, Spec] = {
                                 "once and an idle consumer that never paused kept librdkafka fetching in a tight "
                                 "loop (streams/kafka/consumer.py): whatever starts it gives its workers 25.",
                                 float),
-    "fetch_stall_s": Spec("MODPIPE_FETCH_STALL_S", "30",
+    "fetch_stall_s": Spec("MODPIPE_FETCH_STALL_S", "15",
                           "A worker's assigned partition that has records past what its consumer delivered and has "
                           "delivered nothing for this long is sought back to where it stopped, with librdkafka's "
                           "view of it in the log and modpipe_consumer_fetch_stalls_total; stalled again, the worker "
