@@ -293,6 +293,23 @@ def test_reports_are_json_with_json_and_a_rendering_without(capsys, monkeypatch,
     assert calls == [False, True]  # --json also turns the bars off
 
 
+def test_decision_train_without_labels_prints_its_model_dir_as_json(capsys, monkeypatch, tmp_path):
+    import modpipe.decision.train
+    import modpipe.textmodel.artifacts
+
+    progress = []
+
+    def train(settings, model, **kwargs):
+        progress.append(kwargs["progress"])
+        return tmp_path / "decision-model"
+
+    monkeypatch.setattr(modpipe.textmodel.artifacts, "resolve_model", lambda settings: None)
+    monkeypatch.setattr(modpipe.decision.train, "train", train)
+    assert _run(capsys, ["decision", "train", "--json"]) == (0, json.dumps({"model_dir": str(tmp_path / "decision-model")}) + "\n")
+    assert _run(capsys, ["decision", "train"]) == (0, f"{tmp_path / 'decision-model'}\n")
+    assert progress == [False, True]
+
+
 def test_render_aligns_fields_and_nests_mappings_and_lists():
     text = output.render({"a": 1, "long_name": 0.5, "ok": False, "none": None, "nested": {"x": [1, 2]},
                           "rows": [{"k": "v"}], "empty": []})
