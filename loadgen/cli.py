@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 
 from loadgen.traffic import PATTERNS, arrival_times, planned_posts
-from modpipe import log
+from modpipe import log, output
 from modpipe.settings import Settings
 from simulation.simulator import SCENARIOS, Simulation
 
@@ -33,8 +33,6 @@ def run_loadgen(settings: Settings, bootstrap: str, *, rate: float, duration_s: 
                 texts: list[dict] | None = None, lag_interval_s: float = 1.0, run_id: str | None = None,
                 process_groups=None) -> dict:
     """Produce the simulated traffic, wait for the decisions, return the report (`measure.summarize`)."""
-    from tqdm import tqdm
-
     from loadgen.measure import DecisionCollector, LagSampler, RssSampler, summarize
     from loadgen.smoke import end_consumer
     from loadgen.traffic import ProduceStats, ensure_loadgen_topics, make_producer, produce_events
@@ -63,8 +61,8 @@ def run_loadgen(settings: Settings, bootstrap: str, *, rate: float, duration_s: 
     config = {"run_id": run_id, "scenario": scenario, "pattern": pattern, "rate": rate, "duration_s": duration_s,
               "count": count, "seed": seed, "partitions": settings.partitions}
     try:
-        bar = tqdm(total=planned_posts(pattern, rate, duration_s, count), desc="posts", unit="post",
-                   disable=not progress)
+        bar = output.progress_bar(total=planned_posts(pattern, rate, duration_s, count), desc="posts", unit="post",
+                                  enabled=progress)
         try:
             produce_events(producer, settings, sim.events(arrivals, horizon_s=duration_s), stats=stats, progress=bar)
         finally:
@@ -73,7 +71,7 @@ def run_loadgen(settings: Settings, bootstrap: str, *, rate: float, duration_s: 
             _log.error("not every record was delivered to the broker")
         n = stats.posts
         deadline = time.monotonic() + timeout_s
-        bar = tqdm(total=n, desc="decisions", unit="post", disable=not progress)
+        bar = output.progress_bar(total=n, desc="decisions", unit="post", enabled=progress)
         try:
             done = 0
             while True:
@@ -260,7 +258,7 @@ def _smoke(args) -> int:
 
     result = smoke(Settings.from_env(), args.posts, workers=args.workers, timeout_s=args.timeout,
                    progress=not args.json)
-    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    output.emit(result, args.json)
     return 0 if result["lost"] == 0 and result["dlq_reasons_match"] else 1
 
 
@@ -269,18 +267,15 @@ def _fuzz(args) -> int:
 
     result = fuzz(Settings.from_env(), args.records, seed=args.seed, workers=args.workers, timeout_s=args.timeout,
                   progress=not args.json)
-    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    output.emit(result, args.json)
     ok = result["lost"] == 0 and not result["dead_letter_reason_mismatches"] and not result["valid_records_dead_lettered"]
     return 0 if ok and result.get("workers_alive", True) and not result.get("lag_after") else 1
 
 
 def _chaos(args) -> int:
-    import signal
-
     from loadgen.chaos import format_text, run_chaos
 
-    # SIGTERM unwinds like Ctrl-C: the stack's processes are stopped, none is left behind
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # SIGTERM unwinds like Ctrl-C (modpipe.exits.Terminated): the stack's processes are stopped, none is left behind
     try:
         report = run_chaos(Settings.from_env(), posts=args.posts, rate=args.rate, workers=args.workers,
                            worker_kills=args.worker_kills, triton_kills=args.triton_kills,
@@ -328,7 +323,7 @@ def _bench_features(args) -> int:
     reports = {kind: run(_on_broker(settings, kind), n_posts=args.posts, workers=args.workers, progress=not args.json)
                for kind in broker_kinds(settings, args.brokers)}
     report = next(iter(reports.values())) if len(reports) == 1 else {"brokers": reports}
-    print(json.dumps(report) if args.json else json.dumps(report, indent=2))
+    output.emit(report, args.json)
     return 0
 
 

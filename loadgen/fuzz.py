@@ -22,11 +22,11 @@ from collections.abc import Callable, Iterator
 
 import orjson
 from confluent_kafka import Producer
-from tqdm import tqdm
 
 from loadgen.posts import make_post
 from loadgen.smoke import end_consumer
 from modpipe import schema
+from modpipe.output import progress_bar
 from modpipe.settings import Settings
 from streams.topics import TopicNames
 
@@ -164,7 +164,7 @@ def run_fuzz(settings: Settings, bootstrap: str, n: int, *, seed: int = 0, timeo
         return on_delivery
 
     sent: Counter = Counter()
-    for i in tqdm(range(n), desc="fuzz: produce", unit="rec", disable=not progress):
+    for i in progress_bar(range(n), desc="fuzz: produce", unit="rec", enabled=progress):
         kind = KINDS[i % len(KINDS)]
         raw = hostile(kind, rng, i, run_id)
         outcome, record = expected(kind, raw, settings)
@@ -179,7 +179,7 @@ def run_fuzz(settings: Settings, bootstrap: str, n: int, *, seed: int = 0, timeo
     decided: set[str] = set()
     wanted_dlq = {k for k, v in want.items() if v.startswith("dlq:")}
     deadline = time.monotonic() + timeout_s
-    bar = tqdm(total=len(wanted_dlq) + len(posts_wanted), desc="fuzz: outcomes", unit="rec", disable=not progress)
+    bar = progress_bar(total=len(wanted_dlq) + len(posts_wanted), desc="fuzz: outcomes", unit="rec", enabled=progress)
     while time.monotonic() < deadline and (not wanted_dlq <= dead.keys() or not posts_wanted.keys() <= decided):
         msg = consumer.poll(0.2)
         if msg is None:

@@ -13,7 +13,7 @@ import threading
 import orjson
 
 from features.vector import assemble
-from modpipe import log, schema
+from modpipe import exits, log, schema
 from modpipe.decision.verdict import Decider, ThresholdDecider
 from modpipe.settings import Settings
 from modpipe.textmodel.artifacts import resolve_model
@@ -202,8 +202,9 @@ async def _serve(settings: Settings, name: str, bootstrap: str, pipe, scorer: Te
     wiring.on_crash = crash
     outbox.on_fatal = crash
     bans.on_failure = lambda exc: loop.call_soon_threadsafe(crash, exc)
+    stopped_by = exits.StopOnSignal(stop)
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, stopped_by, sig)
     log.dump_tasks_on_signal(loop)
     # init_transactions: fences this worker's previous incarnation and aborts what it left open
     await loop.run_in_executor(None, outbox.start, loop)
@@ -230,5 +231,5 @@ async def _serve(settings: Settings, name: str, bootstrap: str, pipe, scorer: Te
     await scorer.close()
     _log.info("worker stopped", extra={"failed": bool(crashed), "checkpoints": runner.checkpoint.commits})
     log.stop_dumping_tasks(loop)  # a USR1 after this still dumps stacks, and does not kill the exiting worker
-    return 1 if crashed else 0
+    return 1 if crashed else stopped_by.status()  # 143 after SIGTERM, 130 after SIGINT
 

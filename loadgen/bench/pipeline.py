@@ -243,7 +243,7 @@ def saturation_pass(settings: Settings, stack, producer, events: list[Event], *,
                     profile_dir: Path | None = None) -> dict:
     """Every post produced up front; decisions/s over the steady part and where the CPU went (with
     `profile_dir`, also where each worker's event loop went: py-spy, loadgen/bench/profiling.py)."""
-    from tqdm import tqdm
+    from modpipe.output import progress_bar
 
     groups = _stack_groups(stack)
     metrics0, triton0 = stack.scrape(), triton_stats(stack.triton_url, settings.triton_model)
@@ -255,7 +255,7 @@ def saturation_pass(settings: Settings, stack, producer, events: list[Event], *,
     t0 = time.perf_counter()
     try:
         stats = _produce(settings, producer, [ev._replace(offset_s=0.0) for ev in events])
-        with tqdm(total=len(events), desc=label, unit="post", disable=not progress) as bar:
+        with progress_bar(total=len(events), desc=label, unit="post", enabled=progress) as bar:
             decided = decisions.wait(set(stats.sent_at), timeout_s, healthy, bar)
     except BaseException:
         if profiler is not None:  # no py-spy left attached to a worker when the pass fails
@@ -323,7 +323,7 @@ def latency_pass(settings: Settings, stack, producer, events: list[Event], rate:
     transaction); `from_produce`: the same from the produce() call, which leaves out the time a post
     waited for a producer that fell behind its schedule. The tail is ranked from the produce() call: it
     says where the pipeline, not the producer, was slow."""
-    from tqdm import tqdm
+    from modpipe.output import progress_bar
 
     times = list(arrival_times(arrivals, rate, count=len(events), seed=seed))
     events = [ev._replace(offset_s=t) for ev, t in zip(events, times, strict=True)]
@@ -332,7 +332,7 @@ def latency_pass(settings: Settings, stack, producer, events: list[Event], rate:
         visible.settle()
         metrics0, triton0 = stack.scrape(), triton_stats(stack.triton_url, settings.triton_model)
         cpu = CpuMeter(_stack_groups(stack))
-        with tqdm(total=len(events), desc=label, unit="post", disable=not progress) as bar:
+        with progress_bar(total=len(events), desc=label, unit="post", enabled=progress) as bar:
             stats = _produce(settings, producer, events, bar)
         decided = decisions.wait(set(stats.sent_at), timeout_s, healthy)
         seen = visible.wait(set(stats.sent_at), 30)

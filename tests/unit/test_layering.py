@@ -18,7 +18,7 @@ PACKAGES = ("modpipe", "features", "simulation", "streams", "console", "loadgen"
 # A module takes the highest layer with a pattern that matches it, so `modpipe.decision.cli` is a command.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", ("modpipe", "modpipe.settings", "modpipe.log", "modpipe.schema", "modpipe.schemas",
-                    "modpipe.configdoc")),
+                    "modpipe.configdoc", "modpipe.exits", "modpipe.output")),
     ("feature logic", ("features", "features.*")),
     ("services", ("modpipe.services", "modpipe.services.*")),
     ("text model", ("modpipe.textmodel", "modpipe.textmodel.*")),
