@@ -9,17 +9,22 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
-# Dependency layer first (cached while only our code changes): install the pinned requirements from
-# pyproject.toml's metadata, then the package itself.
-COPY pyproject.toml constraints.txt README.md ./
+# Dependency layer first: only pyproject.toml and constraints.txt go in, so a code change reuses it. The
+# runtime requirements are read from pyproject.toml (no extras) and installed at their pins.
+COPY pyproject.toml constraints.txt ./
+RUN pip install --upgrade pip \
+ && python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
+      > /tmp/requirements.txt \
+ && pip install -c constraints.txt -r /tmp/requirements.txt
+# Then the code: the package itself, its dependencies already there.
+COPY README.md ./
 COPY modpipe/ modpipe/
 COPY streams/ streams/
 COPY features/ features/
 COPY loadgen/ loadgen/
 COPY simulation/ simulation/
 COPY console/ console/
-RUN pip install --upgrade pip \
- && pip install -c constraints.txt . \
+RUN pip install --no-deps -c constraints.txt . \
  && python -m compileall -q /opt/venv
 
 FROM python:3.11-slim

@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup model model-demo test test-unit test-integration demo lint docs bench clean
+.PHONY: setup model model-demo test test-unit test-integration demo lint docs rules bench clean
 
 setup: $(STAMP)
 
@@ -46,6 +46,10 @@ lint: setup
 # The configuration reference is generated from the settings spec (modpipe/settings.py).
 docs: setup
 	$(BIN)/python -m modpipe.configdoc docs/configuration.md
+
+# The PrometheusRule of the prometheus-operator component, from deploy/prometheus/alerts.yaml (the one source).
+rules:
+	$(PYTHON) scripts/prometheusrule.py
 
 # Issue #5's end-to-end comparison: pipeline vs seed vs in-process ONNX Runtime ceiling, one run, same texts.
 # Prints the table and writes it as markdown to $MODPIPE_STATE_DIR/bench/e2e.md (`bench model|features`: parts).

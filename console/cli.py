@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import getpass
-import signal
 import sys
 import threading
 
-from modpipe import log
+from modpipe import exits, log, output
 from modpipe.settings import Settings
 
 _log = log.get(__name__)
@@ -63,15 +62,12 @@ def run_console(settings: Settings, host: str, port: int) -> int:
     _log.info("console ready", extra={"url": server.url, "bootstrap": bootstrap, "accounts": str(accounts.path),
                                       "audit_log": str(audit.path), "proxy_header": proxy.header or None})
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
-        stop.wait()
-    except KeyboardInterrupt:
-        pass
+    stopped_by = exits.StopOnSignal(stop).install()
+    stop.wait()
     server.shutdown()
     follower.stop()
     audit.close()
-    return 0
+    return stopped_by.status()
 
 
 def _console(args: argparse.Namespace) -> int:
@@ -117,8 +113,8 @@ def _remove(args: argparse.Namespace) -> int:
 
 def _list(args: argparse.Namespace) -> int:
     def show(accounts):
-        for account in accounts.list():
-            print(f"{account.name}\t{account.role}")
+        rows = [{"name": account.name, "role": account.role} for account in accounts.list()]
+        output.emit(rows, args.json, lambda rows: "\n".join(f"{r['name']}\t{r['role']}" for r in rows))
     return _accounts_command("list-moderators", show)
 
 
@@ -146,4 +142,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     remove = accounts.add_parser("remove-moderator", help="delete an account (its sessions end)")
     remove.add_argument("name")
     remove.set_defaults(func=_remove)
-    accounts.add_parser("list-moderators", help="names and roles of the accounts").set_defaults(func=_list)
+    listing = accounts.add_parser("list-moderators", help="names and roles of the accounts")
+    listing.add_argument("--json", action="store_true", help="print a JSON list of {name, role}")
+    listing.set_defaults(func=_list)

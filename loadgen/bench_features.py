@@ -14,11 +14,11 @@ import uuid
 
 import orjson
 from confluent_kafka import Consumer, Producer
-from tqdm import tqdm
 
 from loadgen.posts import make_post
 from loadgen.smoke import end_consumer
 from modpipe import log, schema
+from modpipe.output import progress_bar
 from modpipe.services.broker import broker_pid, local_broker, tuned_for
 from modpipe.services.process import free_port
 from modpipe.settings import Settings
@@ -91,7 +91,7 @@ def pipeline(settings: Settings, bootstrap: str, posts: list[dict], workers: int
         started = time.time()
         _produce(bootstrap, stack.topics.posts, posts)
         decided: dict[str, float] = {}
-        with tqdm(total=len(posts), desc=f"decisions (local hops {local_hops})", disable=not progress) as bar:
+        with progress_bar(total=len(posts), desc=f"decisions (local hops {local_hops})", enabled=progress) as bar:
             while len(decided) < len(wanted) and time.time() - started < 600:
                 if not all(w.process.alive() for w in stack.workers):
                     raise RuntimeError(f"a worker died; see {stack.workers[0].process.log_path.parent}")

@@ -271,8 +271,6 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
     """Run the traffic and the faults on an isolated local stack; returns the report."""
     import shutil
 
-    from tqdm import tqdm
-
     from loadgen.bench.runs import isolated_settings
     from loadgen.measure import DecisionCollector
     from loadgen.smoke import end_consumer
@@ -283,6 +281,7 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
         make_producer,
         produce_events,
     )
+    from modpipe.output import progress_bar
     from modpipe.textmodel.artifacts import resolve_model
     from simulation.simulator import Simulation
     from streams.stack import LocalStack, dump_stacks
@@ -332,7 +331,7 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
             # as a platform's producer does; the embedded broker forgets them at a restart, which an idempotent
             # producer does not survive (loadgen/traffic.py)
             producer = make_producer(settings, stack.bootstrap, idempotent=settings.broker == "kafka")
-            bar = tqdm(total=posts, desc="chaos: posts", unit="post", disable=not progress)
+            bar = progress_bar(total=posts, desc="chaos: posts", unit="post", enabled=progress)
             produce_error: list[str] = []
             paused = threading.Event()
             inject = Injector(stack, producer, paused, broker_signal, seed=seed)
@@ -368,7 +367,7 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
             watched = [*stack.topics.stages.values(), stack.topics.awaiting_text, stack.topics.decisions,
                        *(changelog_topic(settings, t) for t in TABLES)]
             deadline = time.monotonic() + timeout_s
-            bar = tqdm(total=stats.posts, desc="chaos: decided", unit="post", disable=not progress)
+            bar = progress_bar(total=stats.posts, desc="chaos: decided", unit="post", enabled=progress)
             done, last_mark, quiet_since = 0, None, None
             try:
                 while time.monotonic() < deadline:

@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 
 from loadgen.traffic import PATTERNS, arrival_times, planned_posts
-from modpipe import log
+from modpipe import log, output
 from modpipe.settings import Settings
 from simulation.simulator import SCENARIOS, Simulation
 
@@ -33,8 +33,6 @@ def run_loadgen(settings: Settings, bootstrap: str, *, rate: float, duration_s: 
                 texts: list[dict] | None = None, lag_interval_s: float = 1.0, run_id: str | None = None,
                 process_groups=None) -> dict:
     """Produce the simulated traffic, wait for the decisions, return the report (`measure.summarize`)."""
-    from tqdm import tqdm
-
     from loadgen.measure import DecisionCollector, LagSampler, RssSampler, summarize
     from loadgen.smoke import end_consumer
     from loadgen.traffic import ProduceStats, ensure_loadgen_topics, make_producer, produce_events
@@ -63,8 +61,8 @@ def run_loadgen(settings: Settings, bootstrap: str, *, rate: float, duration_s: 
     config = {"run_id": run_id, "scenario": scenario, "pattern": pattern, "rate": rate, "duration_s": duration_s,
               "count": count, "seed": seed, "partitions": settings.partitions}
     try:
-        bar = tqdm(total=planned_posts(pattern, rate, duration_s, count), desc="posts", unit="post",
-                   disable=not progress)
+        bar = output.progress_bar(total=planned_posts(pattern, rate, duration_s, count), desc="posts", unit="post",
+                                  enabled=progress)
         try:
             produce_events(producer, settings, sim.events(arrivals, horizon_s=duration_s), stats=stats, progress=bar)
         finally:
@@ -73,7 +71,7 @@ def run_loadgen(settings: Settings, bootstrap: str, *, rate: float, duration_s: 
             _log.error("not every record was delivered to the broker")
         n = stats.posts
         deadline = time.monotonic() + timeout_s
-        bar = tqdm(total=n, desc="decisions", unit="post", disable=not progress)
+        bar = output.progress_bar(total=n, desc="decisions", unit="post", enabled=progress)
         try:
             done = 0
             while True:
@@ -96,8 +94,9 @@ def run_loadgen(settings: Settings, bootstrap: str, *, rate: float, duration_s: 
             rss.stop()
     if stats.delivery_errors:
         _log.error("delivery errors", extra={"count": stats.delivery_errors})
-    return summarize(sent_at=stats.sent_at, truth=stats.truth, decided=collector.snapshot(),
-                     produce_started=stats.started or time.time(), produce_finished=stats.finished or time.time(),
+    return summarize(sent_at=stats.sent_at, scheduled_at=stats.scheduled_at, truth=stats.truth,
+                     decided=collector.snapshot(), produce_started=stats.started or time.time(),
+                     produce_finished=stats.finished or time.time(),
                      events_by_kind=stats.by_kind, lag_samples=sampler.samples, config=config,
                      delivery_errors=stats.delivery_errors, behind_s_max=stats.behind_s_max,
                      rss_samples=rss.samples if rss is not None else None)
@@ -147,7 +146,8 @@ With no TARGET: the end-to-end comparison, one run on this machine, the same tex
   pipeline  modpipe end to end (broker -> ingest -> feature stages -> Triton batches -> decisions)
             on a local stack of --workers worker processes, text cache off: posts/s at saturation
             (every post produced up front, decisions/s over the steady part), p50/p95/p99
-            end-to-end latency (produce -> decision published) at --low-rate posts/s and at --load x
+            end-to-end latency (each post's scheduled send -> decision visible; beside it from the
+            produce() call, which hides a producer's lag) at --low-rate posts/s and at --load x
             the saturation rate (or at --load-rate posts/s); then saturation again with the text cache on;
   seed      one synchronous gRPC request per post to the same Triton, padded to 128, batch 1;
   ceiling   in-process ONNX Runtime on the same model file and threads, best batch size,
@@ -258,7 +258,7 @@ def _smoke(args) -> int:
 
     result = smoke(Settings.from_env(), args.posts, workers=args.workers, timeout_s=args.timeout,
                    progress=not args.json)
-    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    output.emit(result, args.json)
     return 0 if result["lost"] == 0 and result["dlq_reasons_match"] else 1
 
 
@@ -268,19 +268,16 @@ def _fuzz(args) -> int:
     result = fuzz(Settings.from_env(), args.emoji_links or args.records, seed=args.seed, workers=args.workers,
                   timeout_s=args.timeout, progress=not args.json, emoji_links=bool(args.emoji_links),
                   link_chars=args.link_chars)
-    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    output.emit(result, args.json)
     ok = result["lost"] == 0 and not result.get("dead_letter_reason_mismatches") and \
         not result.get("valid_records_dead_lettered") and not result.get("dead_letters")
     return 0 if ok and result.get("workers_alive", True) and not result.get("lag_after") else 1
 
 
 def _chaos(args) -> int:
-    import signal
-
     from loadgen.chaos import format_text, run_chaos
 
-    # SIGTERM unwinds like Ctrl-C: the stack's processes are stopped, none is left behind
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    # SIGTERM unwinds like Ctrl-C (modpipe.exits.Terminated): the stack's processes are stopped, none is left behind
     try:
         report = run_chaos(Settings.from_env(), posts=args.posts, rate=args.rate, workers=args.workers,
                            worker_kills=args.worker_kills, triton_kills=args.triton_kills,
@@ -328,7 +325,7 @@ def _bench_features(args) -> int:
     reports = {kind: run(_on_broker(settings, kind), n_posts=args.posts, workers=args.workers, progress=not args.json)
                for kind in broker_kinds(settings, args.brokers)}
     report = next(iter(reports.values())) if len(reports) == 1 else {"brokers": reports}
-    print(json.dumps(report) if args.json else json.dumps(report, indent=2))
+    output.emit(report, args.json)
     return 0
 
 

@@ -86,10 +86,7 @@ def run_demo(settings: Settings, posts: int = 300, workers: int = 2, keep_runnin
              if decided else "no decisions")
         if keep_running:
             _say("stack keeps running; Ctrl-C stops it")
-            try:
-                while True:
-                    time.sleep(2)
-                    _say(status.render(stack))
-            except KeyboardInterrupt:
-                pass
+            while True:  # until Ctrl-C or SIGTERM: modpipe.cli exits 130 or 143 once the stack has stopped
+                time.sleep(2)
+                _say(status.render(stack))
     return 0 if len(decided) == posts else 1

@@ -28,11 +28,11 @@ from collections.abc import Callable, Iterator
 
 import orjson
 from confluent_kafka import Producer
-from tqdm import tqdm
 
 from loadgen.posts import make_post
 from loadgen.smoke import end_consumer
 from modpipe import schema
+from modpipe.output import progress_bar
 from modpipe.settings import Settings
 from streams.topics import TopicNames
 
@@ -170,7 +170,7 @@ def run_fuzz(settings: Settings, bootstrap: str, n: int, *, seed: int = 0, timeo
         return on_delivery
 
     sent: Counter = Counter()
-    for i in tqdm(range(n), desc="fuzz: produce", unit="rec", disable=not progress):
+    for i in progress_bar(range(n), desc="fuzz: produce", unit="rec", enabled=progress):
         kind = KINDS[i % len(KINDS)]
         raw = hostile(kind, rng, i, run_id)
         outcome, record = expected(kind, raw, settings)
@@ -185,7 +185,7 @@ def run_fuzz(settings: Settings, bootstrap: str, n: int, *, seed: int = 0, timeo
     decided: set[str] = set()
     wanted_dlq = {k for k, v in want.items() if v.startswith("dlq:")}
     deadline = time.monotonic() + timeout_s
-    bar = tqdm(total=len(wanted_dlq) + len(posts_wanted), desc="fuzz: outcomes", unit="rec", disable=not progress)
+    bar = progress_bar(total=len(wanted_dlq) + len(posts_wanted), desc="fuzz: outcomes", unit="rec", enabled=progress)
     while time.monotonic() < deadline and (not wanted_dlq <= dead.keys() or not posts_wanted.keys() <= decided):
         msg = consumer.poll(0.2)
         if msg is None:
@@ -236,7 +236,7 @@ def run_emoji_links(settings: Settings, bootstrap: str, n: int, *, seed: int = 0
     consumer = end_consumer(settings, bootstrap, [names.decisions, names.dead_letters])
     producer = Producer({**settings.kafka_client_config(), "bootstrap.servers": bootstrap, "linger.ms": 5})
     wanted: set[str] = set()
-    for i in tqdm(range(n), desc="emoji links: produce", unit="post", disable=not progress):
+    for i in progress_bar(range(n), desc="emoji links: produce", unit="post", enabled=progress):
         post = make_post(rng, f"{run_id}-{i}", f"look at this {i}", user_id=f"{run_id}-u{i % 500}")
         post["url"] = emoji_link(rng, i, link_chars)
         schema.decode_post(schema.dumps(post), settings.max_text_chars)  # valid, or this run is wrong
@@ -252,7 +252,7 @@ def run_emoji_links(settings: Settings, bootstrap: str, n: int, *, seed: int = 0
     decided: set[str] = set()
     dead = 0
     deadline = time.monotonic() + timeout_s
-    bar = tqdm(total=n, desc="emoji links: decided", unit="post", disable=not progress)
+    bar = progress_bar(total=n, desc="emoji links: decided", unit="post", enabled=progress)
     while time.monotonic() < deadline and not wanted <= decided:
         msg = consumer.poll(0.2)
         if msg is None:

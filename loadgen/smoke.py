@@ -14,10 +14,10 @@ import uuid
 import numpy as np
 import orjson
 from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
-from tqdm import tqdm
 
 from loadgen.posts import labelled_posts, malformed_records
 from modpipe import log, schema
+from modpipe.output import progress_bar
 from modpipe.services.fetching import PACED_CONSUMER_CONFIG
 from modpipe.services.offsets import watermarks
 from modpipe.settings import Settings
@@ -69,7 +69,7 @@ def run_smoke(settings: Settings, bootstrap: str, n_posts: int, timeout_s: float
     latencies_ms: list[float] = []
     dlq_reasons: list[str] = []
     deadline = time.monotonic() + timeout_s
-    bar = tqdm(total=n_posts + len(malformed), desc="verdicts", unit="msg", disable=not progress)
+    bar = progress_bar(total=n_posts + len(malformed), desc="verdicts", unit="msg", enabled=progress)
     try:
         while time.monotonic() < deadline and (len(decisions) < n_posts or len(dlq_reasons) < len(malformed)):
             msg = consumer.poll(0.2)

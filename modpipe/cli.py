@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 
-from modpipe import __version__, log
+from modpipe import __version__, exits, log, output
 from modpipe.settings import SETTINGS_SPEC, Settings, SettingsError
 
 # Modules exposing `register(subparsers)`; each owns its commands' arguments and handlers.
@@ -24,14 +24,25 @@ COMMAND_MODULES = [
 LEAN_COMMANDS = {"worker": "streams.cli"}
 
 
-def _config(args: argparse.Namespace) -> int:
+def effective_settings() -> dict[str, object]:
+    """Every setting by its environment variable, secrets masked."""
     settings = Settings.from_env()
+    out = {}
     for name, spec in SETTINGS_SPEC.items():
         value = getattr(settings, name)
         if ("PASSWORD" in spec.env or "TOKEN" in spec.env) and value:
             value = "***"
-        print(f"{spec.env}={value}")
+        out[spec.env] = value
+    return out
+
+
+def _config(args: argparse.Namespace) -> int:
+    # without --json: the lines an env file or `export` takes
+    output.emit(effective_settings(), args.json, lambda d: "\n".join(f"{k}={v}" for k, v in d.items()))
     return 0
+
+
+JSON_HELP = "print one JSON object on stdout (machine output)"
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
@@ -45,6 +56,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"modpipe {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     cfg = sub.add_parser("config", help="print the effective settings (environment variables)")
+    cfg.add_argument("--json", action="store_true", help=JSON_HELP)
     cfg.set_defaults(func=_config)
     for module in modules:
         try:
@@ -70,13 +82,14 @@ def main(argv: list[str] | None = None) -> int:
     from modpipe.decision.model import DecisionModelMissing, FeatureListMismatch
     from modpipe.textmodel.artifacts import ModelNotBuilt
 
+    exits.raise_on_signals()  # commands that stop gracefully install their own handlers
     try:
         return int(args.func(args) or 0)
     except (FeatureListMismatch, DecisionModelMissing, ModelNotBuilt) as exc:  # a missing or unusable build
         print(f"modpipe: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        return 130
+    except (KeyboardInterrupt, exits.Terminated) as exc:
+        return exits.status_of(exc)
 
 
 if __name__ == "__main__":

@@ -176,6 +176,11 @@ SETTINGS_SPEC: dict[str, Spec] = {
                                 "once and an idle consumer that never paused kept librdkafka fetching in a tight "
                                 "loop (streams/kafka/consumer.py): whatever starts it gives its workers 25.",
                                 float),
+    "fetch_stall_s": Spec("MODPIPE_FETCH_STALL_S", "15",
+                          "A worker's assigned partition that has records past what its consumer delivered and has "
+                          "delivered nothing for this long is sought back to where it stopped, with librdkafka's "
+                          "view of it in the log and modpipe_consumer_fetch_stalls_total; stalled again, the worker "
+                          "restarts with a new consumer (streams/kafka/stalls.py). `0`: not watched.", float),
     "abort_on_brokers_down": Spec("MODPIPE_ABORT_ON_BROKERS_DOWN", "off",
                                   "`on`: a worker whose producer loses every broker with a transaction open aborts it "
                                   "and stops (its restart processes the input again): the embedded broker forgets "
@@ -346,6 +351,7 @@ class Settings:
     purge_interval_ms: float
     fetch_pause_ms: float
     fetch_idle_pause_ms: float
+    fetch_stall_s: float
     group_rejoin_s: float
     abort_on_brokers_down: str
     freeze_guard: str
@@ -440,6 +446,8 @@ class Settings:
             raise SettingsError("MODPIPE_FETCH_PAUSE_MS must be >= 0")
         if self.fetch_idle_pause_ms < 0:
             raise SettingsError("MODPIPE_FETCH_IDLE_PAUSE_MS must be >= 0")
+        if self.fetch_stall_s < 0:
+            raise SettingsError("MODPIPE_FETCH_STALL_S must be >= 0 (0: not watched)")
         if self.group_rejoin_s < 0:
             raise SettingsError("MODPIPE_GROUP_REJOIN_S must be >= 0 (0: never)")
         if self.text_model not in ("on", "off"):

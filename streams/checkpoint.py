@@ -60,6 +60,10 @@ class Frozen(RuntimeError):
     """The process was frozen long enough to have lost its group membership."""
 
 
+class Abandoned(RuntimeError):
+    """The worker stops after a failure: a checkpoint under way is not committed."""
+
+
 class FreezeWatch:
     """Notices that the whole process stood still (every thread stopped): a thread that ticks every `tick_s`
     finds a gap longer than `limit_s` between two ticks, or the checkpoint finds the last tick that old."""
@@ -147,6 +151,9 @@ class Checkpointer:
         self._lock = asyncio.Lock()
         self._due = asyncio.Event()
         self.dirty = False  # the open epoch has a round (or table keys to forget)
+        # set when the worker stops after a failure: a checkpoint waiting for its rounds gives up (they will
+        # not complete), so a revocation's commit_all returns and the consumer can leave the group
+        self.abandoned = asyncio.Event()
         self.closed_at = float("-inf")  # loop time the previous epoch closed
         self.commits = 0
 
@@ -185,21 +192,45 @@ class Checkpointer:
         try:
             await self._commit()
             return True
+        except Abandoned:  # the worker is stopping already, and said why
+            return False
         except Exception as exc:  # noqa: BLE001 - whatever it was, nothing of this transaction is committed
             _log.error("checkpoint failed; the worker stops without committing", extra={"error": str(exc)[:500]})
             self.wiring.crash(exc)
             return False
+
+    def abandon(self) -> None:
+        """The worker stops after a failure: nothing more is committed, and a checkpoint under way stops waiting."""
+        self.abandoned.set()
 
     async def commit_all(self) -> bool:
         """Rounds paused, every epoch committed (at a revocation or a stop). Returns False when one failed."""
         self.runner.pause_rounds()
         try:
             while self.dirty:
+                if self.abandoned.is_set():
+                    return False
                 if not await self.commit():
                     return False
             return await self.commit()  # waits for a checkpoint under way
         finally:
             self.runner.resume_rounds()
+
+    async def _idle(self, epoch: int) -> None:
+        """Step 3, given up when the worker is abandoned meanwhile (its rounds are dropped, never complete)."""
+        if self.abandoned.is_set():
+            raise Abandoned("the worker stops after a failure: nothing more is committed")
+        rounds = asyncio.ensure_future(self.wiring.idle(epoch))
+        stop = asyncio.ensure_future(self.abandoned.wait())
+        try:
+            await asyncio.wait((rounds, stop), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not rounds.done():
+                rounds.cancel()
+        if not rounds.done() or rounds.cancelled():
+            raise Abandoned("the worker stops after a failure: this checkpoint's rounds will not complete")
+        rounds.result()
 
     def check_not_frozen(self) -> None:
         """Step 4; the outbox runs it again right before it sends the offsets and before it commits, so a
@@ -218,7 +249,7 @@ class Checkpointer:
             self.closed_at = asyncio.get_running_loop().time()
             try:
                 self.wiring.flush_states(epoch)                              # 2
-                await self.wiring.idle(epoch)                                # 3
+                await self._idle(epoch)                                      # 3
                 self.check_not_frozen()                                      # 4
                 offsets = self.runner.take_offsets(epoch)
                 metadata = self.consumer.group_metadata()

@@ -4,11 +4,10 @@ benchmarks, are in loadgen/cli.py.)"""
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import time
 
-from modpipe import log
+from modpipe import exits, log, output
 from modpipe.settings import Settings
 
 
@@ -41,8 +40,10 @@ def _topics(args) -> int:
     except TopicConfigError as exc:
         print(f"modpipe topics: {exc}", file=sys.stderr)
         return 2
-    for name in TopicNames.from_settings(settings).all():
-        print(f"{name}\t{'created' if name in created else 'exists'}\t{settings.partitions} partitions")
+    topics = [{"topic": name, "state": "created" if name in created else "exists", "partitions": settings.partitions}
+              for name in TopicNames.from_settings(settings).all()]
+    output.emit(topics, args.json,
+                lambda rows: "\n".join(f"{r['topic']}\t{r['state']}\t{r['partitions']} partitions" for r in rows))
     return 0
 
 
@@ -52,24 +53,13 @@ def _worker(args) -> int:
     return run_worker(Settings.from_env(), args.name)
 
 
-class _Stop(BaseException):
-    """SIGTERM / SIGINT to `modpipe up`. A BaseException, like KeyboardInterrupt: the supervisor's loop guards
-    its status line and restarts with `except Exception` (a slow broker must not crash the stack), and a
-    signal landing inside one of those was swallowed there, so `up` went on running after Ctrl-C."""
-
-
-def _raise_stop(*_):
-    raise _Stop()
-
-
 def _up(args) -> int:
     from streams.stack import LocalStack, StatusLine
 
     settings = Settings.from_env()
-    # SIGINT too, explicitly: a process started in the background by a non-interactive shell inherits
-    # SIGINT ignored, and Python then never raises KeyboardInterrupt: Ctrl-C from a supervisor is lost
-    signal.signal(signal.SIGTERM, _raise_stop)
-    signal.signal(signal.SIGINT, _raise_stop)
+    # SIGINT raises KeyboardInterrupt, SIGTERM exits.Terminated (as modpipe.cli.main sets them): BaseExceptions,
+    # which the supervisor's `except Exception` guards around its status line and restarts let through
+    exits.raise_on_signals()
     log.dump_stacks_on_signal()  # `kill -USR1` shows where the supervisor waits, as for a worker
     print("starting broker, Triton and workers (logs in "
           f"{settings.state_dir / 'logs'}) ...", file=sys.stderr, flush=True)
@@ -90,9 +80,9 @@ def _up(args) -> int:
                     print("\r" + line.ljust(160), end="", file=sys.stderr, flush=True)
                 else:
                     print(line, file=sys.stderr, flush=True)
-    except (KeyboardInterrupt, _Stop):
+    except (KeyboardInterrupt, exits.Terminated) as exc:
         print("\nstopped", file=sys.stderr)
-        return 0
+        return exits.status_of(exc)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -104,6 +94,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_broker)
 
     p = sub.add_parser("topics", help="create the topics (idempotent; refuses a wrong partition count)")
+    p.add_argument("--json", action="store_true", help="print a JSON list of {topic, state, partitions}")
     p.set_defaults(func=_topics)
 
     p = sub.add_parser("worker", help="run one stream worker (ingest, feature stages, decisions; exactly once, "

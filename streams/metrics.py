@@ -12,6 +12,9 @@ from modpipe import memory
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 15, 20, 30, 60)
 
 POSTS_CONSUMED = Counter("modpipe_posts_consumed_total", "Records read from the posts topic.")
+FETCH_STALLS = Counter("modpipe_consumer_fetch_stalls_total",
+                       "Assigned partitions found not fetched although they had records (sought again; a second "
+                       "stall restarts the worker), by topic.", ["topic"])
 POSTS_RESENT = Counter("modpipe_posts_resent_total",
                        "Posts whose id was already decided (a producer's retry, a replay): counted once, not decided again.")
 EVENTS_CONSUMED = Counter("modpipe_events_consumed_total", "Valid side-stream events read, by kind.", ["kind"])

@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import threading
+import time
 from collections.abc import Callable
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
@@ -49,6 +50,7 @@ from modpipe.settings import Settings
 from streams import metrics
 
 _log = log.get(__name__)
+TXN_RETRY_S = 0.25  # between two tries of a transaction request librdkafka calls retriable
 
 
 class DeliveryFailed(RuntimeError):
@@ -272,15 +274,33 @@ class Outbox:
             if guard is not None:
                 guard()
 
+        deadline = time.monotonic() + timeout
         with self._txn_lock:
             if offsets:
                 check()
-                self.producer.send_offsets_to_transaction(
-                    [TopicPartition(topic, partition, offset) for (topic, partition), offset in offsets.items()],
-                    group_metadata, timeout)
+                tps = [TopicPartition(topic, partition, offset) for (topic, partition), offset in offsets.items()]
+                self._retried(lambda: self.producer.send_offsets_to_transaction(
+                    tps, group_metadata, max(1.0, deadline - time.monotonic())), deadline, check)
             check()
-            self.producer.commit_transaction(timeout)
+            self._retried(lambda: self.producer.commit_transaction(max(1.0, deadline - time.monotonic())),
+                          deadline, check)
             self.producer.begin_transaction()
+
+    @staticmethod
+    def _retried(request: Callable[[], None], deadline: float, check: Callable[[], None]) -> None:
+        """A transaction request, asked again while librdkafka calls its error retriable (a coordinator that
+        moved with a killed node: NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS), as its documentation allows;
+        any other error (one that needs an abort, a fenced producer) is raised at once."""
+        while True:
+            try:
+                return request()
+            except KafkaException as exc:
+                err = exc.args[0]
+                if not err.retriable() or err.txn_requires_abort() or time.monotonic() + TXN_RETRY_S > deadline:
+                    raise
+                _log.warning("transaction request failed; asking again", extra={"error": str(err)[:300]})
+                time.sleep(TXN_RETRY_S)
+                check()
 
     def abort(self, timeout: float = 30.0) -> None:
         """Blocking: drop the open transaction's records (a read_committed reader never sees them)."""

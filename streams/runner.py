@@ -46,7 +46,7 @@ class Runner:
                                       on_revoked=self.on_revoked, on_lost=self.on_lost,
                                       fetch_pause_s=settings.fetch_pause_ms / 1000,
                                       idle_pause_max_s=settings.fetch_idle_pause_ms / 1000,
-                                      rejoin_after_s=settings.group_rejoin_s)
+                                      rejoin_after_s=settings.group_rejoin_s, stall_s=settings.fetch_stall_s)
         self.consumer.busy = self._busy
         session_s = float(consumer_conf.get("session.timeout.ms", 10_000)) / 1000
         heartbeat_s = float(consumer_conf.get("heartbeat.interval.ms", 2_000)) / 1000

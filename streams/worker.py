@@ -14,7 +14,7 @@ import threading
 import orjson
 
 from features.vector import assemble
-from modpipe import log, schema
+from modpipe import exits, log, schema
 from modpipe.decision.verdict import Decider, ThresholdDecider
 from modpipe.settings import Settings
 from modpipe.textmodel.artifacts import resolve_model
@@ -206,8 +206,12 @@ async def _serve(settings: Settings, name: str, bootstrap: str, pipe, scorer: Te
     stop = asyncio.Event()
     crashed: list[BaseException] = []
 
+    abandon: list = []  # the checkpointer's, once the runner exists
+
     def crash(exc: BaseException) -> None:
         outbox.stop_committing()  # also a checkpoint already under way: the partitions may be another's now
+        for give_up in abandon:  # a checkpoint waiting for rounds that will not complete (a revocation's) returns
+            give_up()
         if not crashed:
             crashed.append(exc)
             _log.error("worker stops after a failure; what it did not commit is processed again",
@@ -217,8 +221,9 @@ async def _serve(settings: Settings, name: str, bootstrap: str, pipe, scorer: Te
     wiring.on_crash = crash
     outbox.on_fatal = crash
     bans.on_failure = lambda exc: loop.call_soon_threadsafe(crash, exc)
+    stopped_by = exits.StopOnSignal(stop)
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, stopped_by, sig)
     log.dump_tasks_on_signal(loop)
     # init_transactions: fences this worker's previous incarnation and aborts what it left open
     await loop.run_in_executor(None, outbox.start, loop)
@@ -226,6 +231,9 @@ async def _serve(settings: Settings, name: str, bootstrap: str, pipe, scorer: Te
     runner = Runner(settings, bootstrap, wiring, outbox, make_handlers(wiring, settings, scorer, decider),
                     consumer_config(settings, bootstrap, name))
     runner.consumer.on_failure = crash
+    abandon.append(runner.checkpoint.abandon)
+    if crashed:  # crashed while the runner was made
+        runner.checkpoint.abandon()
     probes.live_checks["consumer"] = runner.consumer.alive
     runner.start()
     trimming = loop.create_task(_trim_forever(), name="malloc-trim")
@@ -244,5 +252,5 @@ async def _serve(settings: Settings, name: str, bootstrap: str, pipe, scorer: Te
     await scorer.close()
     _log.info("worker stopped", extra={"failed": bool(crashed), "checkpoints": runner.checkpoint.commits})
     log.stop_dumping_tasks(loop)  # a USR1 after this still dumps stacks, and does not kill the exiting worker
-    return 1 if crashed else 0
+    return 1 if crashed else stopped_by.status()  # 143 after SIGTERM, 130 after SIGINT
 

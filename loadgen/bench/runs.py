@@ -72,8 +72,7 @@ def run(settings: Settings, n_posts: int = DEFAULT_POSTS, workers: int | None = 
     the ceilings run on the first N of the pipeline's posts (per-text rates; on a GPU host the CPU ceiling of
     a long saturation pass would take longer than the pipeline). `profile_dir`: py-spy on every worker during
     the first saturation pass (loadgen/bench/profiling.py), raw stacks kept there."""
-    from tqdm import tqdm
-
+    from modpipe.output import progress_bar
     from streams.stack import LocalStack
 
     if n_posts < 10:
@@ -149,22 +148,22 @@ def run(settings: Settings, n_posts: int = DEFAULT_POSTS, workers: int | None = 
             _log.info("bench: seed")
             groups = {"triton": stack.triton.pid} if stack.triton is not None else {}
             cpu = CpuMeter(groups)
-            with tqdm(total=baseline_posts, desc="seed (batch 1, width 128)", unit="post", disable=not progress) as bar:
+            with progress_bar(total=baseline_posts, desc="seed (batch 1, width 128)", unit="post", enabled=progress) as bar:
                 report["seed"] = seed_pass(stack.triton_url, settings.triton_model, tok, base_texts, bar.update)
             report["seed"]["cpu"] = cpu.stop()
         _log.info("bench: ceiling")
         session = ort_session(build.onnx, options)
         cpu = CpuMeter()
-        with tqdm(total=baseline_posts * len(ceiling_batch_sizes), desc="ceiling (in-process ORT)", unit="post",
-                  disable=not progress) as bar:
+        with progress_bar(total=baseline_posts * len(ceiling_batch_sizes), desc="ceiling (in-process ORT)", unit="post",
+                          enabled=progress) as bar:
             report["ceiling"] = ceiling_pass(session, tok, base_texts, ceiling_batch_sizes, bar.update)
         report["ceiling"]["cpu"] = cpu.stop()
         report["ceiling"]["threads"] = int(options["intra_op_threads"])
         # A stricter bound than the issue's ceiling: an offline job may sort every text by length first,
         # so that no batch pays for padding. Reported beside it; the target stays on the issue's ceiling.
         by_length = [base_texts[i] for i in np.argsort(base_lengths, kind="stable")]
-        with tqdm(total=baseline_posts * len(ceiling_batch_sizes), desc="ceiling, texts sorted by length", unit="post",
-                  disable=not progress) as bar:
+        with progress_bar(total=baseline_posts * len(ceiling_batch_sizes), desc="ceiling, texts sorted by length", unit="post",
+                          enabled=progress) as bar:
             report["ceiling_sorted"] = ceiling_pass(session, tok, by_length, ceiling_batch_sizes, bar.update)
         report["seed"]["untrimmed_compute"] = untrimmed_probe(session, tok, base_texts[:untrimmed_texts])
         ok = True

@@ -370,7 +370,7 @@ def run(bootstrap: str, records: int = DEFAULT_RECORDS, intervals_ms=DEFAULT_INT
         broker_pid: int | None = None, progress: bool = True) -> dict:
     """Saturation passes (records/s, CPU) and paced passes (`paced_rate` inputs/s for `paced_s`: CPU and
     commit latency at a worker's rate) of every option, then the profiled paced passes of options 2 and 3."""
-    from tqdm import tqdm
+    from modpipe.output import progress_bar
 
     n_in = max(records // RECORDS_PER_INPUT, 1)
     n_paced = max(int(paced_rate * paced_s), 1)
@@ -378,7 +378,7 @@ def run(bootstrap: str, records: int = DEFAULT_RECORDS, intervals_ms=DEFAULT_INT
             + [("aiokafka_txn", i) for i in aiokafka_intervals_ms] + [("aiokafka_plain", baseline_interval_ms)])
     tag, out = uuid.uuid4().hex[:6], {"saturation": [], "paced": [], "profiles": {}}
     machine = CpuMeter({"broker": broker_pid} if broker_pid else {})  # what else ran meanwhile
-    with tqdm(total=2 * len(plan) + 1 + 2 * profile, desc="transport passes", unit="pass", disable=not progress) as bar:
+    with progress_bar(total=2 * len(plan) + 1 + 2 * profile, desc="transport passes", unit="pass", enabled=progress) as bar:
         for kind, n, rate in (("saturation", n_in, None), ("paced", n_paced, paced_rate)):
             for option, interval in plan:
                 bar.set_postfix_str(f"{kind} {option} {interval} ms")

@@ -34,7 +34,7 @@ def register(subparsers) -> None:
                    help="with --labels: how many simulated posts one label weighs (default 10)")
     t.add_argument("--eval-fraction", type=float, default=0.25,
                    help="with --labels: the newest share of labels held out to judge the candidate (default 0.25)")
-    t.add_argument("--json", action="store_true", help="with --labels: print the report as one JSON object")
+    t.add_argument("--json", action="store_true", help="print one JSON object: with --labels the report, else {\"model_dir\"}")
     t.set_defaults(func=_train)
 
     e = sub.add_parser("eval", help="spam F1 of text-only vs the full engine on held-out traffic, per scenario",
@@ -132,8 +132,11 @@ def _train(args: argparse.Namespace) -> int:
     if args.labels:
         return _train_labels(args, settings)
     path = train(settings, resolve_model(settings), profile=args.profile or settings.model_profile, seed=args.seed,
-                 force=args.force, progress=not args.no_progress)
-    print(path)
+                 force=args.force, progress=not (args.no_progress or args.json))
+    if args.json:
+        print(json.dumps({"model_dir": str(path)}))
+    else:
+        print(path)
     return 0
 
 

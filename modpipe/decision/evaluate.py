@@ -136,7 +136,7 @@ def replay_scores(settings: Settings, build: ModelBuild, deciders: Mapping[str, 
                   datasets: Collection[str] | None = None) -> tuple[dict, dict]:
     """Held-out traffic of each scenario replayed once per decider (each feeding back its own blocks):
     ({scenario: {label: score}}, {label: score over every scenario})."""
-    from tqdm import tqdm
+    from modpipe.output import progress_bar
 
     texts = eval_texts(build, datasets)
     runs = {s: dataset.simulate(texts, s, EVAL_SEED_OFFSET + seed, n_posts, rate) for s in scenarios}
@@ -144,7 +144,7 @@ def replay_scores(settings: Settings, build: ModelBuild, deciders: Mapping[str, 
     probs.ensure(t for events in runs.values() for t in dataset.post_texts(events))
     per_scenario: dict = {}
     all_rows: dict[str, list[dataset.Row]] = {label: [] for label in deciders}
-    for name, events in tqdm(runs.items(), desc="replay", unit="scenario", disable=not progress):
+    for name, events in progress_bar(runs.items(), desc="replay", unit="scenario", enabled=progress):
         entry = {}
         for label, decider in deciders.items():
             rows = dataset.replay(events, probs, feedback_of(decider, settings.block_threshold), run=name)

@@ -31,7 +31,6 @@ from collections.abc import Collection
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from modpipe import log
 from modpipe.decision import dataset
@@ -39,6 +38,7 @@ from modpipe.decision.engine import cascade
 from modpipe.decision.model import DECISION_FEATURES, DecisionModel, decision_vector
 from modpipe.decision.store import decision_root
 from modpipe.decision.verdict import Decider, ThresholdDecider
+from modpipe.output import progress_bar
 from modpipe.settings import Settings
 from modpipe.textmodel.artifacts import ModelBuild
 
@@ -219,7 +219,7 @@ def train_rounds(settings: Settings, runs, probs, config: TrainConfig, seed: int
     booster = None
     for rnd in range(config.rounds):
         feedback = feedback_of(decider, settings.block_threshold)
-        rows = [row for name, events in tqdm(runs, desc=f"replay round {rnd}", unit="run", disable=not progress)
+        rows = [row for name, events in progress_bar(runs, desc=f"replay round {rnd}", unit="run", enabled=progress)
                 for row in dataset.replay(events, probs, feedback, run=name)]
         train_rows, valid_rows = time_split(rows, config.train_fraction)
         booster, report = fit(train_rows, valid_rows, config, seed, drop=drop)
@@ -262,8 +262,8 @@ def choose_text_floor(model: DecisionModel, rows: list[dataset.Row], config: Tra
 
 def _simulation(settings: Settings, build: ModelBuild, config: TrainConfig, seed: int, progress: bool):
     texts = dataset.heldout_half(build.heldout(), "train")
-    runs = list(tqdm(simulated_runs(texts, config, seed), desc="simulate", unit="run", disable=not progress,
-                     total=len(config.scenarios) * len(config.rates)))
+    runs = list(progress_bar(simulated_runs(texts, config, seed), desc="simulate", unit="run", enabled=progress,
+                             total=len(config.scenarios) * len(config.rates)))
     probs = dataset.TextProbabilities(build, decision_root(settings), progress=progress)
     probs.ensure(t for _, events in runs for t in dataset.post_texts(events))
     return runs, probs
@@ -274,7 +274,7 @@ def simulated_rows(settings: Settings, build: ModelBuild, config: TrainConfig, s
     """The training simulation replayed with `decider`'s blocks fed back (the prior of `--labels`)."""
     runs, probs = _simulation(settings, build, config, seed, progress)
     feedback = feedback_of(decider, settings.block_threshold)
-    return [row for name, events in tqdm(runs, desc="replay", unit="run", disable=not progress)
+    return [row for name, events in progress_bar(runs, desc="replay", unit="run", enabled=progress)
             for row in dataset.replay(events, probs, feedback, run=name)]
 
 

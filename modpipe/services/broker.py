@@ -161,11 +161,11 @@ def main_foreground(settings: Settings) -> int:
     if settings.bootstrap_servers:
         print(f"KAFKA_BOOTSTRAP_SERVERS={settings.bootstrap_servers} is set: using that cluster, nothing to start.")
         return 0
-    import signal
     import threading
 
+    from modpipe import exits
+
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with kafka_endpoint(settings) as bootstrap:
         if settings.broker == "embedded":  # its clients need what Apache Kafka's do not (EMBEDDED_BROKER_TUNING)
             tuning = " ".join(f"{SETTINGS_SPEC[k].env}={v:g}" if isinstance(v, float) else f"{SETTINGS_SPEC[k].env}={v}"
@@ -173,9 +173,8 @@ def main_foreground(settings: Settings) -> int:
             print(f"workers and readers of this broker need: {tuning}", file=sys.stderr, flush=True)
         print(f"broker ready ({settings.broker}): KAFKA_BOOTSTRAP_SERVERS={bootstrap} (data in {settings.state_dir}); "
               "Ctrl-C stops it", file=sys.stderr, flush=True)
-        try:
-            while not stop.wait(0.5):
-                pass
-        except KeyboardInterrupt:
+        # from here a signal stops the broker through the context above (before: the exception unwinds it)
+        stopped_by = exits.StopOnSignal(stop).install()
+        while not stop.wait(0.5):
             pass
-    return 0
+    return stopped_by.status()

@@ -228,7 +228,7 @@ def bench_stack(build: ModelBuild, texts: Sequence[str]) -> dict | None:
 def run(url: str, build: ModelBuild, model_name: str, n_texts: int = 256,
         batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, inflight: int | Sequence[int] = 2, include_ort: bool = True,
         ort_threads: int = 2, progress: bool = True, ceiling: str = "ort", torch_device: str = "auto") -> dict:
-    from tqdm import tqdm
+    from modpipe.output import progress_bar
 
     if not include_ort:
         ceiling = "none"
@@ -242,7 +242,7 @@ def run(url: str, build: ModelBuild, model_name: str, n_texts: int = 256,
     tokenize_s = time.perf_counter() - t0
     lengths = [len(ids) for ids in tok.ids(texts)]
     passes = len(batch_sizes) * len(PADDINGS) * (len(inflights) + (ceiling != "none"))
-    with tqdm(total=n_texts * passes, unit="text", disable=not progress, desc="bench model") as bar:
+    with progress_bar(total=n_texts * passes, unit="text", enabled=progress, desc="bench model") as bar:
         triton_rows, version = asyncio.run(bench_triton(url, model_name, tok, texts, batch_sizes, inflights,
                                                         bar.update))
         if ceiling == "ort":

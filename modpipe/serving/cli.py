@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 import threading
 from pathlib import Path
 
-from modpipe import log
+from modpipe import exits, log
 from modpipe.settings import Settings
 
 _log = log.get(__name__)
@@ -32,8 +31,7 @@ def _triton(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stopped_by = exits.StopOnSignal(stop).install()
     server = TritonServer(settings, variant=args.variant, instance_kind=args.instance_kind)
     try:
         server.start(timeout=args.timeout)
@@ -52,7 +50,7 @@ def _triton(args: argparse.Namespace) -> int:
                 return 1
     finally:
         server.stop()
-    return 0
+    return stopped_by.status()
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -221,7 +219,7 @@ def register(subparsers) -> None:
                          description="Texts/s and p50/p99 through Triton per request size and requests in flight "
                                      "(request size 1 with fixed padding = the seed's one-text requests), beside "
                                      "the in-process ceiling (ONNX Runtime, or PyTorch on a GPU).")
-    bm.add_argument("--json", action="store_true")
+    bm.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
     bm.add_argument("--url", help="gRPC host:port of any Triton serving spam_text (default TRITON_URL, else a "
                                   "running or started embedded one)")
     bm.add_argument("--variant", choices=("cpu", "cuda"), help="variant of the embedded Triton started for the "

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from modpipe import log
+from modpipe.output import progress_bar
 from modpipe.textmodel.data import Example
 from modpipe.textmodel.tokenize import BatchTokenizer
 
@@ -60,8 +60,8 @@ def onnx_spam_proba(onnx_path: Path, tok: BatchTokenizer, texts: Sequence[str], 
     inputs = list(row_of_input)
     order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]))
     out = np.zeros(len(inputs), dtype=np.float64)
-    for start in tqdm(range(0, len(order), batch_size), desc=desc or f"eval {Path(onnx_path).name}",
-                      unit="batch", leave=False, disable=not progress):
+    for start in progress_bar(range(0, len(order), batch_size), desc=desc or f"eval {Path(onnx_path).name}",
+                              unit="batch", leave=False, enabled=progress):
         rows = order[start:start + batch_size]
         ids, mask = tok.pad([inputs[i] for i in rows])
         logits = sess.run(["logits"], {"input_ids": ids, "attention_mask": mask})[0].astype(np.float64)

@@ -13,9 +13,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from modpipe import log
+from modpipe.output import progress_bar
 from modpipe.textmodel import attacks
 from modpipe.textmodel.data import Example
 from modpipe.textmodel.tokenize import encode_ids, prepare
@@ -125,7 +125,7 @@ def predict_proba(model, seqs: Sequence[list[int]], batch_size: int = 64, pad_id
     model.eval()
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
     out = np.zeros(len(seqs), dtype=np.float64)
-    for start in tqdm(range(0, len(order), batch_size), desc=desc, disable=desc is None, leave=False):
+    for start in progress_bar(range(0, len(order), batch_size), desc=desc, enabled=desc is not None, leave=False):
         rows = order[start:start + batch_size]
         ids, mask = collate([seqs[i] for i in rows], pad_id)
         with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=bf16):
@@ -309,7 +309,7 @@ def train(model, tokenizer, train_examples: list[Example], val_examples: list[Ex
     step = 0
     stopped = "completed"
     running = 0.0
-    bar = tqdm(total=total_steps, desc="fine-tune", unit="step")
+    bar = progress_bar(total=total_steps, desc="fine-tune", unit="step")
     _log.info("training", extra={"examples": len(seqs), "val_examples": len(val_seqs),
                                  "val_examples_picking": len(pick_seqs), "total_steps": total_steps,
                                  "eval_every": eval_every, "bf16": use_bf16, "augmentation": augmentation,

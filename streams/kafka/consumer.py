@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable, Coroutine
 
+import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from modpipe import log
@@ -47,6 +48,7 @@ from modpipe.services.fetching import (
 )
 from streams import metrics
 from streams.kafka.records import TP, Record
+from streams.kafka.stalls import FetchWatch
 
 _log = log.get(__name__)
 
@@ -62,6 +64,12 @@ ASSIGNMENT_GRACE_S = START_GRACE_S
 LAG_EVERY_S = 5.0  # how often modpipe_consumer_lag_messages is brought up to date
 UNASSIGNED_WARN_S = 30.0  # with rejoining off, a consumer without an assignment says so this often
 CLOSE_TIMEOUT_S = 10.0  # a consumer left for a new one is closed on a thread of its own, waited on this long
+STALL_CHECK_EVERY_S = 5.0  # how often the quiet partitions' ends are asked for (MODPIPE_FETCH_STALL_S > 0)
+STALL_CHECK_BUDGET_S = 1.0  # at most this long per check on the poll thread; the rest waits for the next
+END_TIMEOUT_S = 0.5  # one partition's end asked for at most this long
+# what a stalled partition's log line tells of librdkafka's view of it (its statistics, when they are on)
+PARTITION_STATS = ("fetch_state", "fetchq_cnt", "next_offset", "app_offset", "committed_offset", "ls_offset",
+                   "hi_offset", "leader", "consumer_lag", "desired", "unknown")
 
 
 def empty_backoff(empty_in_a_row: int, cap_s: float = EMPTY_BACKOFF_MAX_S) -> float:
@@ -79,10 +87,18 @@ class GroupConsumer:
     def __init__(self, conf: dict, topics: list[str], *,
                  on_assigned: Callable[[list[TP]], Coroutine], on_revoked: Callable[[list[TP]], Coroutine],
                  on_lost: Callable[[list[TP]], Coroutine], batch_size: int = 500, fetch_pause_s: float = 0.0,
-                 idle_pause_max_s: float = EMPTY_BACKOFF_MAX_S, rejoin_after_s: float = 20.0):
+                 idle_pause_max_s: float = EMPTY_BACKOFF_MAX_S, rejoin_after_s: float = 20.0,
+                 stall_s: float = 0.0):
         self.conf = {**conf, "enable.auto.commit": False, "enable.auto.offset.store": False,
                      "isolation.level": "read_committed", "partition.assignment.strategy": "range",
                      "auto.offset.reset": "earliest", **PACED_CONSUMER_CONFIG}
+        # stall_s > 0: partitions that stop fetching are found and sought (streams/kafka/stalls.py); librdkafka's
+        # statistics, kept as they come and read only for a stalled partition's log line, say why
+        self.stall_watch = FetchWatch(stall_s) if stall_s > 0 else None
+        self._stats: str | None = None
+        self._stall_check_due = 0.0
+        if self.stall_watch is not None:
+            self.conf.update({"statistics.interval.ms": int(max(1.0, stall_s / 2) * 1000), "stats_cb": self._keep_stats})
         self.topics = topics
         self.on_assigned, self.on_revoked, self.on_lost = on_assigned, on_revoked, on_lost
         self.batch_size = batch_size
@@ -158,6 +174,8 @@ class GroupConsumer:
             c.seek(TopicPartition(tp.topic, tp.partition, offset))
             self._next[tp] = offset
             self._sought.add(tp)
+            if self.stall_watch is not None:
+                self.stall_watch.sought(tp, offset, time.monotonic())
         self._commands.append(run)
 
     def _resume(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
@@ -199,6 +217,9 @@ class GroupConsumer:
             return  # the worker is stopping: it takes no partitions on (librdkafka may still rejoin)
         self._group_metadata = consumer.consumer_group_metadata()
         self._call_on_loop(self.on_assigned, partitions)
+        if self.stall_watch is not None:  # from now: a restore inside the callback is not a stall
+            self.stall_watch.assigned([TP(p.topic, p.partition) for p in partitions], self._committed,
+                                      time.monotonic())
 
     @staticmethod
     def _committed_offsets(consumer, partitions) -> dict[TP, int]:
@@ -218,12 +239,16 @@ class GroupConsumer:
             return
         self._call_on_loop(self.on_revoked, partitions)
         self._unassigned_since = time.monotonic()
+        if self.stall_watch is not None:
+            self.stall_watch.revoked()
 
     def _lost_cb(self, consumer, partitions) -> None:
         if consumer is not self.consumer:  # a consumer left by _rejoin
             return
         self._call_on_loop(self.on_lost, partitions)
         self._unassigned_since = time.monotonic()
+        if self.stall_watch is not None:
+            self.stall_watch.revoked()
 
     def _waiting_too_long(self, now: float) -> float | None:
         """Seconds the group has left this consumer without an assignment, once that calls for action:
@@ -253,6 +278,8 @@ class GroupConsumer:
                     self._lag_due = time.monotonic() + LAG_EVERY_S
                     self._report_lag(consumer)
                 busy = self.busy()
+                if self.stall_watch is not None:
+                    self._watch_stalls(consumer, paused or busy)
                 if busy != paused:  # back-pressure on or off
                     assignment = consumer.assignment()
                     if busy:
@@ -276,12 +303,17 @@ class GroupConsumer:
                             raise KafkaException(err)
                         if err.code() != KafkaError._PARTITION_EOF:
                             _log.warning("consumer error", extra={"error": str(err)})
-                        elif self._sought:  # the seek has taken effect and found nothing (a marker) to deliver
-                            self._sought.discard(TP(m.topic(), m.partition()))
+                        else:
+                            if self._sought:  # the seek has taken effect and found nothing (a marker) to deliver
+                                self._sought.discard(TP(m.topic(), m.partition()))
+                            if self.stall_watch is not None:  # at its end: the offset the fetch reached
+                                self.stall_watch.moved(TP(m.topic(), m.partition()), m.offset(), time.monotonic())
                         continue
                     ts_type, ts = m.timestamp()
                     tp = TP(m.topic(), m.partition())
                     self._next[tp] = m.offset() + 1
+                    if self.stall_watch is not None:
+                        self.stall_watch.moved(tp, m.offset() + 1, time.monotonic())
                     if self._sought:
                         self._sought.discard(tp)  # the seek has taken effect: its first record is here
                     records.append(Record(m.topic(), m.partition(), m.offset(), m.key(), m.value(),
@@ -307,6 +339,63 @@ class GroupConsumer:
                 _log.exception("group consumer failed")
                 if self.on_failure is not None:
                     self._loop.call_soon_threadsafe(self.on_failure, exc)
+
+    # -- partitions that stop fetching (poll thread)
+    def _keep_stats(self, raw: str) -> None:
+        self._stats = raw
+
+    def _partition_stats(self, tp: TP) -> dict:
+        try:
+            p = orjson.loads(self._stats or "{}")["topics"][tp.topic]["partitions"][str(tp.partition)]
+        except (KeyError, TypeError, orjson.JSONDecodeError):
+            return {}
+        return {k: p.get(k) for k in PARTITION_STATS}
+
+    def _watch_stalls(self, consumer: Consumer, held: bool) -> None:
+        """Every STALL_CHECK_EVERY_S: the quiet partitions' ends, and a seek for each one stalled (a failure for
+        one that stalls again). Partitions this consumer holds back itself (`held`: back-pressure) or that were
+        just assigned are not judged."""
+        watch, now = self.stall_watch, time.monotonic()
+        if held or now - self._assigned_at < ASSIGNMENT_GRACE_S:
+            watch.hold(now)
+            return
+        if now < self._stall_check_due:
+            return
+        self._stall_check_due = now + STALL_CHECK_EVERY_S
+        ends: dict[TP, int] = {}
+        for tp in watch.quiet(now):
+            if time.monotonic() - now > STALL_CHECK_BUDGET_S:
+                break
+            try:
+                low, ends[tp] = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition),
+                                                               timeout=END_TIMEOUT_S)
+                if tp not in watch.reached and self._committed.get(tp, 0) < 0:
+                    watch.start(tp, low)  # nothing committed: the consumer starts at the log's start
+                elif tp not in watch.reached:
+                    (c,) = consumer.committed([TopicPartition(tp.topic, tp.partition)], timeout=END_TIMEOUT_S)
+                    watch.start(tp, c.offset if c.offset >= 0 else low)
+            except KafkaException:
+                ends.pop(tp, None)  # asked again at the next check
+        for tp in watch.stalled(ends, now):
+            self._kick(consumer, tp, ends[tp])
+
+    def _kick(self, consumer: Consumer, tp: TP, end: int) -> None:
+        watch = self.stall_watch
+        at = watch.reached[tp]
+        metrics.FETCH_STALLS.labels(tp.topic).inc()
+        detail = {"topic": tp.topic, "partition": tp.partition, "delivered_up_to": at, "last_stable_offset": end,
+                  "quiet_s": watch.stall_s, "librdkafka": self._partition_stats(tp)}
+        if tp in watch.kicked:
+            _log.error("partition stalled again after a seek: the worker restarts with a new consumer", extra=detail)
+            raise RuntimeError(f"{tp.topic}[{tp.partition}] is not fetched (records from {at} to {end})")
+        _log.warning("partition not fetched although it has records: seeking it to where it stopped", extra=detail)
+        watch.kicked.add(tp)
+        ctp = TopicPartition(tp.topic, tp.partition, at)
+        consumer.resume([ctp])
+        consumer.seek(ctp)
+        self._next[tp] = at
+        self._sought.add(tp)
+        watch.sought(tp, at, time.monotonic())
 
     def stop_polling(self) -> None:
         """A failed worker stops reading at once: no rejoin, no assignment taken while it shuts down."""

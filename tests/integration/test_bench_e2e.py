@@ -42,6 +42,10 @@ def test_bench_reports_three_paths_and_consistent_ratios(pipeline_settings, tmp_
     assert low["offered_posts_per_s"] == 20.0
     for p in (lat, low):
         assert 0 < p["p50_ms"] <= p["p95_ms"] <= p["p99_ms"] <= p["max_ms"]
+        # from the schedule (the headline) a post waited at least as long as from its produce() call
+        for q in ("p50_ms", "p95_ms", "p99_ms", "max_ms", "mean_ms"):
+            assert p[q] >= p["from_produce"][q] > 0, q
+        assert p["producer_behind_max_s"] >= 0
     # the saturation pass computed every text (cache off); the last pass ran with the cache on
     assert sat["workers"]["text_cache_hit_ratio"] is None and cached["workers"]["text_cache_hit_ratio"] is not None
     assert cached["posts_per_s"] > 0 and 0 <= cached["workers"]["text_cache_hit_ratio"] <= 1
@@ -115,12 +119,13 @@ def test_bench_reports_three_paths_and_consistent_ratios(pipeline_settings, tmp_
                    "pipeline / sorted ceiling", "Capacity", "text cache on", "(fixed rate)",
                    f"p99 at {LOAD_RATE:g} posts/s = ", f"(the first {BASELINE} posts)"):
         assert needle in table
-    assert f"{r['pipeline_over_seed']:.2f}" in table
+    assert f"{r['pipeline_over_seed']:,.2f}" in table  # the table's number format (1,234.56)
     text = format_text(report)
     assert "targets" in text and f"s of model time for {POSTS} texts" in text  # the run's machine speed
     assert "worker-0 event loop (py-spy" in text
     assert text.count("KB of feature-table states written a post") == 3  # saturation and both latency passes
     assert text.count("ms computing; model busy") == 2  # both latency passes split Triton's queue from compute
+    assert table.count("from produce(): ") == 2 and text.count("s behind its schedule)") == 2
     path = write_markdown(report, tmp_path / "bench.md")
     assert "| pipeline / sorted ceiling (text model on CPU) |" in path.read_text()
     # the run cleaned up after itself

@@ -1,7 +1,8 @@
 """Faults (issue #14): `modpipe chaos` on a small scale. It runs a local stack of its own (the session's broker
 is shared by other tests and must not be killed): three Apache Kafka nodes (replication 3,
 min.insync.replicas 2), whose leader of the `posts` partitions and a worker's transaction coordinator are
-SIGKILLed mid-stream beside two workers and Triton."""
+SIGKILLed mid-stream beside two workers and Triton; a post the traffic producer writes twice (librdkafka's
+idempotent producer re-sends its in-flight records after an epoch bump) is decided once."""
 
 from __future__ import annotations
 
@@ -23,9 +24,10 @@ def test_chaos_kills_workers_triton_and_brokers_and_nothing_is_lost_or_counted_t
     env = {**settings_env, "MODPIPE_MODEL_DIR": str(model_build.path), "MODPIPE_LOG_FORMAT": "json"}
     env.pop("KAFKA_BOOTSTRAP_SERVERS", None)
     env.pop("TRITON_URL", None)
-    # Apache Kafka: three nodes, replication 3; its node kills are left to `modpipe chaos --brokers 3
-    # --leader-kills 1 --txn-coordinator-kills 1`, which exposes a stall still open (docs/faults.md)
-    brokers = ["--broker-restarts", "1"] if EMBEDDED else ["--brokers", "3", "--broker-restarts", "0"]
+    # Apache Kafka: three nodes, replication 3, the node leading the most `posts` partitions and a worker's
+    # transaction coordinator SIGKILLed
+    brokers = ["--broker-restarts", "1"] if EMBEDDED else ["--brokers", "3", "--broker-restarts", "0",
+                                                          "--leader-kills", "1", "--txn-coordinator-kills", "1"]
     proc = subprocess.run([sys.executable, "-m", "modpipe", "chaos", "--posts", "500", "--rate", "20", "--workers", "2",
                            "--worker-kills", "2", "--triton-kills", "1", *brokers, "--seed", "1",
                            "--timeout", "240", "--json"], env=env, capture_output=True, text=True, timeout=600)
@@ -36,7 +38,7 @@ def test_chaos_kills_workers_triton_and_brokers_and_nothing_is_lost_or_counted_t
                                                     "held_back_by_open_transactions",
                                                     "timing")})[:6000]
     faults = [f for f in report["faults"] if "target" in f]
-    broker_kinds = ["broker"] if EMBEDDED else []
+    broker_kinds = ["broker"] if EMBEDDED else ["leader", "txn-coordinator"]
     assert sorted(f["kind"] for f in faults) == sorted([*broker_kinds, "triton", "worker", "worker"]), detail
     assert all(f["killed"] for f in faults), detail  # each fault hit a live process
     node_restarts = sum(n for name, n in report["restarts"].items() if name == "broker" or name.startswith("kafka-"))

@@ -26,6 +26,12 @@ def test_small_load_is_fully_decided_and_reported(local_stack, pipeline_settings
     assert report["decided"] == 100 and report["lost"] == 0, "posts without a decision"
     lat = report["latency_ms"]
     assert 0 < lat["p50_ms"] <= lat["p95_ms"] <= lat["p99_ms"] <= lat["max_ms"] < 120_000
+    # from each post's schedule (the headline) a post waited at least as long as from its produce() call
+    produced = report["latency_from_produce_ms"]
+    assert lat["n"] == produced["n"] == 100
+    for q in ("p50_ms", "p95_ms", "p99_ms", "max_ms", "mean_ms"):
+        assert lat[q] >= produced[q] > 0, q
+    assert "from its produce() call" in format_table(report)
     th = report["throughput"]
     assert th["produce_posts_per_s"] > 0 and th["decisions_per_s"] > 0
     for view in ("review_or_block", "block"):

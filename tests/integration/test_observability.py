@@ -5,6 +5,7 @@ valid and every series they use is there."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -16,9 +17,14 @@ import pytest
 from loadgen.smoke import end_consumer
 from modpipe.services.process import free_port
 from tests.integration.test_streaming import collect_decisions, produce_posts
-from tests.unit.test_deploy_manifests import alert_rules, dashboard_queries, promql_series
+from tests.unit.test_deploy_manifests import DASHBOARD, alert_rules, dashboard_queries, promql_series
 
 pytestmark = pytest.mark.integration
+
+NAMESPACE = "modpipe"
+# The dashboard's variables as Grafana fills them in for this Prometheus.
+DASHBOARD_VALUES = {"datasource": "prometheus", "namespace": NAMESPACE, "job": "modpipe-worker", "triton_job": "triton",
+                    "__rate_interval": "1m"}
 
 
 @pytest.fixture
@@ -33,7 +39,8 @@ def prometheus(tmp_path):
         config = tmp_path / "prometheus.yml"
         config.write_text(json.dumps({
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [target]}]}
+            # the namespace label a ServiceMonitor or deploy/prometheus/prometheus.yml gives each target
+            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [target], "labels": {"namespace": NAMESPACE}}]}
                                for job, target in targets.items()]}))
         proc = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                                  f"--web.listen-address=127.0.0.1:{port}"],
@@ -84,12 +91,19 @@ def test_dashboard_queries_and_alert_expressions_return_data(local_stack, pipeli
     time.sleep(5)  # a few scrapes after the traffic: rate() needs two samples
 
     empty = []
-    for title, expr in dashboard_queries():
+    for title, expr in dashboard_queries(DASHBOARD_VALUES):
         answer = query(url, expr)
         assert answer["status"] == "success", (title, expr, answer)
         if not answer["data"]["result"]:
             empty.append((title, expr))
     assert not empty, f"dashboard queries without data: {empty}"
+    # and its variables offer the values filled in above (label_values(series{...}, label) as a query)
+    for var in json.loads(DASHBOARD.read_text())["templating"]["list"]:
+        if var["type"] == "query":
+            series, label = re.fullmatch(r"label_values\((.+), (\w+)\)", var["query"]["query"]).groups()
+            series = series.replace("$namespace", NAMESPACE)
+            offered = {r["metric"].get(label) for r in query(url, f"group by ({label}) ({series})")["data"]["result"]}
+            assert DASHBOARD_VALUES[var["name"]] in offered, (var["name"], offered)
 
     missing = []
     for rule in alert_rules():

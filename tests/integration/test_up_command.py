@@ -75,7 +75,7 @@ def test_up_starts_everything_and_ctrl_c_stops_it_all(tmp_path, triton_env):
             proc.kill()
             _, rest = proc.communicate()
             pytest.fail(f"'up' did not stop within 90 s of Ctrl-C; its last output:\n{rest[-3000:]}")
-        assert proc.returncode == 0, rest[-3000:]
+        assert proc.returncode == 130, rest[-3000:]  # 128 + SIGINT, as every command
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -177,7 +177,7 @@ def test_up_restarts_what_dies_and_keeps_deciding(tmp_path, settings_env, model_
             tail = worker_log.read_text().splitlines()[-15:] if worker_log.exists() else []
             pytest.fail("`modpipe up` did not stop within 90 s of Ctrl-C; its last output (stacks included):\n"
                         + "".join(lines[-80:]) + "\nworker-0.log:\n" + "\n".join(tail))
-        assert proc.returncode == 0
+        assert proc.returncode == 130
     finally:
         if proc.poll() is None:
             proc.kill()

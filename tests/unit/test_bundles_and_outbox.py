@@ -197,6 +197,33 @@ def test_commit_sends_the_input_offsets_with_the_group_metadata_then_opens_the_n
     assert rest == [("commit_transaction",), ("begin_transaction",)]
 
 
+def test_a_retriable_transaction_error_is_asked_again_and_others_are_raised(fake_outbox, monkeypatch):
+    """A group coordinator that moved with a killed node answers NOT_COORDINATOR, which librdkafka calls
+    retriable: the request is sent again; an error that needs an abort (a fenced generation) is not."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    monkeypatch.setattr(outbox, "TXN_RETRY_S", 0.001)
+    producer = fake_outbox.producer
+    answers = [KafkaError(KafkaError.NOT_COORDINATOR, "moved", retriable=True),
+               KafkaError(KafkaError.COORDINATOR_LOAD_IN_PROGRESS, "loading", retriable=True)]
+    send = producer.send_offsets_to_transaction
+
+    def flaky(offsets, metadata, timeout):
+        send(offsets, metadata, timeout)
+        if answers:
+            raise KafkaException(answers.pop(0))
+
+    producer.send_offsets_to_transaction = flaky
+    fake_outbox.commit({("posts", 0): 11}, "group-metadata")
+    assert [c[0] for c in producer.calls] == ["send_offsets_to_transaction"] * 3 + ["commit_transaction",
+                                                                                  "begin_transaction"]
+    del producer.calls[:]
+    answers[:] = [KafkaError(KafkaError.ILLEGAL_GENERATION, "fenced", txn_requires_abort=True)]
+    with pytest.raises(KafkaException):
+        fake_outbox.commit({("posts", 0): 12}, "group-metadata")
+    assert [c[0] for c in producer.calls] == ["send_offsets_to_transaction"]
+
+
 def test_commit_without_offsets_commits_the_transaction_alone(fake_outbox):
     fake_outbox.commit({}, "group-metadata")
     assert fake_outbox.producer.calls == [("commit_transaction",), ("begin_transaction",)]

@@ -422,3 +422,31 @@ def test_a_checkpoints_own_writes_join_the_epoch_it_closed():
         await asyncio.wait_for(waiting, 1)
 
     asyncio.run(scenario())
+
+
+def test_a_checkpoint_waiting_for_rounds_gives_up_when_the_worker_is_abandoned():
+    """A revocation's commit_all waits (step 3) for rounds that a failed worker will never complete; abandoned,
+    it returns without committing, so the consumer's revocation callback returns and it can leave the group."""
+    async def scenario():
+        cp, steps = checkpointer()
+        forever = asyncio.Event()
+
+        async def never_idle(epoch=None):
+            steps.append("idle")
+            await forever.wait()
+
+        cp.wiring.idle = never_idle
+        cp.processed()
+        revoking = asyncio.ensure_future(cp.commit_all())
+        await asyncio.sleep(0.05)
+        assert not revoking.done()  # waiting for its rounds
+        cp.abandon()
+        ok = await asyncio.wait_for(revoking, 1.0)
+        cp.processed()
+        again = await asyncio.wait_for(cp.commit_all(), 1.0)
+        return ok, again, cp, steps
+
+    ok, again, cp, steps = asyncio.run(scenario())
+    assert ok is False and again is False
+    assert "outbox.commit" not in steps and cp.outbox.commits == [] and cp.commits == 0
+    assert cp.dirty  # still uncommitted: its input is processed again by the partitions' next owner

@@ -1,10 +1,14 @@
 """pyproject.toml and constraints.txt agree: every direct dependency, optional ones included, is pinned in
 constraints.txt (what `make setup`, CI and the images install) at a version its pyproject range allows. A range
-that excludes the pin breaks a plain `pip install modpipe` beside the tested set, or the other way round."""
+that excludes the pin breaks a plain `pip install modpipe` beside the tested set, or the other way round.
+And the runtime dependencies are what the code runs: each is used by the packages, and the packages use
+nothing that only the dev extra installs."""
 
 from __future__ import annotations
 
+import ast
 import re
+from importlib.metadata import packages_distributions
 from pathlib import Path
 
 from packaging.requirements import Requirement
@@ -16,6 +20,12 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("modpipe", "streams", "features", "simulation", "loadgen", "console")  # what pyproject installs
+
+# Runtime dependencies the packages use without an import statement that names them.
+USED_WITHOUT_IMPORT = {
+    "nvidia-pytriton": "its tritonserver binary (modpipe/serving/server.py finds it with find_spec)",
+}
 
 
 def pins() -> dict[str, str]:
@@ -56,3 +66,51 @@ def test_numpy_2_is_allowed_and_the_tested_set_keeps_1_26_for_the_embedded_trito
     (numpy,) = [r for where, r in requirements() if where == "dependencies" and r.name == "numpy"]
     assert numpy.specifier.contains("2.1.0") and numpy.specifier.contains("1.26.4")
     assert pins()["numpy"].startswith("1.")
+
+
+def modules_used(source: str) -> set[str]:
+    """Top-level names a module imports (function-local imports too: they run) or looks up with find_spec."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module.split(".")[0])
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "find_spec"
+              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            names.add(node.args[0].value.split(".")[0])
+    return names
+
+
+def distributions_used() -> dict[str, set[str]]:
+    """Installed distribution -> the package files that use it."""
+    providers = packages_distributions()
+    used: dict[str, set[str]] = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for name in modules_used(path.read_text()):
+                for dist in providers.get(name, ()):
+                    used.setdefault(canonicalize_name(dist), set()).add(str(path.relative_to(ROOT)))
+    return used
+
+
+def test_the_reader_sees_imports_and_lookups():
+    source = "import a.b\nfrom c import d\nfrom . import e\ndef f():\n    import g\n    importlib.util.find_spec('h')\n"
+    assert modules_used(source) == {"a", "c", "g", "h"}
+
+
+def test_every_runtime_dependency_is_used_by_the_packages():
+    used = distributions_used()
+    unused = [str(req) for where, req in requirements() if where == "dependencies"
+              and canonicalize_name(req.name) not in used and req.name not in USED_WITHOUT_IMPORT]
+    assert not unused, f"runtime dependencies nothing under {PACKAGES} uses: move them to the extra that needs them"
+
+
+def test_the_packages_use_no_dev_only_dependency():
+    """A package only the dev extra installs is missing from `pip install modpipe` and from the worker image."""
+    elsewhere = {canonicalize_name(req.name) for where, req in requirements() if where != "[dev]"}
+    dev_only = {canonicalize_name(req.name) for where, req in requirements() if where == "[dev]"} - elsewhere
+    assert "jsonschema" in dev_only  # the tests' schema validator; the code never validates with it
+    used = distributions_used()
+    wrong = {dist: sorted(files) for dist, files in used.items() if dist in dev_only}
+    assert not wrong, f"runtime code imports dev-only packages: {wrong}"

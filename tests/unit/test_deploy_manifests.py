@@ -12,6 +12,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,8 @@ PROMETHEUS_YML = DEPLOY / "prometheus" / "prometheus.yml"
 K8S_VERSION = "1.31.0"
 KUBERNETES_VALIDATE_PIN = "kubernetes-validate==1.37.0"
 # Custom resources: kubernetes-validate has schemas for built-in kinds only; these get structural checks below.
-NO_SCHEMA = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("keda.sh/v1alpha1", "ScaledObject"),
+NO_SCHEMA = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule"),
+             ("keda.sh/v1alpha1", "ScaledObject"),
              ("keda.sh/v1alpha1", "TriggerAuthentication")}  # custom resources: checked field by field below
 
 # Environment variables set in manifests that are not modpipe settings, and why they are needed.
@@ -43,6 +45,7 @@ K8S_ONLY_ENV = {
 SETTING_ENVS = {spec.env for spec in SETTINGS_SPEC.values()}
 WORKLOAD_KINDS = ("StatefulSet", "Deployment", "Job")
 BARE_IMAGES = {"modpipe", "modpipe-model"}  # the names the base uses; every overlay maps them
+PACKAGES = ("modpipe", "streams", "features", "loadgen", "simulation", "console")  # pyproject's packages
 
 # Series that alert rules may use besides streams/metrics.py: Triton's own, Prometheus' `up`, and the
 # resident memory of prometheus_client's process collector (every worker exports it).
@@ -127,6 +130,12 @@ def modpipe_containers(docs: list[dict]) -> list[tuple[dict, dict]]:
                 if c["image"] == "modpipe" or "/modpipe/worker" in c["image"]:
                     out.append((wl, c))
     return out
+
+
+def keda_scaled(docs: list[dict]) -> set[tuple[str, str]]:
+    """(kind, name) of every workload a ScaledObject of this render scales."""
+    return {(so["spec"]["scaleTargetRef"]["kind"], so["spec"]["scaleTargetRef"]["name"])
+            for so in objects(docs, "ScaledObject")}
 
 
 def worker_settings(docs: list[dict]) -> Settings:
@@ -246,15 +255,30 @@ def test_settings_parse_and_fit_the_cluster(target):
 @pytest.mark.parametrize("target", list(TARGETS))
 def test_worker_replicas_at_most_partitions(target):
     docs = render(target)
-    replicas = worker(docs)["spec"]["replicas"]
     partitions = worker_settings(docs).partitions
-    assert 1 <= replicas <= partitions, f"{target}: {replicas} workers for {partitions} partitions"
+    if ("StatefulSet", "modpipe-worker") in keda_scaled(docs):
+        so = one(docs, "ScaledObject", "modpipe-worker")["spec"]
+        most = so["maxReplicaCount"]
+    else:
+        most = worker(docs)["spec"]["replicas"]
+    assert 1 <= most <= partitions, f"{target}: up to {most} workers for {partitions} partitions"
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_no_replicas_where_keda_scales(target):
+    """A rendered `replicas` on a workload KEDA scales resets KEDA's count on every apply (and moves
+    partitions: a rebalance of the group each time)."""
+    docs = render(target)
+    for kind, name in keda_scaled(docs):
+        assert "replicas" not in one(docs, kind, name)["spec"], f"{target}: {kind}/{name} sets replicas under KEDA"
 
 
 def test_overlay_sizes():
-    assert worker(render("dev"))["spec"]["replicas"] == 1
+    dev = render("dev")
+    assert worker(dev)["spec"]["replicas"] == 1 and not keda_scaled(dev)
     prod = render("prod")
-    assert worker(prod)["spec"]["replicas"] == 4
+    assert keda_scaled(prod) == {("StatefulSet", "modpipe-worker")}
+    assert one(prod, "ScaledObject", "modpipe-worker")["spec"]["minReplicaCount"] == 4
     assert worker_settings(prod).security_protocol == "SASL_SSL"
 
 
@@ -411,7 +435,7 @@ def test_dockerfile_builds_the_serving_image_as_the_manifests_expect():
     code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
     froms = re.findall(r"^FROM\s+(\S+)", text, re.M)
     assert froms and all(f == "python:3.11-slim" for f in froms)
-    assert re.search(r"pip install -c constraints\.txt \.(\s|$)", text), "install the package, no extras"
+    assert re.search(r"pip install --no-deps -c constraints\.txt \.(\s|$)", text), "install the package, no extras"
     assert "[build" not in code and "torch" not in code, "the worker image has no build extra and no torch"
     assert re.search(r'^ENTRYPOINT \["modpipe"\]$', text, re.M)
     assert re.search(r'^CMD \["worker"\]$', text, re.M)
@@ -428,6 +452,33 @@ def test_dockerfile_builds_the_serving_image_as_the_manifests_expect():
         assert f"COPY {pattern.rstrip('*')}/" in text, f"Dockerfile does not copy package {pattern}"
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".git", ".venv"} <= set(ignored)
+
+
+def test_dockerfile_installs_the_dependencies_before_it_copies_the_code():
+    """Docker reuses a layer only while everything copied before it is unchanged: the dependencies are installed
+    from pyproject.toml and constraints.txt alone, so a code change rebuilds only the package's own layer."""
+    text = (ROOT / "Dockerfile").read_text()
+    build = text.split("\nFROM ", 2)[1]  # the build stage
+    build = "\n".join(line for line in build.splitlines() if not line.lstrip().startswith("#"))
+    steps = [s for s in re.split(r"\n(?=[A-Z]+ )", build) if not s.startswith("#")]
+    deps = next(i for i, s in enumerate(steps) if s.startswith("RUN ") and "-r /tmp/requirements.txt" in s)
+    copied_before = [path for s in steps[:deps] if s.startswith("COPY ") for path in s.split()[1:-1]]
+    assert sorted(copied_before) == ["constraints.txt", "pyproject.toml"], copied_before
+    assert "-c constraints.txt" in steps[deps] and '["project"]["dependencies"]' in steps[deps]
+    package = next(i for i, s in enumerate(steps) if re.search(r"pip install --no-deps -c constraints\.txt \.", s))
+    code = [i for i, s in enumerate(steps) if s.startswith("COPY ") and s.split()[1].rstrip("/") in PACKAGES]
+    assert code and deps < min(code) and max(code) < package
+
+
+def test_dockerfiles_dependency_step_lists_exactly_the_runtime_requirements(tmp_path):
+    """Runs the dependency step's own Python line on pyproject.toml: what the layer installs."""
+    text = (ROOT / "Dockerfile").read_text()
+    line = re.search(r"python -c '([^']+)'", text).group(1)
+    proc = subprocess.run([sys.executable, "-c", line], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    import tomllib
+    runtime = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert proc.stdout.split("\n")[:-1] == runtime
 
 
 # -- Prometheus ---------------------------------------------------------------------------------------
@@ -566,13 +617,122 @@ def test_promtool_check_config(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+PROMETHEUS_RULE = K8S / "components" / "prometheus-operator" / "prometheusrule.yaml"
+
+
+def _prometheusrule_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("prometheusrule", ROOT / "scripts" / "prometheusrule.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_prometheusrule_is_generated_from_the_alert_rules():
+    text = PROMETHEUS_RULE.read_text()
+    assert text == _prometheusrule_script().render(ALERTS.read_text()), \
+        f"{PROMETHEUS_RULE.relative_to(ROOT)} is out of date: run `make rules`"
+    assert yaml.safe_load(text)["spec"]["groups"] == yaml.safe_load(ALERTS.read_text())["groups"]
+
+
+def test_the_generator_keeps_every_rule_and_comment():
+    alerts = "# header\ngroups:\n  - name: g\n    rules:\n      # why\n      - alert: A\n        expr: >-\n" \
+             "          up\n\n          == 0\n"
+    rule = yaml.safe_load(_prometheusrule_script().render(alerts))
+    assert rule["kind"] == "PrometheusRule"
+    assert rule["spec"] == yaml.safe_load(alerts) == {"groups": [{"name": "g", "rules": [{"alert": "A", "expr": "up\n== 0"}]}]}
+    assert "      # why" in _prometheusrule_script().render(alerts) and "# header" not in _prometheusrule_script().render(alerts)
+
+
+def test_prod_ships_the_alert_rules_as_a_prometheusrule():
+    (rule,) = objects(render("prod"), "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1" and rule["metadata"]["namespace"] == "modpipe"
+    assert set(rule["spec"]) == {"groups"}  # the CRD's spec: groups only
+    assert rule["spec"]["groups"] == yaml.safe_load(ALERTS.read_text())["groups"]
+    for group in rule["spec"]["groups"]:
+        assert set(group) <= {"name", "interval", "rules", "limit"}, group["name"]
+
+
 DASHBOARD = DEPLOY / "k8s" / "components" / "grafana" / "modpipe-dashboard.json"
+# The dashboard's own variables; Grafana fills in $__rate_interval (at least four scrape intervals).
+DASHBOARD_VARIABLES = {"datasource", "namespace", "job", "triton_job"}
 
 
-def dashboard_queries() -> list[tuple[str, str]]:
-    """(panel title, PromQL) of every target of the Grafana dashboard."""
+def dashboard_queries(variables: dict[str, str] | None = None) -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every target of the Grafana dashboard; with `variables`, Grafana's $name and
+    ${name} replaced by their values, as Grafana sends them to Prometheus."""
     doc = json.loads(DASHBOARD.read_text())
-    return [(panel["title"], target["expr"]) for panel in doc["panels"] for target in panel["targets"]]
+    out = [(panel["title"], target["expr"]) for panel in doc["panels"] for target in panel["targets"]]
+    if variables is not None:
+        def value(m: re.Match) -> str:
+            return variables[m.group(1) or m.group(2)]
+        out = [(title, re.sub(r"\$\{(\w+)\}|\$(\w+)", value, expr)) for title, expr in out]
+    return out
+
+
+def selectors(expr: str) -> list[tuple[str, str, str]]:
+    """(series, label matchers, range) of every metric selector in a query we write ourselves."""
+    expr = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", expr)  # label lists
+    found = []
+    for m in re.finditer(r"(?<![\w.:$])([a-zA-Z_:][a-zA-Z0-9_:]*)\b(?!\s*\()\s*(\{[^}]*\})?\s*(\[[^\]]*\])?", expr):
+        if m.group(1).lower() not in _PROMQL_KEYWORDS:
+            found.append((m.group(1), m.group(2) or "", m.group(3) or ""))
+    return found
+
+
+def test_every_dashboard_query_is_scoped_to_one_deployment():
+    """A shared Prometheus scrapes dev and prod under the same job names: every selector names the namespace
+    and the job (the workers' or Triton's) through the dashboard's variables, and every range is Grafana's
+    $__rate_interval, which follows the scrape interval and the zoom instead of a fixed window."""
+    doc = json.loads(DASHBOARD.read_text())
+    names = {v["name"] for v in doc["templating"]["list"]}
+    assert names == DASHBOARD_VARIABLES
+    count = 0
+    for title, expr in dashboard_queries():
+        assert not re.search(r"\[\d+[smhd]", expr), f"{title}: fixed range in {expr}"
+        for series, matchers, window in selectors(expr):
+            count += 1
+            job = "$triton_job" if series.startswith("nv_") else "$job"
+            assert f'job="{job}"' in matchers and 'namespace="$namespace"' in matchers, f"{title}: {series} in {expr}"
+            assert window in ("", "[$__rate_interval]"), f"{title}: {series}{window}"
+    assert count >= 19
+
+
+def test_the_selector_reader_sees_unscoped_series():
+    assert selectors('sum by (x) (rate(a_total{job="$job"}[5m])) / on (y) b') == [
+        ("a_total", '{job="$job"}', "[5m]"), ("b", "", "")]
+    assert selectors("histogram_quantile(0.9, sum by (le) (c_bucket[1m])) * 1000") == [("c_bucket", "", "[1m]")]
+
+
+def test_dashboard_variables_come_from_the_workers_and_tritons_series():
+    doc = json.loads(DASHBOARD.read_text())
+    known = known_metric_series()
+    for var in doc["templating"]["list"]:
+        if var["type"] != "query":
+            continue
+        assert var["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        m = re.fullmatch(r"label_values\((\w+)(\{[^}]*\})?, (\w+)\)", var["query"]["query"])
+        assert m and m.group(3) == var["name"].replace("triton_", ""), var["query"]
+        assert m.group(1) in known or m.group(1).startswith("nv_")
+        if var["name"] != "namespace":
+            assert m.group(2) == '{namespace="$namespace"}', var["name"]  # the jobs of the chosen namespace
+
+
+def test_dashboard_queries_parse_as_promql(tmp_path):
+    """promtool parses every query, with the variables filled in as Grafana does, as a recording rule."""
+    values = {"datasource": "prometheus", "namespace": "modpipe", "job": "modpipe-worker", "triton_job": "triton",
+              "__rate_interval": "1m"}
+    rules = [{"record": f"dashboard:query_{i}", "expr": expr} for i, (_, expr) in enumerate(dashboard_queries(values))]
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    proc = subprocess.run([_promtool(), "check", "rules", str(tmp_path / "rules.yaml")], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_provisioned_dashboard_is_read_only():
+    # Edits in Grafana's UI would be lost at the next sync of the ConfigMap: change the JSON here instead.
+    assert json.loads(DASHBOARD.read_text())["editable"] is False
 
 
 def test_dashboard_covers_what_an_sre_looks_at_and_uses_only_exported_series():
@@ -607,7 +767,7 @@ def test_keda_scales_the_workers_on_posts_lag_within_the_partition_count():
     sts = worker(docs)
     assert so["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": sts["metadata"]["name"]}
     assert 1 <= so["minReplicaCount"] <= so["maxReplicaCount"] <= settings.partitions  # never beyond the partitions
-    assert so["minReplicaCount"] <= sts["spec"]["replicas"] <= so["maxReplicaCount"]
+    assert "replicas" not in sts["spec"]  # KEDA's alone
     (trigger,) = so["triggers"]
     meta = trigger["metadata"]
     assert trigger["type"] == "kafka" and meta["allowIdleConsumers"] == "false"

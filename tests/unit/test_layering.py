@@ -17,8 +17,8 @@ PACKAGES = ("modpipe", "features", "simulation", "streams", "console", "loadgen"
 # The layer order, bottom first. A module may import its own layer and the layers below it, never above.
 # A module takes the highest layer with a pattern that matches it, so `modpipe.decision.cli` is a command.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("foundation", ("modpipe", "modpipe.settings", "modpipe.log", "modpipe.memory", "modpipe.schema", "modpipe.schemas",
-                    "modpipe.configdoc")),
+    ("foundation", ("modpipe", "modpipe.settings", "modpipe.log", "modpipe.memory", "modpipe.schema",
+                    "modpipe.schemas", "modpipe.configdoc", "modpipe.exits", "modpipe.output")),
     ("feature logic", ("features", "features.*")),
     ("services", ("modpipe.services", "modpipe.services.*")),
     ("text model", ("modpipe.textmodel", "modpipe.textmodel.*")),

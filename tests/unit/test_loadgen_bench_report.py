@@ -74,6 +74,12 @@ def test_a_latency_pass_says_where_its_time_went():
     tailed["tail"]["all_waited"] = {"to_decided_ms": 40.0, "to_published_ms": 1.0, "to_visible_ms": 12.0}
     assert _latency_parts(tailed).endswith("; waited (ms to the verdict / to publish / to be seen, medians): "
                                            "those 262 / 1 / 30, all 40 / 1 / 12")
+    # both latency measures: from the schedule (the headline) and from the produce() call
+    both = {**pass_, "from_produce": {"p50_ms": 70.1, "p95_ms": 200.0, "p99_ms": 290.4, "max_ms": 301.0,
+                                      "mean_ms": 90.0}, "producer_behind_max_s": 0.012}
+    assert "visible 71 / 307 ms (from produce(): 70 / 290 ms, the producer up to 0.012 s behind its schedule); " \
+        "Triton batches of 1.5 posts" in _latency_parts(both)
+    assert report.from_produce(both) == "from produce(): 70 / 290 ms" and report.from_produce(pass_) == ""
     # a report written before Triton's statistics and the byte counter were read still renders
     old = {**pass_, "workers": {k: v for k, v in w.items() if k != "state_written_bytes"}}
     del old["triton"], old["posts"]
@@ -87,3 +93,28 @@ def test_the_machine_line_names_the_gpu_and_where_the_text_model_ran():
         "GPU NVIDIA H200 (Triton's cuda variant on it)"
     assert report._gpu({"gpu": "NVIDIA H200"}, {"triton_variant": "cpu"}) == \
         "GPU NVIDIA H200 (Triton's cpu variant on the CPU beside it)"
+
+
+def test_the_table_gives_latency_from_the_schedule_and_from_produce():
+    def latency_pass(p50, p99, produced):
+        return {"offered_posts_per_s": 5.0, "arrivals": "poisson", "posts": 150, "decided_posts_per_s": 5.0,
+                "p50_ms": p50, "p99_ms": p99, "load": 0.5, "workers": {},
+                **({"from_produce": {"p50_ms": produced[0], "p99_ms": produced[1]}} if produced else {})}
+
+    sat = {"workers": {"avg_batch": 2.0, "text_cache_hit_ratio": None}, "cpu_ms_per_post": {"workers": 1.0}}
+    rep = {"config": {"workers": 1, "posts": 40, "scenario": "mixed"}, "machine": {"cpus_usable": 2, "cpu_model": "x"},
+           "pipeline": {"posts_per_s": 40.0, "saturation": sat, "saturation_text_cache": {**sat, "posts_per_s": 50.0},
+                        "low_rate": latency_pass(60.0, 150.0, (58.0, 120.0)),
+                        "latency": latency_pass(900.0, 3000.0, (80.0, 300.0))},
+           "seed": {"width": 128, "posts_per_s": 30.0, "p50_ms": 30.0, "p99_ms": 40.0},
+           "ceiling": {"threads": 2, "best_batch": 8, "by_batch": [{"batch": 8}], "posts_per_s": 50.0},
+           "ceiling_sorted": {"best_batch": 8, "posts_per_s": 60.0}, "targets": {},
+           "ratios": dict.fromkeys(("pipeline_over_seed", "pipeline_over_ceiling",
+                                    "pipeline_text_cache_over_sorted_ceiling"), 1.0),
+           "capacity": capacity(1.0), "texts": {"posts": 40, "tokens_mean": 70}}
+    table = report.format_markdown(rep)
+    assert "scheduled send -> decision visible (read_committed); from produce(): 58 / 120 ms | 5.0 | **60** | " \
+        "**150** |" in table
+    assert "poisson arrivals at 5.0/s; from produce(): 80 / 300 ms | 5.0 | 900 | **3,000** |" in table
+    del rep["pipeline"]["latency"]["from_produce"]  # a report from before both were measured still renders
+    assert "poisson arrivals at 5.0/s | 5.0 | 900 | **3,000** |" in report.format_markdown(rep)

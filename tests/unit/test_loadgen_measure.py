@@ -49,14 +49,22 @@ def test_summarize():
     decided = {f"p{i}": Decided(sent_at[f"p{i}"] + 0.05 * (i + 1), v, 0.5, 10.0) for i, v in enumerate(verdicts)}
     decided["unrelated"] = Decided(0.0, "block", 1.0, 1.0)
     decided["p8"].received = 103.7  # a straggler: the seconds between have no decisions
-    r = summarize(sent_at=sent_at, truth=truth, decided=decided, produce_started=100.0, produce_finished=101.0,
+    # the producer kept up with p0-p3 and was 0.2 s late for p4-p9
+    scheduled_at = {pid: t - (0.2 if i >= 4 else 0.0) for i, (pid, t) in enumerate(sent_at.items())}
+    r = summarize(sent_at=sent_at, scheduled_at=scheduled_at, truth=truth, decided=decided, produce_started=100.0, produce_finished=101.0,
                   events_by_kind={"post": 10, "report": 2}, lag_samples=[(100.5, 3, 7), (101.5, 0, None)],
                   config={"scenario": "mixed"})
     assert r["decided"] == 9 and r["lost"] == 1 and r["sent"]["posts"] == 10
     assert r["throughput"]["produce_posts_per_s"] == pytest.approx(10.0)
-    lat = r["latency_ms"]
-    assert lat["p50_ms"] == pytest.approx(250.0) and lat["max_ms"] == pytest.approx(2900.0)
+    produced, lat = r["latency_from_produce_ms"], r["latency_ms"]
+    assert produced["p50_ms"] == pytest.approx(250.0) and produced["max_ms"] == pytest.approx(2900.0)
+    # from the schedule p4-p8 waited 200 ms more: the median post, p4, 250 + 200 ms
+    assert lat["p50_ms"] == pytest.approx(450.0) and lat["max_ms"] == pytest.approx(3100.0)
+    assert lat["n"] == produced["n"] == 9
+    for q in ("p50_ms", "p95_ms", "p99_ms", "max_ms", "mean_ms"):
+        assert lat[q] >= produced[q]
     assert lat["p50_ms"] <= lat["p95_ms"] <= lat["p99_ms"] <= lat["max_ms"]
+    assert r["breakdown"]["actor=legit"]["p50_ms"] == pytest.approx(550.0)  # p4-p8 from the schedule
     rb, blk = r["accuracy"]["review_or_block"], r["accuracy"]["block"]
     assert (rb["tp"], rb["fp"], rb["fn"], rb["tn"]) == (3, 1, 1, 4)
     assert (blk["tp"], blk["fp"], blk["fn"], blk["tn"]) == (2, 0, 2, 5)
@@ -70,6 +78,8 @@ def test_summarize():
     orjson.dumps(r)  # JSON-able
     table = format_table(r)
     assert "review_or_block" in table and "actor=spammer" in table
+    assert "p50 450.0  p95" in table and "from each post's scheduled time" in table
+    assert "p50 250.0  p95" in table and "from its produce() call" in table
 
 
 def test_rss_summary_reports_growth_after_warmup_per_process_group():

@@ -108,3 +108,50 @@ def test_produce_paces_on_the_schedule_keys_and_puts_truth_in_headers_only():
         if e.kind == "post":
             assert stats.sent_at[e.payload["post_id"]] == pytest.approx(e.offset_s, abs=0.06)
             assert stats.truth[e.payload["post_id"]] == e.truth
+
+
+class SlowProducer(FakeProducer):
+    """Each produce() takes `cost_s` of the fake clock: the producer's own pace, not the schedule's."""
+
+    def __init__(self, clock: FakeClock, cost_s: float):
+        super().__init__()
+        self.clock, self.cost_s = clock, cost_s
+
+    def produce(self, topic, key, value, headers, on_delivery):
+        self.clock.now += self.cost_s
+        super().produce(topic, key, value, headers, on_delivery)
+
+
+def _posts_at(rate: float, n: int):
+    posts = [e for e in simulate(TEXTS, n, "mixed", seed=5, rate=rate) if e.kind == "post"]
+    return [e._replace(offset_s=i / rate) for i, e in enumerate(posts)]
+
+
+@pytest.mark.parametrize("cost_s", [0.004, 0.025])  # under and over the 10 ms between posts
+def test_latency_from_the_schedule_shows_the_queue_a_slow_producer_hides(cost_s):
+    from loadgen.measure import Decided, summarize
+
+    rate, n, pipeline_s = 100.0, 100, 0.05
+    events = _posts_at(rate, n)
+    clock = FakeClock()
+    stats = produce_events(SlowProducer(clock, cost_s), Settings.from_env({}), events, clock=clock,
+                           sleep=clock.sleep, wall=clock)
+    pids = [e.payload["post_id"] for e in events]
+    for e, pid in zip(events, pids, strict=True):
+        assert stats.scheduled_at[pid] == pytest.approx(e.offset_s)  # wall starts at 0 here
+        assert stats.scheduled_at[pid] <= stats.sent_at[pid]
+    # a pipeline that decides every post `pipeline_s` after its produce, whatever the load
+    decided = {pid: Decided(stats.sent_at[pid] + pipeline_s, "allow", 0.1, None) for pid in pids}
+    r = summarize(sent_at=stats.sent_at, scheduled_at=stats.scheduled_at, truth=stats.truth, decided=decided,
+                  produce_started=stats.started, produce_finished=stats.finished, behind_s_max=stats.behind_s_max)
+    produced, scheduled = r["latency_from_produce_ms"], r["latency_ms"]
+    assert produced["p50_ms"] == produced["max_ms"] == pytest.approx(1000 * pipeline_s)  # flat either way
+    waits = [1000 * (decided[pid].received - stats.scheduled_at[pid]) for pid in pids]
+    if cost_s < 1 / rate:  # the producer keeps up: both measures agree
+        assert scheduled == produced and stats.behind_s_max == 0
+    else:  # it falls behind by (cost - interval) more each post: the wait grows with the queue
+        behind = cost_s - 1 / rate
+        assert waits == sorted(waits) and waits[-1] > 10 * waits[0]
+        assert scheduled["max_ms"] == pytest.approx(1000 * (pipeline_s + (n - 1) * behind))
+        assert scheduled["p50_ms"] > 10 * produced["p50_ms"]
+        assert r["throughput"]["producer_behind_max_s"] == pytest.approx((n - 1) * behind, abs=1e-3)

@@ -100,13 +100,14 @@ def test_a_stop_signal_inside_the_status_line_or_a_restart_is_not_swallowed(monk
     """`modpipe up` raises its stop from the SIGINT/SIGTERM handler wherever the main thread is. The status
     line's group lag and the restarts catch `Exception` (a slow broker must not crash the stack); a stop
     raised inside them must still end `up`."""
+    import signal
     import types
 
+    from modpipe import exits
     from modpipe.services import group_lag
-    from streams import cli
 
     def slow_broker(*args, **kwargs):
-        cli._raise_stop()  # the signal arrives while the lag query waits on the broker
+        exits._raise(signal.SIGTERM, None)  # the signal arrives while the lag query waits on the broker
 
     monkeypatch.setattr(group_lag, "uncommitted_input", slow_broker)
     stack = LocalStack.__new__(LocalStack)
@@ -114,15 +115,15 @@ def test_a_stop_signal_inside_the_status_line_or_a_restart_is_not_swallowed(monk
     stack.topics = types.SimpleNamespace(inputs=lambda: ["posts"])
     try:
         stack.group_lag()
-    except cli._Stop:
+    except exits.Terminated:
         pass
     else:
         raise AssertionError("the stop was swallowed by the status line's guard")
     # and any `except Exception` guard, e.g. supervise()'s around a restart
     try:
         try:
-            cli._raise_stop()
+            exits._raise(signal.SIGTERM, None)
         except Exception:  # noqa: BLE001 - what the guards do
             raise AssertionError("the stop was swallowed by an `except Exception`") from None
-    except cli._Stop:
+    except exits.Terminated:
         pass
