@@ -44,13 +44,22 @@ class StopOnSignal:
         self.signum: int | None = None
 
     def __call__(self, signum: int, _frame=None) -> None:
+        """For a handler that runs as a callback, not inside the interrupted code (`loop.add_signal_handler`)."""
         if self.signum is None:
             self.signum = signum
         self.event.set()
 
+    def _from_signal(self, signum: int, _frame=None) -> None:
+        # A handler installed with signal.signal runs in the main thread between two bytecodes, possibly while
+        # that thread holds the event's own lock (inside threading.Event.wait, a plain Lock): `set()` here would
+        # wait for itself forever. Another thread sets it once the handler has returned.
+        if self.signum is None:
+            self.signum = signum
+        threading.Thread(target=self.event.set, name="stop-on-signal", daemon=True).start()
+
     def install(self) -> StopOnSignal:
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self)
+            signal.signal(sig, self._from_signal)
         return self
 
     def status(self, ok: int = 0) -> int:

@@ -171,6 +171,30 @@ def test_stop_on_signal_sets_the_event_and_keeps_the_first_signal():
             signal.signal(sig, handler)
 
 
+def test_a_signal_that_lands_inside_the_events_wait_does_not_deadlock():
+    """A signal.signal handler runs between two bytecodes of the main thread, which may then hold the event's lock
+    (inside threading.Event.wait): the handler must not take that lock itself (`modpipe broker` once hung so)."""
+    event = threading.Event()
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM)}
+
+    def hung(*_):
+        raise TimeoutError("the handler waited for the lock its own thread holds")
+
+    try:
+        stop = exits.StopOnSignal(event).install()
+        handler = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGALRM, hung)  # interrupts the lock's wait if the handler deadlocks
+        signal.alarm(5)
+        with event._cond:  # held as Event.wait holds it; the handler called as the interpreter would call it
+            handler(signal.SIGTERM, None)
+        signal.alarm(0)
+        assert event.wait(5) and stop.status() == 143
+    finally:
+        signal.alarm(0)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def test_status_of_the_signals_exceptions():
     assert exits.status_of(KeyboardInterrupt()) == 130 and exits.status_of(exits.Terminated()) == 143
     assert not issubclass(exits.Terminated, Exception)  # `except Exception` lets it through
