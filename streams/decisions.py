@@ -152,7 +152,7 @@ class DecisionBatcher:
             return
         self._queue.extend(posts)
         for p in posts:  # not `source`: the round's handle, shared and not the post's
-            size = memory.deep_size(p.post) + memory.deep_size(p.features) + memory.deep_size(p.ctx)
+            size = memory.approx_size(p.post) + memory.approx_size(p.features) + memory.approx_size(p.ctx)
             self._sizes.append(size)
             self.queued_bytes += size
         metrics.BUFFER_BYTES.labels("decision_queue").set(self.queued_bytes)
