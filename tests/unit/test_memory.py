@@ -299,11 +299,16 @@ def test_without_glibc_the_worker_does_not_trim(monkeypatch):
 
 # ------------------------------------------------------------------------------------------------ the quick size
 
-def test_approx_size_is_deep_size_where_nothing_is_shared():
-    value = {"a": "x" * 300, "b": [1.5, "yz" * 40, {"c": b"\x00" * 50, "d": (2.5, "w")}], "e": 10 ** 30}
+def test_approx_size_is_deep_size_for_ascii_text_and_floats_and_never_less_for_the_rest():
+    value = {"a": "x" * 300, "b": [1.5, "yz" * 40, {"c": b"\x00" * 50, "d": (2.5, "w")}], "e": 7.25}
     assert memory.approx_size(value) == deep_size(value)
     assert memory.approx_size([1.25, "s" * 9]) == deep_size([1.25, "s" * 9])
     assert memory.approx_size("x" * 1000) == deep_size("x" * 1000)
+    for other in (["é" * 100, "ā" * 100, "😀" * 100], {"😀" * 9: 1}, [3, 2 ** 40, -(2 ** 62)], [10 ** 30, 10 ** 300],
+                  [None, True, False, 0], {"k": {"j": [[], {}, ()]}}, [b"x" * 10, "y"]):
+        assert memory.approx_size(other) >= deep_size(other), other
+    assert memory.approx_size(["😀" * 100]) == deep_size(["😀" * 100])  # four bytes a character: exact
+    assert memory.approx_size([10 ** 300]) == deep_size([10 ** 300])  # beyond 64 bits: measured
 
 
 def test_approx_size_counts_a_shared_object_each_time_so_never_less_than_deep_size():
