@@ -82,6 +82,7 @@ _LEAF_TYPES = frozenset((str, bytes, int, float, bool, type(None)))
 _SCALAR_BYTES = {int: _getsizeof(2 ** 64), float: _getsizeof(0.0), bool: _getsizeof(True),
                  type(None): _getsizeof(None), str: 0, bytes: 0}
 _INT_LIMIT = 2 ** 64
+_SMALL = 8
 _ASCII_BASE = _getsizeof("")
 _WIDE_BASE = _getsizeof("\U0001f600") - 4
 _is_str = functools.partial(operator.is_, str)
@@ -93,6 +94,10 @@ def _leaves_size(items: Any) -> int | None:
     """What the JSON scalars `items` (a list, tuple or dict view) take, in C-level passes; None when one of them
     is not a scalar (or an int beyond 64 bits)."""
     types = list(map(type, items))
+    if types.count(str) == len(types):  # a dict's keys, most often: only the strings' lengths
+        chars = sum(map(len, items))
+        return len(types) * _ASCII_BASE + chars if all(map(str.isascii, items)) \
+            else len(types) * _WIDE_BASE + 4 * chars
     if not _LEAF_TYPES.issuperset(types):
         return None
     size = sum(map(_SCALAR_BYTES.__getitem__, types))
@@ -125,6 +130,17 @@ def approx_size(obj: Any) -> int:
     else:
         return deep_size(obj)
     size = _getsizeof(obj)
+    if len(obj) <= _SMALL:  # a few items: one Python pass costs less than the C passes' set-up
+        for items in parts:
+            for item in items:
+                kind = type(item)
+                if kind is str:
+                    size += _ASCII_BASE + len(item) if item.isascii() else _WIDE_BASE + 4 * len(item)
+                elif kind is float or kind is bool or item is None:
+                    size += _SCALAR_BYTES[kind]
+                else:
+                    size += approx_size(item)
+        return size
     for items in parts:
         leaves = _leaves_size(items)
         if leaves is None:  # nested containers (or other objects) among them: one at a time
