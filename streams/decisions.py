@@ -51,6 +51,8 @@ class Publisher:
     def __init__(self, outbox: Outbox, topics: TopicNames, model_versions: dict | Callable[[], dict]):
         self.outbox, self.topics = outbox, topics
         self._versions = model_versions if callable(model_versions) else (lambda: model_versions)
+        # a labelled child looked up once, not per decision (`labels()` takes a lock and builds its key)
+        self._decisions = {v: metrics.DECISIONS.labels(v) for v in schema.VERDICTS}
 
     @property
     def model_versions(self) -> dict:
@@ -72,7 +74,7 @@ class Publisher:
                     "received_at_ms": received_at_ms, "features": record["features"], "revision": record["revision"]}
         self.outbox.produce(self.topics.decisions, schema.dumps(record), key=record["post_id"].encode(),
                             pending=pending)
-        metrics.DECISIONS.labels(record["verdict"]).inc()
+        self._decisions[record["verdict"]].inc()
         if record["short_circuit"]:
             metrics.SHORTCUTS.labels(record["short_circuit"]).inc()
         return decision_items(ctx, record["verdict"] == "block", record["revision"], snapshot)
