@@ -160,6 +160,12 @@ def run(settings: Settings, n_posts: int = 3000, workers: int = 1, progress: boo
               "broker_cpu_ms_per_post": ours["broker_cpu_ms_per_post"],
               "every_hop_through_kafka": {**paths["off"], "ratio_over_plain": round(paths["off"]["posts_per_s"] / plain, 4)},
               "local_hops": paths["on"]}
+    from loadgen.bench.report import capacity
+
+    # the feature path alone (text model off): what a worker core and a broker core carry, and the workers a
+    # machine of MACHINE_CORES cores would run for it (Triton's share comes from `modpipe bench`)
+    report["capacity"] = capacity(ours["worker_cpu_ms_per_post"], cpu_ms_per_post={
+        "workers": ours["worker_cpu_ms_per_post"], "broker": ours["broker_cpu_ms_per_post"]})
     per_worker = report["feature_path_posts_per_s"] / workers
     report["targets"] = {
         "posts_per_s_per_worker": {"target": ">= 1000", "value": round(per_worker, 1), "met": per_worker >= 1000},
