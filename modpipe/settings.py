@@ -139,9 +139,10 @@ SETTINGS_SPEC: dict[str, Spec] = {
                        "Text probability at or above which the decision engine sends a post at least to review, "
                        "whatever the other signals say. Empty: the floor the decision model was trained with "
                        "(its model.json `policy.text_floor`); `off`: none; or a probability in [0, 1]."),
-    "reasons": Spec("MODPIPE_REASONS", "all",
+    "reasons": Spec("MODPIPE_REASONS", "flagged",
                     "Which decisions carry their reasons (the decision model's TreeSHAP contributions, ~30x the "
-                    "cost of its prediction): `all`, or `flagged` (review and block; an allow carries none)."),
+                    "cost of its prediction): `flagged` (review and block, what moderators read; an allow carries "
+                    "none), or `all`."),
     "redecide_reports": Spec("MODPIPE_REDECIDE_REPORTS", "3",
                              "Reports on a post that trigger a re-decision (a new decision, revision + 1); 0: never.",
                              int),
