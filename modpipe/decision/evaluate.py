@@ -270,10 +270,15 @@ def evaluate_seeds(settings: Settings, build: ModelBuild, engine: DecisionEngine
             f1[name][label] = {"per_seed": values,
                                "mean": round(float(np.mean(known)), 4) if known else None,
                                "min": min(known, default=None), "max": max(known, default=None)}
-    return {"decision_model": engine.version, "text_model": build.version, "seeds": list(seeds),
-            "datasets": reports[0]["datasets"],
-            "posts_per_scenario": reports[0]["posts_per_scenario"], "rate": reports[0]["rate"],
-            "f1": f1, "reports": reports}
+    out = {"decision_model": engine.version, "text_model": build.version, "seeds": list(seeds),
+           "datasets": reports[0]["datasets"],
+           "posts_per_scenario": reports[0]["posts_per_scenario"], "rate": reports[0]["rate"],
+           "f1": f1, "reports": reports}
+    if before is not None:  # every segment over every seed's posts: more posts per segment than one seed has
+        out["before"] = {"decision_model": before.version, "segments_vs_before": segments_vs_before(
+            {f"{name}#{seed}": entry for seed, r in zip(seeds, reports, strict=True)
+             for name, entry in r["scenarios"].items()})}
+    return out
 
 
 def _datasets_suffix(report: dict) -> str:
@@ -293,6 +298,8 @@ def format_seeds(report: dict) -> str:
     for name, per in report["f1"].items():
         cells = [f"{' / '.join(_cell(v) for v in per[x]['per_seed'])} | {_cell(per[x]['mean'])}" for x in labels]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if "before" in report:
+        lines += ["", before_table(report["before"]["segments_vs_before"], report["before"]["decision_model"])]
     return "\n".join(lines)
 
 
