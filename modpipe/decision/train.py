@@ -66,9 +66,7 @@ class TrainConfig:
     review_budget: float = 0.03  # share of all posts in the review band
     legit_flag_budget: float = 0.01  # share of legitimate posts flagged (review or block)
     params: tuple[tuple[str, object], ...] = (
-        # min_data_in_leaf 20 (was 50): leaves small enough for taken-over accounts posting through the API, whom
-        # businesses' scheduling tools resemble (docs/decision-engine.md, "Link lures and businesses")
-        ("objective", "binary"), ("learning_rate", 0.2), ("num_leaves", 7), ("min_data_in_leaf", 20),
+        ("objective", "binary"), ("learning_rate", 0.2), ("num_leaves", 7), ("min_data_in_leaf", 50),
         ("feature_fraction", 0.9), ("bagging_fraction", 0.9), ("bagging_freq", 1), ("lambda_l2", 1.0),
         ("deterministic", True), ("force_row_wise", True), ("num_threads", 2), ("verbose", -1),
     )
