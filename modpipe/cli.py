@@ -13,6 +13,7 @@ from modpipe.settings import SETTINGS_SPEC, Settings, SettingsError
 COMMAND_MODULES = [
     "modpipe.textmodel.cli",     # model build | model eval
     "modpipe.serving.cli",       # triton | classify | bench model
+    "modpipe.evaluation.cli",    # registers
     "modpipe.decision.cli",      # decision train | decision eval
     "streams.cli",               # broker | topics | worker | up
     "loadgen.cli",               # loadgen | smoke | demo | bench [features] | chaos | fuzz

@@ -23,6 +23,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("services", ("modpipe.services", "modpipe.services.*")),
     ("text model", ("modpipe.textmodel", "modpipe.textmodel.*")),
     ("serving", ("modpipe.serving", "modpipe.serving.*")),
+    ("evaluation", ("modpipe.evaluation", "modpipe.evaluation.*")),
     ("simulation", ("simulation", "simulation.*")),
     ("decision", ("modpipe.decision", "modpipe.decision.*")),
     ("streams", ("streams", "streams.*")),
