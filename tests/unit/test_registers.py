@@ -34,9 +34,18 @@ def test_readers_keep_every_turn_without_a_slot_placeholder(tmp_path):
 
 
 def test_registers_are_legitimate_and_pinned():
-    assert [s.name for s in registers.REGISTERS] == ["booking_agent", "booking_customer"]
+    assert [s.name for s in registers.REGISTERS] == ["booking_agent", "booking_customer", "finance_answers",
+                                                     "privacy_policies", "terms_of_service", "contract_clauses"]
     assert all(s.label == 0 and s.license for s in registers.REGISTERS)
     assert all(len(s.package.sha256) == 64 and s.package.version in s.package.file for s in registers.REGISTERS)
+
+
+def test_jsonl_reader_takes_one_field_of_every_line(tmp_path):
+    wheel = tmp_path / "w.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("d/test.jsonl", '{"context": "A passage.", "answer": "True"}\n\n{"context": "A passage."}\n'
+                                   '{"question": "no context here"}\n{"context": 3}\n')
+    assert list(registers.read_jsonl_field(wheel, "d/test.jsonl", "context")) == ["A passage.", "A passage."]
 
 
 def _pinned(tmp_path, content: bytes | None = None) -> tuple[Package, Path]:
