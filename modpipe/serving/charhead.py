@@ -88,7 +88,7 @@ class CharHead:
         table, index, mask = self._table_keys, self._table_index, np.uint64(len(self._table_keys) - 1)
         slot = (keys * _MULTIPLIER) >> self._shift
         todo = np.arange(len(keys))
-        hit_at, hit_term = [], []
+        hit_at, hit_term = [np.zeros(0, dtype=np.int64)], [np.zeros(0, dtype=np.int64)]
         while len(todo):
             found = table[slot]
             match = found == keys[todo]
@@ -96,8 +96,7 @@ class CharHead:
             hit_term.append(index[slot[match]])
             going = ~match & (found != _EMPTY)
             todo, slot = todo[going], (slot[going] + np.uint64(1)) & mask
-        where = np.concatenate(hit_at)
-        return where, np.concatenate(hit_term)
+        return np.concatenate(hit_at), np.concatenate(hit_term)
 
     def margins(self, normalized: Sequence[str]) -> np.ndarray:
         """One margin per normalised text: the words of each (lower-cased, split on whitespace) padded with a
