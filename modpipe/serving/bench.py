@@ -302,7 +302,7 @@ def bench_text_paths(url: str, build: ModelBuild, model_name: str, texts: Sequen
 
     async def measure():
         async with TextModelClient(url, model_name=model_name, timeout_s=timeout_s) as client:
-            for name, fn in paths.items():  # warm: connections, the ensemble's instances
+            for fn in paths.values():  # warm: connections, the ensemble's instances
                 await fn(client, chunks[0][:8])
             for _ in range(rounds):
                 for name, fn in paths.items():

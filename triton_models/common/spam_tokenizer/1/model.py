@@ -24,6 +24,9 @@ from tokenizers import Tokenizer
 # The `text` input is TYPE_STRING, which Triton 2.51's stub cannot read under numpy 2 at all (it fails while
 # loading the request, before execute()): this model needs numpy < 2 in the stub's environment. Its numeric
 # outputs follow the rule that works under both (spam_text's model.py explains it).
+# A long text's prefix of this many characters a token usually fills the window (English ~4-5 characters a
+# token; hostile text fewer): see _encode_cut.
+CHARS_PER_TOKEN = 8
 _NUMPY2 = np.lib.NumpyVersion(np.__version__) >= "2.0.0"
 
 
@@ -68,13 +71,31 @@ class TritonPythonModel:
             return seq
         return seq[:self.max_len - self.tail] + seq[len(seq) - self.tail:]
 
+    def _encode_cut(self, normalized):
+        """Ids of normalised texts. Without a tail only the first max_seq_len tokens count, so a long text is
+        encoded from a prefix cut at a space (words, and so their tokens, are split at spaces): when that prefix
+        fills the window its ids are the whole text's; when it does not, the whole text is encoded. Saves ~1/3
+        of WordPiece's time on the test texts (678 characters on average), same ids."""
+        if self.tail > 0:
+            return [self._window(e.ids) for e in self.prenormalized.encode_batch(normalized)]
+        limit = CHARS_PER_TOKEN * self.max_len
+        cuts = []
+        for text in normalized:
+            at = text.rfind(" ", 0, limit) if len(text) > limit else -1
+            cuts.append(text[:at] if at > 0 else text)
+        seqs = [e.ids for e in self.prenormalized.encode_batch(cuts)]
+        short = [i for i, seq in enumerate(seqs) if len(seq) < self.max_len and len(cuts[i]) < len(normalized[i])]
+        for i, e in zip(short, self.prenormalized.encode_batch([normalized[i] for i in short]), strict=True):
+            seqs[i] = e.ids
+        return seqs
+
     def _encode(self, texts):
         if self.normalizer is None:
             normalized = list(texts)
         else:
             normalize = self.normalizer.normalize_str
             normalized = [normalize(t) for t in texts]
-        seqs = [self._window(e.ids) for e in self.prenormalized.encode_batch(normalized)]
+        seqs = self._encode_cut(normalized)
         for i, text in enumerate(texts):
             if any(token in text for token in self.raw_matched):
                 seqs[i] = self._window(self.tok.encode(text).ids)
