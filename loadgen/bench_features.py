@@ -11,6 +11,7 @@ import dataclasses
 import random
 import time
 import uuid
+from pathlib import Path
 
 import orjson
 from confluent_kafka import Consumer, Producer
@@ -71,10 +72,12 @@ def plain_loop(settings: Settings, bootstrap: str, posts: list[dict]) -> float:
 
 
 def pipeline(settings: Settings, bootstrap: str, posts: list[dict], workers: int, progress: bool,
-             broker_pid: int | None, local_hops: str) -> dict:
-    """The feature path at saturation, text model off: decisions/s over the steady part, CPU per post."""
+             broker_pid: int | None, local_hops: str, profile_dir: Path | None = None) -> dict:
+    """The feature path at saturation, text model off: decisions/s over the steady part, CPU per post.
+    `profile_dir`: py-spy on each worker through the pass (it slows the pass it samples)."""
     from loadgen.bench.metering import CpuMeter
     from loadgen.bench.pipeline import saturation_rates, state_written_bytes
+    from loadgen.bench.profiling import WorkerProfiler
 
     settings = dataclasses.replace(settings, local_hops=local_hops,
                                    topic_prefix=f"{settings.topic_prefix}{local_hops}.",
@@ -88,6 +91,8 @@ def pipeline(settings: Settings, bootstrap: str, posts: list[dict], workers: int
         wanted = {p["post_id"] for p in posts}
         metrics0 = stack.scrape()
         cpu = CpuMeter(groups)
+        profiler = WorkerProfiler({w.name: w.process.pid for w in stack.workers}, profile_dir).start() \
+            if profile_dir else None
         started = time.time()
         _produce(bootstrap, stack.topics.posts, posts)
         decided: dict[str, float] = {}
@@ -103,6 +108,7 @@ def pipeline(settings: Settings, bootstrap: str, posts: list[dict], workers: int
                         decided[pid] = msg.timestamp()[1] / 1000.0  # set by the worker when it published
                         bar.update(1)
         used = cpu.stop()
+        profiles = profiler.stop() if profiler else None
         written = state_written_bytes(metrics0, stack.scrape())
         consumer.close()
     if len(decided) != len(wanted):
@@ -116,10 +122,13 @@ def pipeline(settings: Settings, bootstrap: str, posts: list[dict], workers: int
             # every post produced at once: a checkpoint holds many posts of a key, so this is the least a
             # post costs the changelogs; paced posts share fewer writes (`modpipe bench` says how many)
             "state_bytes_per_post": {t: round(b / len(posts)) for t, b in written.items()},
-            "other_cores": used.get("other_cores")}
+            "other_cores": used.get("other_cores"),
+            **({"profiles": profiles} if profiles is not None else {})}
 
 
-def run(settings: Settings, n_posts: int = 3000, workers: int = 1, progress: bool = True) -> dict:
+def run(settings: Settings, n_posts: int = 3000, workers: int = 1, progress: bool = True,
+        profile_dir: Path | None = None) -> dict:
+    """`profile_dir`: py-spy on the workers of the local-hops pass (loadgen/bench/profiling.py)."""
     own_broker = None
     bootstrap = settings.bootstrap_servers
     if not bootstrap:
@@ -136,8 +145,8 @@ def run(settings: Settings, n_posts: int = 3000, workers: int = 1, progress: boo
         posts = _posts(n_posts)
         plain = plain_loop(settings, bootstrap, posts)
         own_pid = broker_pid(own_broker)
-        paths = {mode: pipeline(settings, bootstrap, _posts(n_posts), workers,
-                                progress, own_pid, mode) for mode in ("on", "off")}
+        paths = {mode: pipeline(settings, bootstrap, _posts(n_posts), workers, progress, own_pid, mode,
+                                profile_dir if mode == "on" else None) for mode in ("on", "off")}
     finally:
         if own_broker:
             own_broker.stop()
@@ -151,6 +160,12 @@ def run(settings: Settings, n_posts: int = 3000, workers: int = 1, progress: boo
               "broker_cpu_ms_per_post": ours["broker_cpu_ms_per_post"],
               "every_hop_through_kafka": {**paths["off"], "ratio_over_plain": round(paths["off"]["posts_per_s"] / plain, 4)},
               "local_hops": paths["on"]}
+    from loadgen.bench.report import capacity
+
+    # the feature path alone (text model off): what a worker core and a broker core carry, and the workers a
+    # machine of MACHINE_CORES cores would run for it (Triton's share comes from `modpipe bench`)
+    report["capacity"] = capacity(ours["worker_cpu_ms_per_post"], cpu_ms_per_post={
+        "workers": ours["worker_cpu_ms_per_post"], "broker": ours["broker_cpu_ms_per_post"]})
     per_worker = report["feature_path_posts_per_s"] / workers
     report["targets"] = {
         "posts_per_s_per_worker": {"target": ">= 1000", "value": round(per_worker, 1), "met": per_worker >= 1000},

@@ -322,7 +322,8 @@ def _bench_features(args) -> int:
     from loadgen.bench_features import run
 
     settings = Settings.from_env()
-    reports = {kind: run(_on_broker(settings, kind), n_posts=args.posts, workers=args.workers, progress=not args.json)
+    reports = {kind: run(_on_broker(settings, kind), n_posts=args.posts, workers=args.workers, progress=not args.json,
+                         profile_dir=args.profile_workers / kind if args.profile_workers else None)
                for kind in broker_kinds(settings, args.brokers)}
     report = next(iter(reports.values())) if len(reports) == 1 else {"brokers": reports}
     output.emit(report, args.json)
@@ -375,6 +376,9 @@ def register_clients(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=1, help="stream workers of the feature path (default 1)")
     p.add_argument("--brokers", default=None, help="local brokers to run on, one after the other: kafka, embedded "
                                                    "or kafka,embedded (default MODPIPE_BROKER)")
+    p.add_argument("--profile-workers", type=Path, default=None, metavar="DIR",
+                   help="py-spy on each worker through the local-hops pass, raw stacks under DIR/<broker>/ and "
+                        "each worker's top functions in the report (needs root or CAP_SYS_PTRACE; slows that pass)")
     p.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
     p.set_defaults(func=_bench_features)
 

@@ -144,6 +144,10 @@ SETTINGS_SPEC: dict[str, Spec] = {
                        "Text probability at or above which the decision engine sends a post at least to review, "
                        "whatever the other signals say. Empty: the floor the decision model was trained with "
                        "(its model.json `policy.text_floor`); `off`: none; or a probability in [0, 1]."),
+    "reasons": Spec("MODPIPE_REASONS", "flagged",
+                    "Which decisions carry their reasons (the decision model's TreeSHAP contributions, ~30x the "
+                    "cost of its prediction): `flagged` (review and block, what moderators read; an allow carries "
+                    "none), or `all`."),
     "redecide_reports": Spec("MODPIPE_REDECIDE_REPORTS", "3",
                              "Reports on a post that trigger a re-decision (a new decision, revision + 1); 0: never.",
                              int),
@@ -351,6 +355,7 @@ class Settings:
     decision_model_watch_s: float
     shadow_decision_model: str
     text_floor: str
+    reasons: str
     redecide_reports: int
     local_hops: str
     commit_interval_ms: float
@@ -470,6 +475,8 @@ class Settings:
             if not 0 <= floor <= 1:
                 raise SettingsError("MODPIPE_TEXT_FLOOR must be empty (the decision model's own), `off` or a "
                                     "probability in [0, 1]")
+        if self.reasons not in ("all", "flagged"):
+            raise SettingsError("MODPIPE_REASONS must be `all` or `flagged`")
         if self.redecide_reports < 0:
             raise SettingsError("MODPIPE_REDECIDE_REPORTS must be >= 0")
         if self.triton_variant not in ("cpu", "cuda"):

@@ -48,6 +48,15 @@ Scenarios (`SCENARIOS`):
   random rate), as spammers do to slip past a text filter. A few legitimate posts (2%) go through the
   same rewriting (fancy fonts, letter-spaced emphasis, gamer leetspeak), so an odd-looking text is a
   hint, not proof. The truth header says which posts were rewritten (`obfuscated`).
+- `link_lures`: `human_lures` with a link in every lure, as today's scams post them: a messaging app's
+  contact link (wa.me, t.me: an old, clean domain that says nothing), a throwaway domain used once, or a
+  shortener. A third of the legitimate users have the same kinds of accounts, and a few of them share
+  messaging links too: neither the profile, the journey nor the link's domain separates the lures.
+- `business_commerce`: ~25% of posts from 30 businesses (aged, followed, some verified, an e-mail at their
+  own shop domain) promoting through a scheduling tool (API posts from the tool's few shared addresses,
+  every business's links to its own shop domain, reposted many times, with tracking parameters), beside ~5%
+  lures from ordinary-looking accounts, half with a link. Repetition, API journeys and shared addresses
+  are what campaigns look like too: the engine must not flag legitimate commerce for them.
 """
 
 from __future__ import annotations
@@ -103,6 +112,9 @@ class Scenario:
     lure_share: float = 0.0  # fraction of posts that are lures posted by people, once per account, no link
     lure_accounts: tuple[str, ...] = ()  # kinds of account they post from: aged | new | taken_over
     ordinary_legit_share: float = 0.0  # fraction of legitimate users with the aged/new lure-account profiles
+    lure_link_share: float = 0.0  # fraction of lures that carry a link (messaging app, throwaway domain, shortener)
+    business_share: float = 0.0  # fraction of posts by businesses promoting through a scheduling tool
+    businesses: int = 0  # how many businesses post
 
     def spam_share_at(self, t: float) -> float:
         if self.burst_every_s and (t % self.burst_every_s) >= self.burst_every_s - self.burst_len_s:
@@ -131,6 +143,15 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("taken_over_lures", "~10% spam posted by people through taken-over aged accounts (the owner keeps "
              "posting), human journeys, no link, from an address the account never used", 0.0, 0, 0.0,
              lure_share=0.10, lure_accounts=("taken_over",)),
+    Scenario("link_lures", "~12% spam posted once each by people on ordinary-looking aged or brand-new accounts, "
+             "human journeys, each with a link (messaging app, throwaway domain or shortener); a third of "
+             "legitimate users have the same kinds of accounts", 0.0, 0, 0.0,
+             lure_share=0.12, lure_accounts=("aged", "new"), ordinary_legit_share=1 / 3, lure_link_share=1.0),
+    Scenario("business_commerce", "~25% of posts from 30 businesses promoting their shops through a scheduling "
+             "tool (API posts from shared addresses, the same shop domain again and again); ~5% lures from "
+             "ordinary-looking accounts, half with a link", 0.0, 0, 0.0,
+             lure_share=0.05, lure_accounts=("aged", "new"), ordinary_legit_share=1 / 3, lure_link_share=0.5,
+             business_share=0.25, businesses=30),
 )}
 LURE_ACCOUNTS = ("aged", "new", "taken_over")
 
@@ -159,6 +180,15 @@ SPAM_WORDS = ("secure", "login", "verify", "account", "bonus", "prize", "win", "
 LOOKALIKES = ("paypa1-secure.com", "micr.osoftr.com", "app1e-id-verify.com", "amaz0n-orders.net",
               "g00gle-security.com", "netf1ix-billing.com", "faceb00k-login.com", "coinbase-wallet.help",
               "rnetamask.io", "wel1sfargo-alert.com", "dhl-parcel-track.info", "steamcommunlty.com")
+# Contact links of messaging apps: what a lure asks people to click, on domains years old and clean.
+MESSAGING_LINKS = ("https://wa.me/{digits}", "https://t.me/{handle}", "https://m.me/{handle}",
+                   "https://www.instagram.com/{handle}")
+SHOP_WORDS = ("urban", "green", "little", "north", "maple", "studio", "craft", "home", "wild", "bright", "coast",
+              "oak", "river", "harbor", "atlas", "nova", "pine", "sun", "blue", "golden")
+SHOP_KINDS = ("store", "shop", "goods", "supply", "boutique", "market", "co", "design", "wear", "kitchen")
+SHOP_TLDS = ("com", "com", "com", "co", "shop", "store", "co.uk", "de")
+# Scheduling tools' addresses: many businesses post through the same few (a campaign's subnet looks alike).
+SCHEDULER_SUBNETS = ("54.{}.{}", "34.{}.{}", "104.{}.{}")
 _HOMOGLYPHS = {"o": "0", "l": "1", "i": "1", "e": "3", "a": "4", "s": "5", "m": "rn"}
 
 
@@ -189,6 +219,8 @@ class Account:
     home_ip: str
     campaign: str | None = None
     human: bool = False  # posts through the UI like a person (legitimate users, click-farm spammers)
+    shop: str | None = None  # a business's own shop domain (scenario business_commerce)
+    texts: list[dict] = field(default_factory=list)  # a business's promotions, reposted
 
     def public(self) -> dict:
         return {"created_at": schema.rfc3339(self.created_at_ms), "email_domain": self.email_domain,
@@ -252,6 +284,10 @@ class Simulation:
         self.campaigns = [self._campaign(i) for i in range(self.scenario.campaigns)]
         self._mobile_pool = [self.rng.choice(MOBILE_BLOCKS).format(self.rng.randrange(256), self.rng.randrange(1, 255))
                              for _ in range(200)]
+        # drawn last, and only where a scenario has them: the other scenarios' traffic stays as it was
+        self._scheduler_ips = [f"{self.rng.choice(SCHEDULER_SUBNETS).format(self.rng.randrange(256), self.rng.randrange(256))}"
+                               f".{self.rng.randrange(2, 254)}" for _ in range(4)] if self.scenario.businesses else []
+        self.businesses = [self._business_account() for _ in range(self.scenario.businesses)]
 
     # ------------------------------------------------------------------ population
 
@@ -295,6 +331,43 @@ class Simulation:
             age_days, friends, followers = r.uniform(0.05, 2.0), r.randint(0, 15), r.randint(0, 10)
         return Account(self._user_id(), actor, at_ms - int(age_days * DAY_MS), r.choice(LEGIT_EMAIL), friends,
                        followers, False, self._home_ip(), campaign, human=True)
+
+    def _business_account(self) -> Account:
+        """A business promoting its shop: aged (1-10 years), followed, now and then verified, an e-mail at its own
+        shop domain, a handful of promotions (held-out HAM texts) it reposts."""
+        r = self.rng
+        shop = f"{r.choice(SHOP_WORDS)}{r.choice(SHOP_KINDS)}.{r.choice(SHOP_TLDS)}"
+        followers = min(500_000, int(r.paretovariate(0.8) * 300))
+        acct = Account(self._user_id(), "legit", self.start_ms - int(r.uniform(365, 3650) * DAY_MS), shop,
+                       r.randint(20, 2000), followers, r.random() < 0.1, r.choice(self._scheduler_ips),
+                       human=False, shop=shop)
+        acct.texts = r.sample(self.ham_texts, min(len(self.ham_texts), r.randint(4, 12)))
+        return acct
+
+    def _business_url(self, acct: Account) -> str | None:
+        r = self.rng
+        if r.random() > 0.85:
+            return None
+        slug = "-".join(r.choice(_SLUG_WORDS) for _ in range(r.randint(2, 4)))
+        path = r.choice((f"products/{slug}", f"collections/{slug}", f"sale/{slug}", f"p/{r.randrange(10**4, 10**6)}"))
+        return f"https://www.{acct.shop}/{path}?utm_source=social&utm_medium={r.choice(('post', 'organic'))}" \
+               f"&utm_campaign={r.choice(_SLUG_WORDS)}"
+
+    def _lure_url(self) -> tuple[str, bool]:
+        """(a lure's link, whether its domain is clean): a messaging app's contact link (an old clean domain), a
+        throwaway domain used once, or a shortener."""
+        r = self.rng
+        x = r.random()
+        if x < 0.4:
+            handle = f"{r.choice(_SLUG_WORDS)}{r.choice(('_', '.', ''))}{r.choice(SPAM_WORDS)}{r.randrange(10, 999)}"
+            link = r.choice(MESSAGING_LINKS).format(digits=f"{r.choice((1, 44, 61, 234, 971))}{r.randrange(10**8, 10**10)}",
+                                                    handle=handle)
+            return link, True
+        if x < 0.75:
+            domain = f"{r.choice(SPAM_WORDS)}{r.choice(_SLUG_WORDS)}{r.randrange(10, 99)}.{r.choice(SPAM_TLDS)}"
+            return f"https://{domain}/{r.choice(('apply', 'join', 'start', 'invest', 'shop', 'verify'))}", False
+        shorteners = sorted(SHORTENER_DOMAINS - {"youtu.be", "amzn.to", "lnkd.in", "db.tt", "wp.me", "fb.me"})
+        return f"https://{r.choice(shorteners)}/{_code(r, 7)}", False
 
     def _home_ip(self) -> str:
         r = self.rng
@@ -365,6 +438,9 @@ class Simulation:
         r = self.rng
         if r.random() > 0.25:
             return None
+        if self.scenario.lure_link_share and r.random() < 0.1:  # people share contact links too
+            return r.choice(MESSAGING_LINKS).format(digits=f"44{r.randrange(10**8, 10**10)}",
+                                                    handle=f"{r.choice(_SLUG_WORDS)}{r.randrange(10, 999)}")
         if r.random() < 0.05:
             return f"https://{r.choice(LEGIT_SHORTENERS)}/{_code(r, 7)}"
         domain, kind = r.choice(LEGIT_SITES)
@@ -475,11 +551,24 @@ class Simulation:
         at_ms = self.start_ms + int(round(t * 1000))
         lure = None
         spam = bool(self.campaigns) and r.random() < self.scenario.spam_share_at(t)
+        lure_link = clean_link = business = False
         if not spam and self.scenario.lure_share and r.random() < self.scenario.lure_share:
             c = None
             acct, lure = self._lure(at_ms)
             spam, row, url = True, self._lure_text(), None
             journey, ip = self._human_journey(row["text"]), acct.home_ip
+            if self.scenario.lure_link_share and r.random() < self.scenario.lure_link_share:
+                url, clean_link = self._lure_url()
+                lure_link = True
+        elif not spam and self.scenario.business_share and r.random() < self.scenario.business_share:
+            c, business = None, True
+            acct = r.choice(self.businesses)
+            row = r.choice(acct.texts)
+            url = self._business_url(acct)
+            if r.random() < 0.6:  # the scheduling tool posts through the API
+                journey, ip = [], r.choice(self._scheduler_ips)
+            else:  # someone at the business posts by hand
+                journey, ip = self._human_journey(row["text"]), acct.home_ip if r.random() < 0.3 else self._home_ip()
         elif spam:
             c = self._pick_campaign(t)
             acct = self._pick_spammer(c, at_ms)
@@ -502,9 +591,11 @@ class Simulation:
                 "created_at": "", "text": row["text"], "url": url, "ip": ip, "user": acct.public(),
                 "journey": journey}
         if url and r.random() < 0.4:
-            post["url_reputation"] = self._reputation(spam, url)
+            post["url_reputation"] = self._reputation(spam and not clean_link, url)
         truth = {"post_id": post_id, "is_spam": spam, "actor": acct.actor,
                  "campaign": c.campaign_id if c else acct.campaign, "stealth": bool(c and c.stealth), "lure": lure,
+                 **({"lure_link": lure_link} if self.scenario.lure_link_share else {}),
+                 **({"business": business} if self.scenario.business_share else {}),
                  "text_label": "spam" if _is_spam_label(row.get("label")) else "ham",
                  "obfuscated": bool(row.get("obfuscated")), "dataset": row.get("dataset"),
                  "scenario": self.scenario.name, "run_id": self.run_id}

@@ -84,6 +84,9 @@ class Round:
     events: list = field(default_factory=list)
     ready: list[ReadyPost] = field(default_factory=list)
     redecisions: list[Redecision] = field(default_factory=list)
+    # counted as items are applied, added to the metrics once at the round's end (`Wiring.finish`)
+    local_hops: collections.Counter = field(default_factory=collections.Counter)  # stage -> items
+    resent: int = 0
 
 
 class Wiring:
@@ -187,10 +190,10 @@ class Wiring:
                 _log.exception("feature stage failed on an item", extra={"stage": stage})
                 self.dead_letter(origin, exc, r.pending, raw=orjson.dumps(item))
                 continue
-            metrics.LOCAL_HOPS.labels(stage).inc()
+            r.local_hops[stage] += 1
             queue.extend(out.items)
             r.ready += out.ready
-            metrics.POSTS_RESENT.inc(out.resent)
+            r.resent += out.resent
             r.redecisions += out.redecisions
 
     def finish(self, r: Round) -> None:
@@ -206,6 +209,10 @@ class Wiring:
         self.batcher.submit(r.ready)
         self.publisher.send_bundles(r.bundler, r.pending)
         r.pending.seal()
+        for stage, n in r.local_hops.items():
+            metrics.LOCAL_HOPS.labels(stage).inc(n)
+        if r.resent:
+            metrics.POSTS_RESENT.inc(r.resent)
 
     def flush_states(self, epoch: int | None = None) -> Pending:
         """Each state changed since the last checkpoint written once, its changelog record in `epoch`'s
@@ -293,7 +300,7 @@ def make_handlers(w: Wiring, settings: Settings, scorer: TextScorer, decider: De
                         w.dead_letter(event, exc, r.pending, raw=orjson.dumps(item))
                         continue
                     r.ready += out.ready
-                    metrics.POSTS_RESENT.inc(out.resent)
+                    r.resent += out.resent
                     r.redecisions += out.redecisions
                     w.dispatch(r, out.items, origin=event)
             w.finish(r)

@@ -51,6 +51,8 @@ class Publisher:
     def __init__(self, outbox: Outbox, topics: TopicNames, model_versions: dict | Callable[[], dict]):
         self.outbox, self.topics = outbox, topics
         self._versions = model_versions if callable(model_versions) else (lambda: model_versions)
+        # a labelled child looked up once, not per decision (`labels()` takes a lock and builds its key)
+        self._decisions = {v: metrics.DECISIONS.labels(v) for v in schema.VERDICTS}
 
     @property
     def model_versions(self) -> dict:
@@ -72,7 +74,7 @@ class Publisher:
                     "received_at_ms": received_at_ms, "features": record["features"], "revision": record["revision"]}
         self.outbox.produce(self.topics.decisions, schema.dumps(record), key=record["post_id"].encode(),
                             pending=pending)
-        metrics.DECISIONS.labels(record["verdict"]).inc()
+        self._decisions[record["verdict"]].inc()
         if record["short_circuit"]:
             metrics.SHORTCUTS.labels(record["short_circuit"]).inc()
         return decision_items(ctx, record["verdict"] == "block", record["revision"], snapshot)
@@ -152,7 +154,7 @@ class DecisionBatcher:
             return
         self._queue.extend(posts)
         for p in posts:  # not `source`: the round's handle, shared and not the post's
-            size = memory.deep_size(p.post) + memory.deep_size(p.features) + memory.deep_size(p.ctx)
+            size = memory.approx_size(p.post) + memory.approx_size(p.features) + memory.approx_size(p.ctx)
             self._sizes.append(size)
             self.queued_bytes += size
         metrics.BUFFER_BYTES.labels("decision_queue").set(self.queued_bytes)

@@ -236,7 +236,7 @@ def _where_time_goes(cpu: dict, n_posts: int, worker_names: Sequence[str]) -> di
     cpu_s = dict(cpu["cpu_s"])
     per = {"workers": sum(cpu_s.pop(name, 0.0) for name in worker_names)}
     per.update(cpu_s)
-    return {k: round(1000 * v / n_posts, 1) for k, v in per.items()}
+    return {k: round(1000 * v / n_posts, 3) for k, v in per.items()}
 
 def saturation_pass(settings: Settings, stack, producer, events: list[Event], *, timeout_s: float,
                     decisions: DecisionLog, progress: bool, healthy: Callable[[], bool], label: str,

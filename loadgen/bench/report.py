@@ -3,6 +3,7 @@ markdown and text tables."""
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from pathlib import Path
@@ -51,14 +52,47 @@ def targets(measured: dict) -> dict:
     out["load_p99_ms"]["met"] &= share is not None and share >= TARGET_LOAD_SHARE - 0.005  # rates are rounded
     return out
 
-def capacity(worker_cpu_ms_per_post: float | None, gpu_texts_per_s: float = GPU_TEXTS_PER_S_REFERENCE) -> dict:
-    """Posts/s one worker core can feed at the measured CPU per post, and the worker cores one GPU needs."""
+# The GPU machine the capacity line sizes: an H200 with 16 cores (docs/benchmarks.md, "One GPU").
+MACHINE_CORES = 16
+
+
+def capacity(worker_cpu_ms_per_post: float | None, gpu_texts_per_s: float = GPU_TEXTS_PER_S_REFERENCE,
+             cpu_ms_per_post: dict | None = None, machine_cores: int = MACHINE_CORES) -> dict:
+    """Posts/s one worker core can feed at the measured CPU per post, and the worker cores one GPU needs; with
+    `cpu_ms_per_post` ({process: ms}, as `pipeline._where_time_goes` gives it), posts/s per core of each process
+    and what one GPU machine of `machine_cores` cores decides: the posts/s its cores or the GPU allow (the
+    broker on machines of its own), and the workers (one core each: an event loop) and Triton cores for it."""
     if not worker_cpu_ms_per_post:
         return {"posts_per_worker_core_s": None, "gpu_texts_per_s_reference": gpu_texts_per_s,
                 "worker_cores_per_gpu": None}
     per_core = 1000.0 / worker_cpu_ms_per_post
-    return {"posts_per_worker_core_s": round(per_core, 1), "gpu_texts_per_s_reference": gpu_texts_per_s,
-            "worker_cores_per_gpu": round(gpu_texts_per_s / per_core, 1)}
+    out = {"posts_per_worker_core_s": round(per_core, 1), "gpu_texts_per_s_reference": gpu_texts_per_s,
+           "worker_cores_per_gpu": round(gpu_texts_per_s / per_core, 1)}
+    if cpu_ms_per_post:
+        out["posts_per_core_s"] = {k: round(1000.0 / v, 1) for k, v in cpu_ms_per_post.items() if v}
+        on_machine = worker_cpu_ms_per_post + (cpu_ms_per_post.get("triton") or 0.0)
+        rate = min(gpu_texts_per_s, machine_cores * 1000.0 / on_machine)
+        out["machine"] = {"cores": machine_cores, "posts_per_s": round(rate),
+                          "limit": "gpu" if rate == gpu_texts_per_s else "cores",
+                          "workers": math.ceil(rate * worker_cpu_ms_per_post / 1000.0 - 1e-9),
+                          "triton_cores": math.ceil(rate * (cpu_ms_per_post.get("triton") or 0.0) / 1000.0 - 1e-9)}
+    return out
+
+
+def capacity_line(cap: dict) -> str:
+    """The capacity in words (text and markdown reports)."""
+    line = (f"Capacity: one worker core feeds {_f(cap['posts_per_worker_core_s'], 0)} posts/s at that CPU per post; "
+            f"one GPU serving {cap['gpu_texts_per_s_reference']:,} texts/s at the worker's request shape (H100, "
+            f"docs/benchmarks.md) needs {_f(cap['worker_cores_per_gpu'])} worker cores.")
+    if cap.get("posts_per_core_s"):
+        line += " Posts/s per core: " + ", ".join(f"{k} {_f(v, 0)}" for k, v in cap["posts_per_core_s"].items()) + "."
+    m = cap.get("machine")
+    if m:
+        line += (f" A GPU machine of {m['cores']} cores (broker elsewhere) decides {_f(m['posts_per_s'], 0)} posts/s "
+                 f"(its {'GPU' if m['limit'] == 'gpu' else 'cores'} the limit) with {m['workers']} workers and "
+                 f"{m['triton_cores']} cores of Triton.")
+    return line
+
 
 def _f(x, digits: int = 1) -> str:
     if x is None:
@@ -133,9 +167,7 @@ def format_markdown(report: dict) -> str:
         f"{_f(r['pipeline_over_ceiling'], 2)}, pipeline with the text cache / sorted ceiling "
         f"{_f(r['pipeline_text_cache_over_sorted_ceiling'], 2)}.",
         "CPU per post at saturation: " + ", ".join(f"{k} {_f(v, 2)} ms" for k, v in per.items()) + ".",
-        f"Capacity: one worker core feeds {_f(cap['posts_per_worker_core_s'], 0)} posts/s at that CPU per post; "
-        f"one GPU serving {cap['gpu_texts_per_s_reference']:,} texts/s at the worker's request shape (H100, "
-        f"docs/benchmarks.md) needs {_f(cap['worker_cores_per_gpu'])} worker cores.",
+        capacity_line(cap),
     ]
     others = [v for v in m.get("other_cores_by_phase", {}).values() if v is not None]
     model = report.get("model", {})

@@ -187,7 +187,7 @@ def run(settings: Settings, n_posts: int = DEFAULT_POSTS, workers: int | None = 
                 "load_p99_ms": p["latency"]["p99_ms"], "load_share": p["latency"]["load"]}
     report["targets"] = targets(measured)
     report["all_targets_met"] = all(t["met"] for t in report["targets"].values())
-    report["capacity"] = capacity(per_post.get("workers"))
+    report["capacity"] = capacity(per_post.get("workers"), cpu_ms_per_post=per_post)
     phases = {"pipeline_saturation": p["saturation"]["cpu"], "pipeline_low_rate": p["low_rate"]["cpu"],
               "pipeline_latency": p["latency"]["cpu"], "pipeline_text_cache": p["saturation_text_cache"]["cpu"],
               "seed": report["seed"]["cpu"], "ceiling": report["ceiling"]["cpu"]}

@@ -9,14 +9,17 @@ to the tables as the pipeline would. A post counts as flagged spam when its verd
 Segments: `stealth` = campaign posts whose text is ham (only behaviour gives them away), `spam_text` =
 campaign posts with spam text, `legit` = legitimate users; across them, `obfuscated` = campaign posts whose
 text was disguised (scenario `obfuscated_campaign`) and `legit_obfuscated` = legitimate posts rewritten so;
-`lure_<dataset>` = spam posted by people without a link (scenarios `human_lures`, `taken_over_lures`), by
-the data set its text came from.
+`lure_<dataset>` = spam posted by people without a link (scenarios `human_lures`, `taken_over_lures`) and
+`lure_link_<dataset>` with one (`link_lures`, `business_commerce`), by the data set its text came from;
+`business` = legitimate posts of businesses promoting their shops (`business_commerce`).
 
 Account segments (`account_segment`): what the decider sees of the poster, account age band x link or
 none x journey kind, read from the feature map itself, so the same table works on labelled production
 traffic. Per segment: spam caught and legitimate posts flagged, by the engine and by the text model alone;
 a segment where the engine catches less spam than the text model alone is the engine being deaf to the
-text (`segment_table` marks it).
+text (`segment_table` marks it). With `--before`, every segment (account and truth segments, pooled over the
+scenarios) is compared with the earlier decision model on the same posts (`segments_vs_before`): a new model
+must not lose spam that links and behaviour told the earlier one, nor flag more legitimate posts.
 
 `ablation` (`decision eval --ablation FEATURE,...`): trains the decision model twice on the same simulation
 and seed, once with every feature and once without the named ones, and scores both side by side on the
@@ -40,8 +43,12 @@ from modpipe.textmodel.artifacts import ModelBuild
 from simulation.metrics import binary_metrics
 
 EVAL_SCENARIOS = ("mixed", "campaign_burst", "stealth_campaign", "hijacked_accounts", "human_spammers",
-                  "obfuscated_campaign", "human_lures", "taken_over_lures", "ham_only")
-LURE_SCENARIOS = ("human_lures", "taken_over_lures")
+                  "obfuscated_campaign", "human_lures", "taken_over_lures", "link_lures", "business_commerce",
+                  "ham_only")
+LURE_SCENARIOS = ("human_lures", "taken_over_lures", "link_lures", "business_commerce")
+BUSINESS_FLAG_TARGET = 0.01  # businesses' legitimate posts flagged
+# A segment counts as worse than `before` beyond this many posts and this share of it (one seed's noise).
+BEFORE_SLACK_POSTS, BEFORE_SLACK_SHARE = 2, 0.01
 # (upper bound in days, band): the bands the issue of link-less lures is stated in
 AGE_BANDS = ((2.0, "new <2d"), (30.0, "young 2-30d"), (400.0, "aged 30-400d"), (float("inf"), "old >400d"))
 SCRIPTED_STEP_MS = 100  # no step of a person's journey is this short (the shortest, a submit click, ~120 ms+)
@@ -96,9 +103,11 @@ def score(rows: list[dataset.Row], decider: Decider) -> dict:
               for seg in ("spam_text", "stealth", "legit")}
     groups["obfuscated"] = [i for i, r in enumerate(rows) if r.truth.get("obfuscated") and r.spam]
     groups["legit_obfuscated"] = [i for i, r in enumerate(rows) if r.truth.get("obfuscated") and not r.spam]
+    groups["business"] = [i for i, r in enumerate(rows) if r.truth.get("business") and not r.spam]
     for i, r in enumerate(rows):
         if r.truth.get("lure"):
-            groups.setdefault(f"lure_{r.truth.get('dataset') or 'unknown'}", []).append(i)
+            kind = "lure_link" if r.truth.get("lure_link") else "lure"
+            groups.setdefault(f"{kind}_{r.truth.get('dataset') or 'unknown'}", []).append(i)
     for seg, idx in groups.items():
         if idx:
             caught = sum(flagged[i] for i in idx)
@@ -171,7 +180,8 @@ def evaluate(settings: Settings, build: ModelBuild, engine: DecisionEngine, *, n
                     "text_floor": engine.text_floor, "scenarios": per_scenario, "overall": overall}
     if before is not None:
         report["before"] = {"decision_model": before.version, "text_floor": before.text_floor,
-                            "targets": lure_targets(per_scenario, "before")}
+                            "targets": lure_targets(per_scenario, "before"),
+                            "segments_vs_before": segments_vs_before(per_scenario)}
     stealth = {label: overall[label]["segments"].get("stealth", {}).get("flagged_share") for label in overall}
     report["targets"] = {
         "engine_f1_overall": {"target": F1_TARGET, "value": overall["engine"]["flagged"]["f1"],
@@ -205,6 +215,44 @@ def pooled_segments(entries: list[dict]) -> dict[str, dict[str, dict]]:
     return {label: dict(sorted(segs.items())) for label, segs in out.items()}
 
 
+def segments_vs_before(per_scenario: dict, label: str = "engine") -> dict:
+    """Every account segment and truth segment, pooled over the scenarios: spam caught and legitimate posts
+    flagged by `label` and by `before` on the same posts; `worse` lists the segments where `label` catches
+    fewer spam posts or flags more legitimate ones than `before` by more than BEFORE_SLACK_POSTS posts and
+    BEFORE_SLACK_SHARE of the segment (one seed's noise)."""
+    entries = list(per_scenario.values())
+    out: dict[str, dict] = {}
+    pooled = pooled_segments(entries)
+    for seg, counts in pooled[label].items():
+        old = pooled["before"][seg]
+        out[f"account: {seg}"] = {"spam": counts["spam"], "spam_flagged": counts["spam_flagged"],
+                                  "before_spam_flagged": old["spam_flagged"], "legit": counts["legit"],
+                                  "legit_flagged": counts["legit_flagged"], "before_legit_flagged": old["legit_flagged"]}
+    truth: dict[str, dict] = {}
+    for e in entries:
+        for seg, v in e[label]["segments"].items():
+            acc = truth.setdefault(seg, {"posts": 0, "flagged": 0, "before_flagged": 0})
+            acc["posts"] += v["posts"]
+            acc["flagged"] += v["flagged"]
+            acc["before_flagged"] += e["before"]["segments"].get(seg, {}).get("flagged", 0)
+    spam_truth = {"spam_text", "stealth", "obfuscated"}
+    for seg, v in sorted(truth.items()):
+        spam = seg in spam_truth or seg.startswith("lure")
+        out[f"truth: {seg}"] = {"spam": v["posts"], "spam_flagged": v["flagged"], "before_spam_flagged": v["before_flagged"],
+                                "legit": 0, "legit_flagged": 0, "before_legit_flagged": 0} if spam else \
+            {"spam": 0, "spam_flagged": 0, "before_spam_flagged": 0, "legit": v["posts"], "legit_flagged": v["flagged"],
+             "before_legit_flagged": v["before_flagged"]}
+
+    def beyond(delta: int, n: int) -> bool:
+        return delta > max(BEFORE_SLACK_POSTS, BEFORE_SLACK_SHARE * n)
+
+    worse = [seg for seg, v in out.items()
+             if beyond(v["before_spam_flagged"] - v["spam_flagged"], v["spam"])
+             or beyond(v["legit_flagged"] - v["before_legit_flagged"], v["legit"])]
+    return {"segments": out, "worse": worse, "met": not worse,
+            "slack": {"posts": BEFORE_SLACK_POSTS, "share": BEFORE_SLACK_SHARE}}
+
+
 def evaluate_seeds(settings: Settings, build: ModelBuild, engine: DecisionEngine, *, seeds: Sequence[int],
                    before: DecisionEngine | None = None, **kwargs) -> dict:
     """`evaluate` once per evaluation seed, and each decider's F1 per scenario over the seeds (per seed, mean,
@@ -222,10 +270,15 @@ def evaluate_seeds(settings: Settings, build: ModelBuild, engine: DecisionEngine
             f1[name][label] = {"per_seed": values,
                                "mean": round(float(np.mean(known)), 4) if known else None,
                                "min": min(known, default=None), "max": max(known, default=None)}
-    return {"decision_model": engine.version, "text_model": build.version, "seeds": list(seeds),
-            "datasets": reports[0]["datasets"],
-            "posts_per_scenario": reports[0]["posts_per_scenario"], "rate": reports[0]["rate"],
-            "f1": f1, "reports": reports}
+    out = {"decision_model": engine.version, "text_model": build.version, "seeds": list(seeds),
+           "datasets": reports[0]["datasets"],
+           "posts_per_scenario": reports[0]["posts_per_scenario"], "rate": reports[0]["rate"],
+           "f1": f1, "reports": reports}
+    if before is not None:  # every segment over every seed's posts: more posts per segment than one seed has
+        out["before"] = {"decision_model": before.version, "segments_vs_before": segments_vs_before(
+            {f"{name}#{seed}": entry for seed, r in zip(seeds, reports, strict=True)
+             for name, entry in r["scenarios"].items()})}
+    return out
 
 
 def _datasets_suffix(report: dict) -> str:
@@ -245,6 +298,8 @@ def format_seeds(report: dict) -> str:
     for name, per in report["f1"].items():
         cells = [f"{' / '.join(_cell(v) for v in per[x]['per_seed'])} | {_cell(per[x]['mean'])}" for x in labels]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if "before" in report:
+        lines += ["", before_table(report["before"]["segments_vs_before"], report["before"]["decision_model"])]
     return "\n".join(lines)
 
 
@@ -272,6 +327,14 @@ def lure_targets(per_scenario: dict, label: str = "engine") -> dict:
         targets["lure_scenarios_legit_flagged"] = {"target": 0.02, "posts": legit[label][0],
                                                    "text_only": _share(legit["text_only"][1], legit["text_only"][0]),
                                                    label: value, "met": value is not None and value <= 0.02}
+    business = [per_scenario[s] for s in per_scenario if "business" in per_scenario[s][label]["segments"]]
+    if business:
+        posts = sum(e[label]["segments"]["business"]["posts"] for e in business)
+        flagged = {who: sum(e[who]["segments"]["business"]["flagged"] for e in business) for who in ("text_only", label)}
+        value = _share(flagged[label], posts)
+        targets["business_posts_flagged"] = {"target": BUSINESS_FLAG_TARGET, "posts": posts,
+                                             "text_only": _share(flagged["text_only"], posts), label: value,
+                                             "met": value is not None and value <= BUSINESS_FLAG_TARGET}
     if "mixed" in per_scenario:
         mixed = per_scenario["mixed"][label]
         value = _share(mixed["verdict_mix"].get("review", 0), mixed["posts"])
@@ -394,7 +457,25 @@ def format_report(report: dict) -> str:
     if "before" in report:
         parts.append(f"targets of the earlier model {report['before']['decision_model']}:\n" +
                      _targets_lines(report["before"]["targets"]))
+        parts.append(before_table(report["before"]["segments_vs_before"], report["before"]["decision_model"]))
     return "\n\n".join(parts)
+
+
+def before_table(comparison: dict, before_version: str) -> str:
+    """`segments_vs_before` as a table: per segment, spam caught and legitimate posts flagged, earlier model ->
+    this one; `worse` marks a segment beyond the slack."""
+    f = _cell
+    worse = set(comparison["worse"])
+    lines = [f"every segment against the earlier model {before_version} (same posts; worse = beyond "
+             f"{comparison['slack']['posts']} posts and {comparison['slack']['share']:.0%}): "
+             + ("none worse" if not worse else f"{len(worse)} worse"),
+             "| segment | spam | caught: before -> engine | legit | flagged: before -> engine | |",
+             "|---|---|---|---|---|---|"]
+    for seg, v in comparison["segments"].items():
+        caught = f"{f(_share(v['before_spam_flagged'], v['spam']))} -> {f(_share(v['spam_flagged'], v['spam']))}"
+        flagged = f"{f(_share(v['before_legit_flagged'], v['legit']))} -> {f(_share(v['legit_flagged'], v['legit']))}"
+        lines.append(f"| {seg} | {v['spam']} | {caught} | {v['legit']} | {flagged} | {'worse' if seg in worse else ''} |")
+    return "\n".join(lines)
 
 
 def format_ablation(report: dict) -> str:

@@ -30,4 +30,5 @@ def load_engine(settings: Settings, text_model_version: str, path: Path | None =
     from modpipe.decision.model import DecisionModel
 
     model = DecisionModel.load(path or resolve_decision_model(settings, text_model_version))
-    return DecisionEngine.for_model(model, settings.review_threshold, settings.block_threshold, settings.text_floor)
+    return DecisionEngine.for_model(model, settings.review_threshold, settings.block_threshold, settings.text_floor,
+                                    settings.reasons)

@@ -48,7 +48,8 @@ _log = log.get(__name__)
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     scenarios: tuple[str, ...] = ("mixed", "campaign_burst", "stealth_campaign", "hijacked_accounts", "human_spammers",
-                                  "obfuscated_campaign", "human_lures", "taken_over_lures", "ham_only")
+                                  "obfuscated_campaign", "human_lures", "taken_over_lures", "link_lures",
+                                  "business_commerce", "ham_only")
     rates: tuple[float, ...] = (20.0, 50.0, 100.0)
     posts_per_run: int = 1500
     train_fraction: float = 0.8

@@ -71,11 +71,14 @@ def test_every_valid_post_gets_exactly_one_correct_decision(local_stack, pipelin
         assert d["model_versions"]["decider"].startswith("lgbm-")  # the LightGBM engine decides by default
         assert d["features"]["text_probability"] == pytest.approx(d["text_probability"])
         reasons = d["reasons"]
-        if reasons and reasons[0]["contribution"] is None:  # the text floor decided (docs/decision-engine.md)
-            assert reasons[0]["feature"] == "text_probability" and d["verdict"] == "review"
-            reasons = reasons[1:]
-        sizes = [abs(r["contribution"]) for r in reasons]
-        assert sizes and sizes == sorted(sizes, reverse=True) and all(r["description"] for r in d["reasons"])
+        if d["verdict"] == "allow":  # MODPIPE_REASONS=flagged, the default: only what moderators read is explained
+            assert reasons == []
+        else:
+            if reasons and reasons[0]["contribution"] is None:  # the text floor decided (docs/decision-engine.md)
+                assert reasons[0]["feature"] == "text_probability" and d["verdict"] == "review"
+                reasons = reasons[1:]
+            sizes = [abs(r["contribution"]) for r in reasons]
+            assert sizes and sizes == sorted(sizes, reverse=True) and all(r["description"] for r in d["reasons"])
         assert d["revision"] == 1 and d["short_circuit"] is None and 0 <= d["latency_ms"] < 120_000
     metrics = stack.scrape()
     assert metrics["modpipe_posts_consumed_total"] >= 150

@@ -198,3 +198,55 @@ def test_text_floor_setting_is_validated():
     for bad in ("1.5", "high", "-0.1"):
         with pytest.raises(SettingsError, match="MODPIPE_TEXT_FLOOR"):
             Settings.from_env({"MODPIPE_TEXT_FLOOR": bad})
+
+
+@pytest.fixture(scope="module")
+def noisy_model() -> DecisionModel:
+    """Trained on labels a third of which are flipped: scores spread over (0, 1), so all three verdicts occur."""
+    rng = np.random.default_rng(5)
+    rows = [(_features(rng, spam), spam ^ (rng.random() < 0.33)) for spam in rng.random(2000) < 0.5]
+    x = np.asarray([decision_vector(f) for f, _ in rows])
+    y = np.asarray([s for _, s in rows], dtype=float)
+    booster = lgb.train({"objective": "binary", "verbose": -1, "seed": 0, "deterministic": True,
+                         "min_data_in_leaf": 20, "num_threads": 1},
+                        lgb.Dataset(x, y, feature_name=list(DECISION_FEATURES)), num_boost_round=40)
+    return DecisionModel(booster, list(DECISION_FEATURES), DecisionModel.version_of(booster))
+
+
+@pytest.mark.parametrize("text_floor", [None, 0.5])
+def test_reasons_for_flagged_posts_only_keep_every_verdict_and_probability(noisy_model, text_floor):
+    rng = np.random.default_rng(7)
+    feats = [_features(rng, spam) for spam in rng.random(400) < 0.5]
+    for f in feats[::5]:  # some authors at home, so that the floor's exception is taken too
+        f.update(ip_distinct_users=1, ip_posts=3)
+    probs = noisy_model.predict(np.asarray([decision_vector(f) for f in feats]))
+    review, block = (float(q) for q in np.quantile(probs, [0.4, 0.8]) + 1e-7)  # all three verdicts
+    everyone = DecisionEngine(noisy_model, review, block, text_floor=text_floor)
+    flagged = DecisionEngine(noisy_model, review, block, text_floor=text_floor, reasons_for="flagged")
+    before, after = everyone.decide_many(feats), flagged.decide_many(feats)
+    assert [v.verdict for v in after] == [v.verdict for v in before]
+    assert {v.verdict for v in before} == {"allow", "review", "block"}
+    for a, b in zip(after, before, strict=True):
+        assert round(a.spam_probability, 6) == round(b.spam_probability, 6)
+        assert a.reasons == ([] if a.verdict == "allow" else b.reasons)
+    assert any(v.verdict == "allow" and v.reasons for v in before)
+    if text_floor is not None:  # the floor raised some allows to review: those are explained too
+        assert any(v.reasons and v.reasons[0]["contribution"] is None for v in after)
+
+
+def test_a_score_next_to_a_threshold_is_explained_so_its_verdict_is_the_contributions(model):
+    rng = np.random.default_rng(3)
+    feats = [_features(rng, spam) for spam in rng.random(50) < 0.5]
+    probs = model.predict(np.asarray([decision_vector(f) for f in feats]))
+    engine = DecisionEngine(model, float(probs[0]) + 5e-10, 0.99, reasons_for="flagged")  # p just under review
+    assert engine._flagged(feats[0], float(probs[0]))
+    assert not engine._flagged(feats[0], float(probs[0]) - 1e-6)
+
+
+def test_the_reasons_setting_reaches_the_engine_and_is_checked():
+    from modpipe.settings import Settings, SettingsError
+
+    assert Settings.from_env({}).reasons == "flagged"  # what moderators read; `all` explains allows too
+    assert Settings.from_env({"MODPIPE_REASONS": "all"}).reasons == "all"
+    with pytest.raises(SettingsError):
+        Settings.from_env({"MODPIPE_REASONS": "some"})

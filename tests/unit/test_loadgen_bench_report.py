@@ -118,3 +118,19 @@ def test_the_table_gives_latency_from_the_schedule_and_from_produce():
     assert "poisson arrivals at 5.0/s; from produce(): 80 / 300 ms | 5.0 | 900 | **3,000** |" in table
     del rep["pipeline"]["latency"]["from_produce"]  # a report from before both were measured still renders
     assert "poisson arrivals at 5.0/s | 5.0 | 900 | **3,000** |" in report.format_markdown(rep)
+
+
+def test_capacity_per_core_of_each_process_and_what_a_gpu_machine_of_n_cores_runs():
+    from loadgen.bench.report import capacity_line
+
+    c = capacity(0.5, gpu_texts_per_s=18_000, cpu_ms_per_post={"workers": 0.5, "triton": 0.3, "broker": 0.4},
+                 machine_cores=16)
+    assert c["posts_per_core_s"] == {"workers": 2000.0, "triton": 3333.3, "broker": 2500.0}
+    # 16 cores / 0.8 ms a post = 20,000 posts/s, more than the GPU's 18,000: the GPU is the limit
+    assert c["machine"] == {"cores": 16, "posts_per_s": 18_000, "limit": "gpu", "workers": 9, "triton_cores": 6}
+    small = capacity(0.5, gpu_texts_per_s=18_000, cpu_ms_per_post={"workers": 0.5, "triton": 0.3}, machine_cores=8)
+    assert small["machine"] == {"cores": 8, "posts_per_s": 10_000, "limit": "cores", "workers": 5, "triton_cores": 3}
+    line = capacity_line(c)
+    assert "A GPU machine of 16 cores (broker elsewhere) decides 18,000 posts/s (its GPU the limit) with 9 workers" \
+        in line and "broker 2,500" in line
+    assert "machine" not in capacity(0.5)  # no split by process: the worker's line alone

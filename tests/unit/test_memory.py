@@ -295,3 +295,60 @@ def test_without_glibc_the_worker_does_not_trim(monkeypatch):
 
     monkeypatch.setattr(worker.ctypes, "CDLL", no_libc)
     asyncio.run(asyncio.wait_for(worker._trim_forever(), 1))  # returns at once
+
+
+# ------------------------------------------------------------------------------------------------ the quick size
+
+def test_approx_size_is_deep_size_for_ascii_text_and_floats_and_never_less_for_the_rest():
+    value = {"a": "x" * 300, "b": [1.5, "yz" * 40, {"c": b"\x00" * 50, "d": (2.5, "w")}], "e": 7.25}
+    assert memory.approx_size(value) == deep_size(value)
+    assert memory.approx_size([1.25, "s" * 9]) == deep_size([1.25, "s" * 9])
+    assert memory.approx_size("x" * 1000) == deep_size("x" * 1000)
+    for other in (["é" * 100, "ā" * 100, "😀" * 100], {"😀" * 9: 1}, [3, 2 ** 40, -(2 ** 62)], [10 ** 30, 10 ** 300],
+                  [None, True, False, 0], {"k": {"j": [[], {}, ()]}}, [b"x" * 10, "y"]):
+        assert memory.approx_size(other) >= deep_size(other), other
+    assert memory.approx_size(["😀" * 100]) == deep_size(["😀" * 100])  # four bytes a character: exact
+    assert memory.approx_size([10 ** 300]) == deep_size([10 ** 300])  # beyond 64 bits: measured
+
+
+def test_approx_size_counts_a_shared_object_each_time_so_never_less_than_deep_size():
+    s = "x" * 1000
+    assert memory.approx_size((s, s)) == deep_size((s, s)) + deep_size(s)
+    assert memory.approx_size({("k", s): [s]}) >= deep_size({("k", s): [s]})  # a tuple key is walked too
+
+
+def test_approx_size_of_a_queued_post_is_within_a_fifth_of_deep_size():
+    from features.vector import FEATURE_NAMES
+
+    post = ready_post(3)
+    post.post["text"] = emoji_link(1, 3000)
+    post.features.update({name: (float(i) if i % 3 else None) for i, name in enumerate(FEATURE_NAMES)})
+    post.features["url_domain"] = "example1.com"
+    for part in (post.post, post.features, post.ctx):
+        assert deep_size(part) <= memory.approx_size(part) <= 1.2 * deep_size(part) + 200
+
+
+def test_approx_size_hands_other_objects_to_deep_size():
+    info = parse_url("https://shop.example.co.uk/a/b?q=1")
+    assert memory.approx_size(info) == deep_size(info)
+    assert memory.approx_size([info]) >= deep_size(info)
+
+
+def test_a_cache_hit_moves_the_entry_to_the_recent_end_and_counts_it():
+    from features import journey
+
+    calls = []
+
+    @memory.cached("journey_step")
+    def double(x):
+        calls.append(x)
+        return x * 2
+
+    try:
+        assert [double(1), double(2), double(1)] == [2, 4, 2] and calls == [1, 2]
+        assert (double.cache.hits, double.cache.misses) == (1, 2)
+        assert double.cache.keys() == [2, 1]
+        assert double.cache.get(2) == 4 and double.cache.keys() == [1, 2]
+        assert double.cache.get(3, "none") == "none" and double.cache.misses == 3
+    finally:
+        memory.register(journey._kind_of.cache)  # the real cache of that name back in CACHES

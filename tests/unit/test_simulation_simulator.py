@@ -344,3 +344,57 @@ def test_lure_scenarios_need_spam_texts_and_existing_scenarios_have_no_lures():
     with pytest.raises(ValueError, match="no spam texts"):
         simulate([t for t in TEXTS if t["label"] == "ham"], 10, "human_lures")
     assert not any(e.truth.get("lure") for e in posts_of(simulate(TEXTS, 1500, "mixed", seed=2)))
+
+
+def test_link_lures_carry_a_link_whose_domain_alone_says_little():
+    posts = posts_of(simulate(TEXTS, 3000, "link_lures", seed=5))
+    lures = [e for e in posts if e.truth["lure"]]
+    legit = [e for e in posts if not e.truth["is_spam"]]
+    assert 0.08 < len(lures) / len(posts) < 0.16 and {e.truth["lure"] for e in lures} == {"aged", "new"}
+    assert all(e.truth["lure_link"] and e.payload["url"] for e in lures)
+    assert not any(e.truth["lure_link"] for e in legit)
+    assert len({e.payload["user_id"] for e in lures}) == len(lures)  # once per account, as human_lures
+    hosts = Counter(parse_url(e.payload["url"]).domain for e in lures)
+    messaging = {"wa.me", "t.me", "m.me", "instagram.com"}
+    shortened = sum(n for h, n in hosts.items() if h in SHORTENER_DOMAINS)
+    throwaway = {h: n for h, n in hosts.items() if h not in messaging and h not in SHORTENER_DOMAINS}
+    assert sum(hosts[h] for h in messaging) > len(lures) / 4 and shortened > len(lures) / 10
+    assert max(throwaway.values()) <= 3  # a throwaway domain is (nearly) never seen twice
+    # a messaging link's domain is old and clean: its reputation does not give the lure away
+    clean = [e["url_reputation"] for e in (x.payload for x in lures)
+             if "url_reputation" in e and parse_url(e["url"]).domain in messaging]
+    assert clean and all(r["wot_score"] >= 70 for r in clean)
+    # people share contact links too
+    assert any(parse_url(e.payload["url"]).domain in messaging for e in legit if e.payload["url"])
+
+
+def test_businesses_post_commerce_through_a_scheduling_tool():
+    sim = Simulation(TEXTS, "business_commerce", seed=6)
+    posts = posts_of(list(sim.events(i / 50 for i in range(3000))))
+    business = [e for e in posts if e.truth["business"]]
+    assert 0.18 < len(business) / len(posts) < 0.32
+    assert all(not e.truth["is_spam"] and e.truth["actor"] == "legit" and not e.truth["lure"] for e in business)
+    shops = {a.user_id: a.shop for a in sim.businesses}
+    assert len(set(shops.values())) > 20 and {e.payload["user_id"] for e in business} <= set(shops)
+    for e in business:  # each links to its own shop only, with tracking parameters; its e-mail is at the shop
+        assert e.payload["user"]["email_domain"] == shops[e.payload["user_id"]]
+        if e.payload["url"]:
+            assert parse_url(e.payload["url"]).domain.endswith(shops[e.payload["user_id"]])
+            assert "utm_source=" in e.payload["url"]
+    api = [e for e in business if not e.payload["journey"]]
+    assert 0.45 < len(api) / len(business) < 0.75
+    # the tool's few addresses post for many businesses, as a campaign's subnet posts for many accounts
+    assert len({e.payload["ip"] for e in api}) <= 4
+    assert len({e.payload["user_id"] for e in api}) > 20
+    assert statistics.median(_age_days(e) for e in business) > 365
+    lures = [e for e in posts if e.truth["lure"]]
+    assert 0.02 < len(lures) / len(posts) < 0.08 and 0.3 < sum(e.truth["lure_link"] for e in lures) / len(lures) < 0.7
+
+
+def test_new_scenarios_leave_the_others_alone():
+    """The businesses and link lures draw from the rng only in their own scenarios: the other scenarios' traffic,
+    and so every number measured on it before, stays what it was (no new truth keys either)."""
+    for scenario in ("mixed", "human_lures", "ham_only"):
+        posts = posts_of(simulate(TEXTS, 600, scenario, seed=8))
+        assert not any("business" in e.truth or "lure_link" in e.truth for e in posts)
+        assert Simulation(TEXTS, scenario, seed=8).businesses == []
