@@ -81,6 +81,11 @@ SETTINGS_SPEC: dict[str, Spec] = {
     "triton_variant": Spec("MODPIPE_TRITON_VARIANT", "cpu",
                            "spam_text variant the embedded Triton serves: `cpu` (ONNX Runtime) or `cuda` (PyTorch, "
                            "fp16 on a GPU; on a machine without one it runs on the CPU in fp32)."),
+    "text_path": Spec("MODPIPE_TEXT_PATH", "triton",
+                      "Where a post's text is tokenized and read by the lexical stack: `triton` (the worker sends "
+                      "the raw text to spam_text_ensemble, which does both; the worker keeps only the text cache) "
+                      "or `worker` (the worker tokenizes, calls MODPIPE_TRITON_MODEL and applies the stack itself). "
+                      "A MODPIPE_MAX_SEQ_LEN shorter than the build's window needs `worker`."),
     "text_model": Spec("MODPIPE_TEXT_MODEL", "on",
                        "`on`, or `off` to decide without the text model (no Triton; text_probability null): "
                        "for benchmarks of the feature path."),
@@ -340,6 +345,7 @@ class Settings:
     ban_log_timeout_s: float
     warm_up_timeout_s: float
     text_cache_size: int
+    text_path: str
     max_seq_len: int
     max_text_chars: int
     review_threshold: float
@@ -480,6 +486,8 @@ class Settings:
             raise SettingsError("MODPIPE_TEXT_MODEL_OUTAGE_POLICY must be `decide`, `review` or `wait`")
         if self.text_model_outage_s < 0:
             raise SettingsError("MODPIPE_TEXT_MODEL_OUTAGE_S must be >= 0")
+        if self.text_path not in ("triton", "worker"):
+            raise SettingsError("MODPIPE_TEXT_PATH must be `triton` or `worker`")
         if self.max_seq_len < 0:
             raise SettingsError("MODPIPE_MAX_SEQ_LEN must be >= 0 (0: the build's own)")
         if self.model_profile not in ("full", "gpu", "demo"):

@@ -96,7 +96,7 @@ def build_worker(settings: Settings, name: str):
     scorer = TextScorer(build, default_triton_url(settings), settings.triton_model, settings.triton_timeout_s,
                         settings.max_seq_len, disabled=settings.text_model == "off",
                         cache_texts=settings.text_cache_size, outage_s=settings.text_model_outage_s,
-                        outage_policy=settings.text_model_outage_policy)
+                        outage_policy=settings.text_model_outage_policy, text_path=settings.text_path)
     decider = make_decider(settings, build.version)
     shadow = make_shadow(settings, build.version)
     bans = BanRegistry(settings, bootstrap, pipe.topics.bans)

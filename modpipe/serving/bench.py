@@ -13,6 +13,11 @@ One run measures, on the same held-out texts (the build's heldout.jsonl, a fixed
   and as a share of the ceiling's time per text; and the worker's whole client-side text path (tokenize +
   stack) in CPU time per text, with the tokenizer's normaliser run once (as served) and twice.
 
+- the text paths side by side (`text_paths`), the same texts in requests of MODPIPE_MAX_BATCH, with neither
+  cache: the client's CPU per text (this process: tokenizing, the stack, the request) and Triton's (its whole
+  process group, when it runs on this machine) for `worker` (tokenize here, spam_text, the stack here: the
+  python head, as before charhead.py, and the numpy head) and `triton` (raw texts to spam_text_ensemble).
+
 Tokenization happens before the clock starts, in both cases, so the ratios isolate serving cost. `--gpu`
 is the GPU section's preset: request sizes 1/64/256, 1/2/8/32 in flight, PyTorch's ceiling on CUDA.
 """
@@ -20,11 +25,14 @@ is the GPU section's preset: request sizes 1/64/256, 1/2/8/32 in flight, PyTorch
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from modpipe.serving.charhead import CharHead
 from modpipe.serving.client import TextModelClient
 from modpipe.textmodel.artifacts import ModelBuild
 from modpipe.textmodel.tokenize import BatchTokenizer
@@ -225,6 +233,99 @@ def bench_stack(build: ModelBuild, texts: Sequence[str]) -> dict | None:
             "client_cpu_us_per_text": paths, "shared_over_separate": div(paths["shared"], paths["separate"])}
 
 
+def server_group(url: str) -> int | None:
+    """Process group of the tritonserver on this machine listening on `url`'s gRPC port (the launcher starts it in
+    a session of its own, its python backend stubs inside), or None."""
+    port = url.rpartition(":")[2]
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                    args = f.read().split(b"\0")
+            except OSError:
+                continue
+            if args and args[0].endswith(b"tritonserver") and f"--grpc-port={port}".encode() in args:
+                with contextlib.suppress(OSError):
+                    return os.getpgid(int(entry.name))
+    return None
+
+
+def group_cpu_s(pgid: int | None) -> float | None:
+    """CPU seconds (user + system) of the live processes of a process group."""
+    if pgid is None:
+        return None
+    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat") as f:
+                    data = f.read()
+            except OSError:
+                continue
+            rest = data[data.rindex(")") + 2:].split()
+            if int(rest[2]) == pgid:
+                total += (int(rest[11]) + int(rest[12])) / tick
+    return total
+
+
+def bench_text_paths(url: str, build: ModelBuild, model_name: str, texts: Sequence[str], batch: int = 64,
+                     rounds: int = 2, timeout_s: float = 120.0) -> dict:
+    """CPU per text of each text path, client and Triton side by side (module docstring), best of `rounds`
+    alternated passes; and the largest difference between the paths' served probabilities."""
+    stack = build.stack()
+    tok = BatchTokenizer.for_build(build)
+    fast = CharHead.of(stack.head) if stack is not None else None
+    pgid = server_group(url)
+    chunks = [list(texts[i:i + batch]) for i in range(0, len(texts), batch)]
+
+    def served(proba, margins):
+        return 1.0 / (1.0 + np.exp(-stack.decision(proba, margins)))
+
+    async def worker_path(client, part, margins_of):
+        ids, mask, normalized = tok.encode_normalized(part)
+        proba = await client.spam_probabilities(ids, mask)
+        return proba if stack is None else served(proba, margins_of(normalized))
+
+    async def triton_path(client, part):
+        return await client.spam_probabilities_text(part)
+
+    paths = {"worker_python_head": lambda c, p: worker_path(c, p, stack.head.margins if stack else None),
+             "worker_numpy_head": lambda c, p: worker_path(c, p, fast.margins if fast else
+                                                           (stack.head.margins if stack else None)),
+             "triton": triton_path}
+    best: dict[str, dict] = {}
+    values: dict[str, np.ndarray] = {}
+
+    async def measure():
+        async with TextModelClient(url, model_name=model_name, timeout_s=timeout_s) as client:
+            for fn in paths.values():  # warm: connections, the ensemble's instances
+                await fn(client, chunks[0][:8])
+            for _ in range(rounds):
+                for name, fn in paths.items():
+                    server0, client0, wall0 = group_cpu_s(pgid), time.process_time(), time.perf_counter()
+                    out = [await fn(client, part) for part in chunks]
+                    wall = time.perf_counter() - wall0
+                    client_s, server1 = time.process_time() - client0, group_cpu_s(pgid)
+                    values[name] = np.concatenate(out)
+                    row = {"client_cpu_us_per_text": round(client_s / len(texts) * 1e6, 1),
+                           "triton_cpu_us_per_text": None if server0 is None else
+                           round((server1 - server0) / len(texts) * 1e6, 1),
+                           "texts_per_s": round(len(texts) / wall, 1)}
+                    old = best.get(name)
+                    if old is None or row["client_cpu_us_per_text"] < old["client_cpu_us_per_text"]:
+                        best[name] = row
+
+    asyncio.run(measure())
+    base = values["worker_python_head"]
+    return {"texts": len(texts), "batch": batch, "rounds": rounds, "triton_measured": pgid is not None,
+            "paths": best,
+            "max_abs_diff_vs_worker_python_head": {k: float(np.max(np.abs(v - base))) for k, v in values.items()}}
+
+
 def run(url: str, build: ModelBuild, model_name: str, n_texts: int = 256,
         batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, inflight: int | Sequence[int] = 2, include_ort: bool = True,
         ort_threads: int = 2, progress: bool = True, ceiling: str = "ort", torch_device: str = "auto") -> dict:
@@ -252,6 +353,7 @@ def run(url: str, build: ModelBuild, model_name: str, n_texts: int = 256,
         else:
             ceiling_rows = []
     stack = bench_stack(build, texts)
+    text_paths = bench_text_paths(url, build, model_name, texts)
     out_ratios = ratios(triton_rows, ceiling_rows)
     if stack is not None and out_ratios.get("best_ceiling_texts_per_s"):
         # its time per text as a share of the transformer's (the best in-process ceiling)
@@ -264,6 +366,7 @@ def run(url: str, build: ModelBuild, model_name: str, n_texts: int = 256,
                             "max": int(max(lengths))},
         "tokenize_texts_per_s": round(n_texts / tokenize_s, 1) if tokenize_s else None,
         "triton": triton_rows, "ceiling_rows": ceiling_rows, "ratios": out_ratios, "stack": stack,
+        "text_paths": text_paths,
     }
 
 
@@ -295,4 +398,11 @@ def format_table(report: dict) -> str:
         cpu = stack["client_cpu_us_per_text"]
         lines.append(f"worker's text path (tokenize + stack), CPU us/text: normaliser run twice {cpu['separate']}, "
                      f"once {cpu['shared']} (served: once); ratio {stack['shared_over_separate']}")
+    paths = report.get("text_paths")
+    if paths:
+        lines.append(f"text paths, {paths['texts']} texts in requests of {paths['batch']}, no cache: CPU us/text "
+                     "client / Triton, texts/s, max |served difference| vs the python head")
+        for name, row in paths["paths"].items():
+            lines.append(f"  {name:<20} {row['client_cpu_us_per_text']:>8} / {row['triton_cpu_us_per_text']!s:>8}"
+                         f"  {row['texts_per_s']:>8}  {paths['max_abs_diff_vs_worker_python_head'][name]:.1e}")
     return "\n".join(lines)

@@ -27,6 +27,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 import modpipe
+from modpipe.serving import charhead
 from modpipe.textmodel import lexical
 from modpipe.textmodel.artifacts import TORCH_DIR, TORCH_FILES, ModelBuild
 
@@ -201,6 +202,7 @@ def assemble(dest: Path, build: ModelBuild, variant: str = "cpu", model_name: st
             _place(build.path / lexical.HEAD_FILE, version / lexical.HEAD_FILE, link)
             _place(build.tokenizer, version / "tokenizer.json", link)
             _place(Path(lexical.__file__), version / "lexical.py", link=False)
+            _place(Path(charhead.__file__), version / "charhead.py", link=False)  # its margins in numpy
         elif config.platform == "ensemble":
             for step in config.ensemble_scheduling.step:
                 if step.model_name == TEXT_MODEL:

