@@ -51,7 +51,7 @@ from streams.kafka.records import TP
 from streams.outbox import Outbox, Pending
 from streams.scoring import TextModelUnavailable, TextScorer
 from streams.stages import ReadyPost, Redecision, Stage, event_items, post_item
-from streams.table_states import ChangelogWriter
+from streams.state.table_states import ChangelogWriter
 
 _log = log.get(__name__)
 

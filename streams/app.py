@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from features.events import POST, TABLES
 from modpipe.settings import Settings
-from streams.tables import Table, make_tables
+from streams.state.tables import Table, make_tables
 from streams.topics import TopicNames
 
 

@@ -33,7 +33,7 @@ committed states, and processes the input again from the committed offsets.
 When: as soon as the previous checkpoint is done and the open epoch has a round, if MODPIPE_COMMIT_INTERVAL_MS
 passed since the previous epoch closed; before that, as soon as the open epoch's rounds are all complete (a
 quiet pipeline commits each post's decision at once; a busy one commits at most once per interval). A quiet
-worker also checkpoints when a table holds keys past its retention (streams/tables.py): step 2 writes their
+worker also checkpoints when a table holds keys past its retention (streams/state/tables.py): step 2 writes their
 tombstones, and the transaction holds no offsets. At a revocation and at a stop rounds pause and every epoch
 is committed (`commit_all`).
 """

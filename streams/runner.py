@@ -21,7 +21,8 @@ import collections
 from features import events as fe
 from modpipe import log, memory
 from modpipe.settings import Settings
-from streams import metrics, tables
+from streams import metrics
+from streams.state import tables
 from streams.checkpoint import Checkpointer, FreezeWatch
 from streams.kafka.consumer import GroupConsumer
 from streams.kafka.records import TP, Record

@@ -24,7 +24,7 @@ from typing import Any
 from features.state import Limits, load_state
 from modpipe import log
 from streams import metrics
-from streams.tables import Table, encode_key
+from streams.state.tables import Table, encode_key
 
 _log = log.get(__name__)
 

@@ -1,4 +1,4 @@
-"""streams.tables without a broker: changelog naming and record encoding, the in-memory table partitions and their
+"""streams.state.tables without a broker: changelog naming and record encoding, the in-memory table partitions and their
 retention, and `restore` against a fake confluent-kafka Consumer (committed changelog records replace the
 partitions, each key with its record's timestamp)."""
 
@@ -19,8 +19,8 @@ from confluent_kafka import (
 
 from features.events import TABLES
 from modpipe.settings import Settings
-from streams import tables
-from streams.tables import Table, changelog_topic, encode_key, encode_value, make_tables, restore
+from streams.state import tables
+from streams.state.tables import Table, changelog_topic, encode_key, encode_value, make_tables, restore
 
 
 def test_changelog_names_and_records_are_what_the_readers_expect():

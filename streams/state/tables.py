@@ -7,7 +7,7 @@ committed together with the input offsets that produced them (one Kafka transact
 streams/checkpoint.py). So a restored table never runs ahead of the committed input, and the input processed
 again after a crash is counted once, from the state as it was when that input's offsets were committed.
 
-States are written once per changed key per checkpoint (`streams/table_states.py`): into this store and, as a
+States are written once per changed key per checkpoint (`streams/state/table_states.py`): into this store and, as a
 changelog record in the open transaction, to the changelog partition of the same number. The records are
 what faust wrote (the key and the state as JSON, changelog `<app id>-features-<table>-changelog`), so
 `modpipe chaos` and `features.offline` read them the same way.
