@@ -226,6 +226,11 @@ class Wiring:
         self.observe_tables()
         return pending
 
+    def committed(self) -> None:
+        """The checkpoint's transaction committed: the tables' stores take its states."""
+        for table in self.pipe.tables.values():
+            table.committed()
+
     def expiry_due(self) -> bool:
         """Whether a table holds keys past its retention (a quiet worker checkpoints to forget them)."""
         return any(table.expiry_due() for table in self.pipe.tables.values())
