@@ -230,6 +230,7 @@ class Wiring:
         """The checkpoint's transaction committed: the tables' stores take its states."""
         for table in self.pipe.tables.values():
             table.committed()
+        self.observe_tables()  # a RocksDB table counts its keys once they are in its stores
 
     def expiry_due(self) -> bool:
         """Whether a table holds keys past its retention (a quiet worker checkpoints to forget them)."""
