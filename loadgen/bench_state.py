@@ -35,17 +35,16 @@ TARGETS = {"rss_mib": 1024, "restore_s": 30.0, "posts_per_s_ratio": 0.8}
 MIB = 1024 * 1024
 
 
-def distinct_posts(n: int, run: str, seed: int = 3) -> list[dict]:
-    """N posts, each with a user, a link and an IP address no other post has (the domain: one of N / 100)."""
+def distinct_posts(n: int, run: str, seed: int = 3):
+    """N posts, each with a user, a link and an IP address no other post has (the domain: one of N / 100);
+    made as they are sent (a million posts held at once would take the bench ~3 GB)."""
     rng = random.Random(seed)
-    posts = []
     for i in range(n):
         post = make_post(rng, f"{run}-p{i}", "see the offer", user_id=f"{run}-u{i}")
-        post["url"] = f"https://d{i % max(1, n // 100)}.{run}.example.com/item/{i}"
+        post["url"] = f"https://www.d{i % max(1, n // 100)}-{run}.com/item/{i}"
         post["ip"] = str(ipaddress.IPv4Address(0x0B000000 + i))  # 11.0.0.0/8: public, one per post
         post.pop("url_reputation", None)
-        posts.append(post)
-    return posts
+        yield post
 
 
 def rss_bytes(pid: int) -> tuple[int, int]:
@@ -58,7 +57,7 @@ def rss_bytes(pid: int) -> tuple[int, int]:
     return fields.get("VmRSS", 0), fields.get("VmHWM", 0)
 
 
-def _produce(bootstrap: str, topic: str, posts: list[dict]) -> None:
+def _produce(bootstrap: str, topic: str, posts) -> None:
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "partitioner": "murmur2_random",
                          "logger": log.kafka_client_logger()})
     for post in posts:
@@ -80,7 +79,7 @@ def one_pass(settings: Settings, backend: str, n: int, progress: bool, timeout_s
     tag = uuid.uuid4().hex[:6]
     settings = dataclasses.replace(settings, state_backend=backend, topic_prefix=f"{settings.topic_prefix}{backend}{tag}.",
                                    app_id=f"{settings.app_id}-{backend}{tag}")
-    posts = distinct_posts(n, f"{backend}{tag}")
+    run = f"{backend}{tag}"
     bootstrap = settings.bootstrap_servers
     ensure_topics(settings, bootstrap)
     with LocalStack(settings, workers=1, extra_env={"MODPIPE_STATE_BACKEND": backend}) as stack:
@@ -88,10 +87,11 @@ def one_pass(settings: Settings, backend: str, n: int, progress: bool, timeout_s
         consumer = end_consumer(settings, bootstrap, [stack.topics.decisions])
         rss_start = rss_bytes(worker.process.pid)[0]
         rss_peak = rss_start
-        wanted = {p["post_id"] for p in posts}
+        wanted = {f"{run}-p{i}" for i in range(n)}
         started = time.time()
-        _produce(bootstrap, stack.topics.posts, posts)
+        _produce(bootstrap, stack.topics.posts, distinct_posts(n, run))
         decided: dict[str, float] = {}
+        timeline: list[tuple[int, float]] = []
         sampled_at = 0.0
         with progress_bar(total=n, desc=f"decisions ({backend})", enabled=progress) as bar:
             while len(decided) < len(wanted) and time.time() - started < timeout_s:
@@ -99,7 +99,10 @@ def one_pass(settings: Settings, backend: str, n: int, progress: bool, timeout_s
                     raise RuntimeError(f"the worker died; see {worker.process.log_path}")
                 if time.time() - sampled_at > 0.5:
                     sampled_at = time.time()
-                    rss_peak = max(rss_peak, rss_bytes(worker.process.pid)[0])
+                    rss_now = rss_bytes(worker.process.pid)[0]
+                    rss_peak = max(rss_peak, rss_now)
+                    if len(decided) >= len(timeline) * n / 10:  # resident memory as the keys grow
+                        timeline.append((len(decided), round(rss_now / MIB, 1)))
                 for msg in consumer.consume(2000, 0.2):
                     if msg.error():
                         continue
@@ -139,6 +142,9 @@ def one_pass(settings: Settings, backend: str, n: int, progress: bool, timeout_s
         "disk_bytes": sum(disk.values()) if disk else None,
         "disk_bytes_per_key": {t: round(disk[t] / keys[t]) if keys[t] else None for t in disk} if disk else None,
         "rss_bytes_per_key": round((rss_end - rss_start) / total_keys) if total_keys else None,
+        "rss_mib_by_posts": timeline,
+        # what the worker's byte-bounded caches and buffers held at the end (modpipe/memory.py)
+        "cache_mib": round(_sum(metrics, "modpipe_cache_bytes") / MIB, 1),
         "restore": {"seconds": round(_sum(after, "modpipe_table_restore_seconds"), 2),
                     "changelog_records_read": int(_sum(after, "modpipe_table_restored_records_total")),
                     "kill_to_ready_s": round(ready_s, 1)},
