@@ -33,6 +33,7 @@ from streams.topics import ensure_topics
 BACKENDS = ("rocksdb", "memory")
 TARGETS = {"rss_mib": 1024, "restore_s": 30.0, "posts_per_s_ratio": 0.8}
 MIB = 1024 * 1024
+IDLE_S = 12.0
 
 
 def distinct_posts(n: int, run: str, seed: int = 3):
@@ -116,7 +117,9 @@ def one_pass(settings: Settings, backend: str, n: int, progress: bool, timeout_s
         from loadgen.bench.pipeline import saturation_rates
 
         rates = saturation_rates(started, list(decided.values()))
-        time.sleep(2.0)  # the last checkpoint's stores written
+        # idle: the last checkpoint's stores written, and the worker's malloc_trim (every 5 s) has handed the
+        # heap's free pages back: what the worker holds, not what the burst of all N posts at once took
+        time.sleep(IDLE_S)
         rss_end, rss_hwm = rss_bytes(worker.process.pid)
         metrics = stack.scrape()
         keys = {t: int(_sum(metrics, f"modpipe_table_keys{{table={t}}}")) for t in ("user", "url", "domain", "ip", "post")}
@@ -135,8 +138,10 @@ def one_pass(settings: Settings, backend: str, n: int, progress: bool, timeout_s
     return {
         "backend": backend, "posts": n,
         "posts_per_s": rates["steady"] or rates["overall"], "posts_per_s_overall": rates["overall"],
+        # peak: every post was produced at once, so the worker held its bounded buffers full throughout;
+        # idle: after the run, once the heap's free pages went back
         "rss_mib": {"start": round(rss_start / MIB, 1), "peak": round(max(rss_peak, rss_hwm) / MIB, 1),
-                    "end": round(rss_end / MIB, 1)},
+                    "idle": round(rss_end / MIB, 1)},
         "keys": keys,
         "encoded_bytes_per_key": {t: round(encoded[t] / keys[t]) if keys[t] else None for t in keys},
         "disk_bytes": sum(disk.values()) if disk else None,
@@ -173,11 +178,11 @@ def run(settings: Settings, n: int, backends=BACKENDS, progress: bool = True, ti
     if rocks:
         keys = sum(rocks["keys"].values())
         report["capacity"] = {
-            "keys_per_gib_ram": round(keys / max(rocks["rss_mib"]["peak"] / 1024, 1e-9)),
+            "keys_per_gib_ram": round(keys / max(rocks["rss_mib"]["idle"] / 1024, 1e-9)),
             "keys_per_gib_disk": round(keys / (rocks["disk_bytes"] / 1024**3)) if rocks["disk_bytes"] else None,
             "restore_s_per_million_keys": round(rocks["restore"]["seconds"] / keys * 1e6, 2) if keys else None,
         }
-        targets = {"rss_mib": {"target": f"<= {TARGETS['rss_mib']}", "value": rocks["rss_mib"]["peak"],
+        targets = {"rss_mib": {"target": f"<= {TARGETS['rss_mib']} (peak)", "value": rocks["rss_mib"]["peak"],
                                "met": rocks["rss_mib"]["peak"] <= TARGETS["rss_mib"]},
                    "restore_s": {"target": f"<= {TARGETS['restore_s']}", "value": rocks["restore"]["kill_to_ready_s"],
                                  "met": rocks["restore"]["kill_to_ready_s"] <= TARGETS["restore_s"]}}
