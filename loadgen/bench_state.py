@@ -117,8 +117,12 @@ def one_pass(settings: Settings, backend: str, n: int, progress: bool, timeout_s
         from loadgen.bench.pipeline import saturation_rates
 
         rates = saturation_rates(started, list(decided.values()))
-        # idle: the last checkpoint's stores written, and the worker's malloc_trim (every 5 s) has handed the
-        # heap's free pages back: what the worker holds, not what the burst of all N posts at once took
+        # idle: every decision's feedback applied to the tables too (it reaches them through the stage topics
+        # after the decision is out), the last checkpoint's stores written, and the worker's malloc_trim (every
+        # 5 s) has handed the heap's free pages back: what the worker holds, not what the burst took
+        deadline = time.time() + timeout_s
+        while (stack.group_lag() or 0) > 0 and time.time() < deadline:
+            time.sleep(1.0)
         time.sleep(IDLE_S)
         rss_end, rss_hwm = rss_bytes(worker.process.pid)
         metrics = stack.scrape()
