@@ -111,7 +111,7 @@ def decisions(consumer, wanted: set[str], got: set[str], until: int, timeout_s: 
 
 
 def test_a_worker_killed_mid_stream_restores_from_its_stores_and_the_tail(local_stack, pipeline_settings, model_build):
-    stack = local_stack(workers=1)
+    stack = local_stack(workers=1, modpipe_state_backend="rocksdb")  # the default, stated: this test is about it
     settings = pipeline_settings
     consumer = end_consumer(settings, stack.bootstrap, [stack.topics.decisions])
     first = produce_posts(settings, 60, "first", model_build.heldout())
