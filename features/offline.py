@@ -3,7 +3,7 @@ runtime's tables.
 
 The per-event logic is the streaming logic: `features.events` prepares and routes, `features.state`
 applies, `features.vector.assemble` builds the map. Only storage differs (dicts here, which never forget a
-key: the streaming tables forget keys not written for their retention, streams/tables.py, so the two agree
+key: the streaming tables forget keys not written for their retention, streams/state/tables.py, so the two agree
 while no key goes unwritten that long). `apply_event` is storage-agnostic and can also drive a single-process
 pipeline.
 
@@ -53,7 +53,7 @@ def apply_event(kind: str, ctx: dict, store: Store) -> dict[str, Any]:
 
 class DictStore:
     """Tables as dicts of state objects; `roundtrip=True` stores JSON text instead, exercising
-    to_dict/from_dict on every event as a table restored from its changelog does (streams/tables.py)."""
+    to_dict/from_dict on every event as a table restored from its changelog does (streams/state/tables.py)."""
 
     def __init__(self, limits: Limits = DEFAULT_LIMITS, roundtrip: bool = False):
         self.limits, self.roundtrip = limits, roundtrip

@@ -217,8 +217,8 @@ def read_all(settings: Settings, bootstrap: str, topics: list[str], isolation: s
 
 def changelog_topic(settings: Settings, table: str) -> str:
     """The changelog a table's states are written to (`<app id>-features-<table>-changelog`), by
-    streams/tables.py's own naming."""
-    from streams import tables
+    streams/state/tables.py's own naming."""
+    from streams.state import tables
 
     return tables.changelog_topic(settings.app_id, table)
 

@@ -330,6 +330,19 @@ def _bench_features(args) -> int:
     return 0
 
 
+def _bench_state(args) -> int:
+    from loadgen.bench_state import BACKENDS, run
+
+    backends = tuple(b for b in args.backends.split(",") if b) if args.backends else BACKENDS
+    bad = set(backends) - set(BACKENDS)
+    if bad:
+        raise SystemExit(f"--backends: unknown {sorted(bad)} (choose from {', '.join(BACKENDS)})")
+    report = run(Settings.from_env(), n=args.keys, backends=backends, progress=not args.json,
+                 timeout_s=args.timeout)
+    output.emit(report, args.json)
+    return 0
+
+
 def _bench_transport(args) -> int:
     from loadgen.bench import transport
     from loadgen.bench.transport_report import format_text
@@ -381,6 +394,19 @@ def register_clients(sub: argparse._SubParsersAction) -> None:
                         "each worker's top functions in the report (needs root or CAP_SYS_PTRACE; slows that pass)")
     p.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
     p.set_defaults(func=_bench_features)
+
+    from loadgen import bench_state
+
+    p = _bench_subparsers(sub).add_parser(
+        "state", help="table state with N distinct users, links and IPs: memory, disk, bytes per key, restore "
+                      "after a SIGKILL, posts/s; RocksDB tables against in-memory ones",
+        description=bench_state.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--keys", type=int, default=100_000,
+                   help="posts, each with a user, link and IP address of its own (default %(default)s)")
+    p.add_argument("--backends", default=None, help="rocksdb, memory or rocksdb,memory (default both)")
+    p.add_argument("--timeout", type=float, default=7200.0, help="seconds each pass may take (default %(default)g)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
+    p.set_defaults(func=_bench_state)
 
     from loadgen.bench import transport
 

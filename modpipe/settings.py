@@ -232,10 +232,15 @@ SETTINGS_SPEC: dict[str, Spec] = {
                                   "worker by ~120 MiB in the soak run.", int),
     "worker_memory_mb": Spec("MODPIPE_WORKER_MEMORY_MB", "2048",
                              "Memory a worker has (its pod's limit: set both together). Every cache and buffer fed "
-                             "by platform data is bounded in bytes by a fixed share of it, ~16 % in all (decision "
-                             "queue 3 %, librdkafka's producer queue 3 %, parsed links 2 %, fetched records 2 %, "
-                             "stage bundles 2 %, text cache 1 %, ...: modpipe/memory.py, docs/features.md); the "
-                             "rest is the process and the feature tables.", int),
+                             "by platform data is bounded in bytes by a fixed share of it, ~24 % in all (RocksDB's "
+                             "cache of the tables 8 %, decision queue 3 %, librdkafka's producer queue 3 %, parsed "
+                             "links 2 %, fetched records 2 %, stage bundles 2 %, text cache 1 %, ...: "
+                             "modpipe/memory.py, docs/features.md); the rest is the process and the stages' "
+                             "decoded states (and the tables with MODPIPE_STATE_BACKEND=memory).", int),
+    "state_backend": Spec("MODPIPE_STATE_BACKEND", "rocksdb",
+                          "Where a worker keeps its feature tables: `rocksdb` (on disk under MODPIPE_STATE_DIR/tables, "
+                          "a bounded cache in memory; a restart reads only the changelogs' tails) or `memory` (every "
+                          "state in memory, restored from the whole changelog). docs/features.md, Table state."),
     "post_retention_s": Spec("MODPIPE_POST_RETENTION_S", "21600",
                              "How long the post table keeps a post not written since (its reports, labels and "
                              "decision snapshot; a later report or ban cannot decide it again). Memory per worker "
@@ -375,6 +380,7 @@ class Settings:
     state_cache_keys: int
     post_state_cache_keys: int
     worker_memory_mb: int
+    state_backend: str
     post_retention_s: float
     feature_retention_s: float
     console_host: str
@@ -445,6 +451,8 @@ class Settings:
             raise SettingsError("MODPIPE_STATE_CACHE_KEYS and MODPIPE_POST_STATE_CACHE_KEYS must be >= 1")
         if self.worker_memory_mb < 256:
             raise SettingsError("MODPIPE_WORKER_MEMORY_MB must be >= 256")
+        if self.state_backend not in ("rocksdb", "memory"):
+            raise SettingsError("MODPIPE_STATE_BACKEND must be `rocksdb` or `memory`")
         if self.post_retention_s < 0 or self.feature_retention_s < 0:
             raise SettingsError("MODPIPE_POST_RETENTION_S and MODPIPE_FEATURE_RETENTION_S must be >= 0 (0: for ever)")
         if self.static_membership not in ("on", "off"):

@@ -7,6 +7,6 @@ probes), `runner.py` (records become rounds; hand-over at rebalances), `agents.p
 and where an item goes next), `stages.py` (what each stage does to its tables), `decisions.py` (Triton
 batches, the decider, publishing), `checkpoint.py` (the one place a worker commits: one Kafka
 transaction), `outbox.py` (the transactional producer) and `incarnations.py` (its transactional id per start). Beside them: `kafka/consumer.py` (the group
-consumer), `tables.py` and `table_states.py` (in-memory tables and their changelogs), `bundles.py`,
+consumer), `state/` (the tables: in RocksDB or in memory, their changelogs and restore), `bundles.py`,
 `scoring.py`, `bans.py`, `health.py`, `metrics.py`, and `stack.py` (the local stack behind `modpipe up`).
 """

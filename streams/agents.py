@@ -51,7 +51,7 @@ from streams.kafka.records import TP
 from streams.outbox import Outbox, Pending
 from streams.scoring import TextModelUnavailable, TextScorer
 from streams.stages import ReadyPost, Redecision, Stage, event_items, post_item
-from streams.table_states import ChangelogWriter
+from streams.state.table_states import ChangelogWriter
 
 _log = log.get(__name__)
 
@@ -232,6 +232,12 @@ class Wiring:
         pending.seal()
         self.observe_tables()
         return pending
+
+    def committed(self) -> None:
+        """The checkpoint's transaction committed: the tables' stores take its states."""
+        for table in self.pipe.tables.values():
+            table.committed()
+        self.observe_tables()  # a RocksDB table counts its keys once they are in its stores
 
     def expiry_due(self) -> bool:
         """Whether a table holds keys past its retention (a quiet worker checkpoints to forget them)."""

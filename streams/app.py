@@ -4,10 +4,13 @@ of its consumer and producer (from `Settings`: bootstrap servers, SASL / TLS).""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from features.events import POST, TABLES
+from modpipe import memory
 from modpipe.settings import Settings
-from streams.tables import Table, make_tables
+from streams.state import rocksdb
+from streams.state.tables import Table, make_tables
 from streams.topics import TopicNames
 
 
@@ -19,15 +22,30 @@ class Pipeline:
     tables: dict[str, Table]  # table name -> its partitions on this worker, changelog-backed
     partitions: int
 
+    def close(self) -> None:
+        for table in self.tables.values():
+            table.close()
+
 
 def retention_ms(settings: Settings) -> dict[str, int]:
     """Feature table -> how long it keeps a key not written since (0: for ever)."""
     return {t: int(1000 * (settings.post_retention_s if t == POST else settings.feature_retention_s)) for t in TABLES}
 
 
-def create_pipeline(settings: Settings) -> Pipeline:
-    return Pipeline(topics=TopicNames.from_settings(settings),
-                    tables=make_tables(settings.app_id, retention_ms(settings)), partitions=settings.partitions)
+def tables_dir(settings: Settings, worker_name: str) -> Path:
+    """Where a worker keeps its RocksDB tables: its own directory (two workers on one host never share a store;
+    a worker restarted under its name finds its stores again)."""
+    return settings.state_dir / "tables" / settings.app_id / worker_name
+
+
+def create_pipeline(settings: Settings, worker_name: str = "worker") -> Pipeline:
+    if settings.state_backend == "rocksdb":
+        tables = rocksdb.make_tables(settings.app_id, tables_dir(settings, worker_name),
+                                     memory.budget_bytes("table_store", settings.worker_memory_mb),
+                                     retention_ms(settings))
+    else:
+        tables = make_tables(settings.app_id, retention_ms(settings))
+    return Pipeline(topics=TopicNames.from_settings(settings), tables=tables, partitions=settings.partitions)
 
 
 def consumer_config(settings: Settings, bootstrap: str, worker_name: str) -> dict:

@@ -1,7 +1,7 @@
 """Stage topics carry bundles: one record per destination partition per round, holding many items.
 
 A stage's table is co-partitioned with its stage topic: every item for a key must land on the partition of
-that key, and a table's state is written under the partition of the record in hand (streams/table_states.py).
+that key, and a table's state is written under the partition of the record in hand (streams/state/table_states.py).
 So the bundler places each item itself, with the murmur2 hash that Kafka's Java client (and librdkafka's
 `murmur2_random` partitioner, which loadgen's producers use) applies to keyed records, and a bundle only ever
 holds items of one partition. One bundle record per partition per round replaces one record per item: a

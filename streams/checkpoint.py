@@ -23,7 +23,9 @@ The steps, in order:
    both with the guard off); the embedded broker checks no generation, so there the guard fences a zombie.
 5. Send the closed epoch's input offsets (the next offset after the last record processed, per partition)
    to the transaction with the consumer's group metadata, and commit the transaction; the next one opens.
-6. The next epoch's records held back meanwhile go into it (`outbox.advance()`).
+6. The tables' stores take the committed states (`wiring.committed()`: a RocksDB table writes them to disk
+   only now, with their changelog position, streams/state/rocksdb.py), and the next epoch's records held back
+   meanwhile go into the next transaction (`outbox.advance()`).
 7. The committed offsets of the internal topics go to the purger (streams/purge.py), which deletes the
    records before them every MODPIPE_PURGE_INTERVAL_MS, on a thread of its own.
 A checkpoint that fails stops the worker without committing: the transaction is aborted, and the partitions'
@@ -33,7 +35,7 @@ committed states, and processes the input again from the committed offsets.
 When: as soon as the previous checkpoint is done and the open epoch has a round, if MODPIPE_COMMIT_INTERVAL_MS
 passed since the previous epoch closed; before that, as soon as the open epoch's rounds are all complete (a
 quiet pipeline commits each post's decision at once; a busy one commits at most once per interval). A quiet
-worker also checkpoints when a table holds keys past its retention (streams/tables.py): step 2 writes their
+worker also checkpoints when a table holds keys past its retention (streams/state/tables.py): step 2 writes their
 tombstones, and the transaction holds no offsets. At a revocation and at a stop rounds pause and every epoch
 is committed (`commit_all`).
 """
@@ -258,7 +260,8 @@ class Checkpointer:
             except BaseException:
                 self.dirty = True  # still uncommitted (the worker stops)
                 raise
-            self.outbox.advance()                                            # 6
+            self.wiring.committed()                                          # 6
+            self.outbox.advance()
             if self.purger is not None:                                      # 7
                 self.purger.committed(offsets)
             self.commits += 1

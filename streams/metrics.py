@@ -36,6 +36,10 @@ STATE_EXPIRED = Counter("modpipe_state_expired_total",
 TABLE_KEYS = Gauge("modpipe_table_keys", "Keys this worker holds per feature table (its partitions).", ["table"])
 TABLE_BYTES = Gauge("modpipe_table_bytes", "Encoded size of the states this worker holds per feature table.",
                     ["table"])
+RESTORED_RECORDS = Counter("modpipe_table_restored_records_total",
+                           "Changelog records applied to this worker's tables by restores (with RocksDB tables: "
+                           "the changelogs' tails beyond what the stores held).")
+RESTORE_SECONDS = Gauge("modpipe_table_restore_seconds", "How long the last table restore took.")
 DEAD_LETTERS = Counter("modpipe_dead_letters_total", "Records sent to the dead-letter topic, by reason.", ["reason"])
 END_TO_END_LATENCY = Histogram(
     "modpipe_end_to_end_latency_seconds",

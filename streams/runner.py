@@ -21,11 +21,12 @@ import collections
 from features import events as fe
 from modpipe import log, memory
 from modpipe.settings import Settings
-from streams import metrics, tables
+from streams import metrics
 from streams.checkpoint import Checkpointer, FreezeWatch
 from streams.kafka.consumer import GroupConsumer
 from streams.kafka.records import TP, Record
 from streams.purge import PurgePlan, Purger
+from streams.state import tables
 from streams.waiting import wait_at_most
 
 _log = log.get(__name__)

@@ -23,7 +23,7 @@ from typing import Any
 from features import events as fe
 from features.state import RESENT, Limits, ban_features, mark_post
 from features.vector import assemble
-from streams.table_states import TableStates
+from streams.state.table_states import TableStates
 
 
 @dataclasses.dataclass

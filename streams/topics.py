@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from features.events import STAGES, TABLES
 from modpipe import log
 from modpipe.settings import Settings
-from streams.tables import changelog_topic
+from streams.state.tables import changelog_topic
 
 _log = log.get(__name__)
 
@@ -51,7 +51,7 @@ class TopicNames:
     dead_letters: str
     stages: dict[str, str]  # stage name -> its internal topic `features.<stage>`
     awaiting_text: str  # degraded decisions' posts, decided again once the text model answers
-    changelogs: dict[str, str]  # table name -> its changelog topic (streams/tables.py)
+    changelogs: dict[str, str]  # table name -> its changelog topic (streams/state/tables.py)
     incarnations: str  # each worker's incarnation counter (streams/incarnations.py), compacted
 
     @classmethod

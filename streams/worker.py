@@ -92,7 +92,7 @@ def build_worker(settings: Settings, name: str):
     bootstrap = settings.bootstrap()
     ensure_topics(settings, bootstrap)
     build = resolve_model(settings)
-    pipe = create_pipeline(settings)
+    pipe = create_pipeline(settings, name)
     scorer = TextScorer(build, default_triton_url(settings), settings.triton_model, settings.triton_timeout_s,
                         settings.max_seq_len, disabled=settings.text_model == "off",
                         cache_texts=settings.text_cache_size, outage_s=settings.text_model_outage_s,
@@ -247,6 +247,7 @@ async def _serve(settings: Settings, name: str, bootstrap: str, pipe, scorer: Te
         await runner.stop(settings.shutdown_grace_s)
     await wiring.batcher.close()  # what is still at Triton is dropped: it was not committed
     await runner.close()  # leaves the group
+    wiring.pipe.close()  # the table stores (what they hold was committed)
     bans.stop()
     await loop.run_in_executor(None, outbox.close)
     await scorer.close()

@@ -54,7 +54,7 @@ _log = log.get(__name__)
 
 EMPTY_BACKOFF_S = 0.002
 EMPTY_BACKOFF_MAX_S = 0.025  # MODPIPE_FETCH_IDLE_PAUSE_MS's default
-# A rebalance callback may restore tables from their changelogs (streams/tables.py gives that 600 s) or commit
+# A rebalance callback may restore tables from their changelogs (streams/state/tables.py gives that 600 s) or commit
 # a checkpoint; past this the consumer fails and the worker restarts. max.poll.interval.ms (streams/app.py)
 # is longer, so the group does not drop a worker that is still restoring.
 REBALANCE_CALLBACK_TIMEOUT_S = 660.0

@@ -103,6 +103,9 @@ class FakeWiring:
         self.steps.append("flush_states")
         self.flushed.append(epoch)
 
+    def committed(self):
+        self.steps.append("committed")
+
     def expiry_due(self):
         return False
 
@@ -179,7 +182,7 @@ def test_the_steps_happen_in_the_documented_order():
 
     cp, steps = asyncio.run(scenario())
     assert steps == ["switch", "flush_states", "idle", "freeze_check", "take_offsets", "group_metadata",
-                     "freeze_check", "outbox.commit", "outbox.advance", "purger.committed"]
+                     "freeze_check", "outbox.commit", "committed", "outbox.advance", "purger.committed"]
     assert cp.outbox.commits == [({("posts", 0): 11, ("features.user", 2): 4}, "generation-7")]
     # the purger hears of offsets only once their transaction has committed
     assert cp.purger.offsets == [{("posts", 0): 11, ("features.user", 2): 4}]
@@ -209,7 +212,7 @@ def test_a_frozen_process_crashes_without_committing():
 
     cp, steps, ok = asyncio.run(scenario())
     # no offsets taken, no outbox.commit, no advance: the open transaction is aborted
-    assert not ok and steps == ["switch", "flush_states", "idle", "freeze_check", "crash"]
+    assert not ok and steps == ["switch", "flush_states", "idle", "freeze_check", "crash"]  # the stores take nothing
     assert len(cp.wiring.crashes) == 1 and isinstance(cp.wiring.crashes[0], Frozen)
     assert cp.commits == 0 and cp.dirty  # still uncommitted
 

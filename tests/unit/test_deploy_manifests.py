@@ -303,9 +303,12 @@ def test_worker_identity_state_and_probes(target):
     headless = one(docs, "Service", sts["spec"]["serviceName"])
     assert headless["spec"]["clusterIP"] == "None"
     assert headless["spec"]["selector"].items() <= spec_labels(sts).items()
-    # No disk state: tables live in memory and are restored from their changelog topics at assignment.
+    # No volume claims: the changelog topics are the tables' durable copy; their RocksDB stores are on an emptyDir
+    # at MODPIPE_STATE_DIR, which a container restart keeps.
     assert "volumeClaimTemplates" not in sts["spec"] and "persistentVolumeClaimRetentionPolicy" not in sts["spec"]
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    state_dir = next(v["value"] for v in c["env"] if v["name"] == "MODPIPE_STATE_DIR")
+    assert "emptyDir" in next(v for v in spec["volumes"] if v["name"] == mounts[state_dir])
     # The model build copied by the init container, at MODPIPE_MODEL_DIR.
     assert settings.model_dir in mounts
     assert any(m["mountPath"] == settings.model_dir for init in spec["initContainers"] for m in init["volumeMounts"])

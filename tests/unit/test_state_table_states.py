@@ -1,4 +1,4 @@
-"""streams.table_states: a stage's state handling across batches. `TableStates` reads a key's state with
+"""streams.state.table_states: a stage's state handling across batches. `TableStates` reads a key's state with
 `read(key, event)` and writes each changed state once per batch with `write(key, value, event, pending)` (by
 default a dict's `get` and item assignment); `ChangelogWriter` is the worker's read/write pair: the table
 partition of the event in hand, and a changelog record into the outbox's open transaction."""
@@ -14,8 +14,8 @@ from features.events import prepare_post, prepare_report
 from features.state import DEFAULT_LIMITS, load_state
 from loadgen.posts import make_post
 from streams.kafka.records import Record
-from streams.table_states import ChangelogWriter, TableStates
-from streams.tables import Table
+from streams.state.table_states import ChangelogWriter, TableStates
+from streams.state.tables import Table
 
 
 def event(partition: int = 0, offset: int = 0) -> Record:
@@ -128,7 +128,7 @@ def test_cached_states_are_read_once_and_never_share_data_with_what_was_written(
 
 
 def test_a_dict_handed_to_the_writer_is_not_changed_by_later_events():
-    """The in-memory table keeps the very dict it is given (streams.tables.Table.set), and a rebuild reads it
+    """The in-memory table keeps the very dict it is given (streams.state.tables.Table.set), and a rebuild reads it
     back: the cached state must not alias it."""
     kept: dict[str, tuple[dict, str]] = {}
 

@@ -1,4 +1,4 @@
-"""streams.tables without a broker: changelog naming and record encoding, the in-memory table partitions and their
+"""streams.state.tables without a broker: changelog naming and record encoding, the in-memory table partitions and their
 retention, and `restore` against a fake confluent-kafka Consumer (committed changelog records replace the
 partitions, each key with its record's timestamp)."""
 
@@ -19,8 +19,8 @@ from confluent_kafka import (
 
 from features.events import TABLES
 from modpipe.settings import Settings
-from streams import tables
-from streams.tables import Table, changelog_topic, encode_key, encode_value, make_tables, restore
+from streams.state import tables
+from streams.state.tables import Table, changelog_topic, encode_key, encode_value, make_tables, restore
 
 
 def test_changelog_names_and_records_are_what_the_readers_expect():
@@ -104,9 +104,13 @@ class FakeError:
 
 
 class FakeMessage:
-    def __init__(self, topic, partition, key=None, value=None, error=None, timestamp=(TIMESTAMP_CREATE_TIME, 5)):
+    def __init__(self, topic, partition, key=None, value=None, error=None, timestamp=(TIMESTAMP_CREATE_TIME, 5),
+                 offset=0):
         self._t, self._p, self._k, self._v, self._e = topic, partition, key, value, error
-        self._ts = timestamp
+        self._ts, self._o = timestamp, offset
+
+    def offset(self):
+        return self._o
 
     def timestamp(self):
         return self._ts
@@ -131,9 +135,9 @@ def eof(topic, partition):
     return FakeMessage(topic, partition, error=FakeError(KafkaError._PARTITION_EOF))
 
 
-def record(topic, partition, key, value, at_ms=5):
+def record(topic, partition, key, value, at_ms=5, offset=0):
     return FakeMessage(topic, partition, encode_key(key), None if value is None else encode_value(value),
-                       timestamp=(TIMESTAMP_CREATE_TIME, at_ms))
+                       timestamp=(TIMESTAMP_CREATE_TIME, at_ms), offset=offset)
 
 
 @pytest.fixture
@@ -143,7 +147,10 @@ def fake_consumer(monkeypatch):
 
         def __init__(self, conf):
             self.conf = conf
-            self.script = collections.deque(FakeConsumer.script)
+            if not FakeConsumer.made:  # one script for every consumer a restore makes, in order
+                FakeConsumer.whole = list(FakeConsumer.script)
+                FakeConsumer.queue = collections.deque(FakeConsumer.script)
+            self.script = FakeConsumer.queue
             self.assigned = None
             self.closed = False
             FakeConsumer.made.append(self)
@@ -151,23 +158,34 @@ def fake_consumer(monkeypatch):
         def assign(self, tps):
             self.assigned = [(tp.topic, tp.partition, tp.offset) for tp in tps]
             self.read: collections.Counter = collections.Counter()  # records handed out, per partition
+            self.next: dict = {}  # the offset after the last record handed out, per partition
 
         def get_watermark_offsets(self, tp, timeout=None, cached=False):
             """(0, records the script holds for the partition, plus `unseen` of them): one offset per record,
             as without markers; a partition the script says is missing raises, as the broker's answer does."""
-            msgs = [m for batch in FakeConsumer.script for m in batch if (m.topic(), m.partition()) == (tp.topic, tp.partition)]
+            msgs = [m for batch in FakeConsumer.whole for m in batch if (m.topic(), m.partition()) == (tp.topic, tp.partition)]
             missing = [m.error() for m in msgs if m.error() is not None and m.error().code() == KafkaError.UNKNOWN_TOPIC_OR_PART]
             if missing:
                 raise KafkaException(missing[0])
-            return 0, sum(m.error() is None for m in msgs) + FakeConsumer.unseen.get((tp.topic, tp.partition), 0)
+            records = [m for m in msgs if m.error() is None]
+            high = max([len(records), *(m.offset() + 1 for m in records)])
+            return 0, high + FakeConsumer.unseen.get((tp.topic, tp.partition), 0)
 
         def position(self, tps):
-            return [TopicPartition(tp.topic, tp.partition, self.read[(tp.topic, tp.partition)]) for tp in tps]
+            return [TopicPartition(tp.topic, tp.partition, max(self.read[(tp.topic, tp.partition)],
+                                                               self.next.get((tp.topic, tp.partition), 0)))
+                    for tp in tps]
 
         def consume(self, n, timeout):
             batch = self.script.popleft() if self.script else []
             self.read.update((m.topic(), m.partition()) for m in batch if m.error() is None)
+            for m in batch:
+                if m.error() is None:
+                    self.next[(m.topic(), m.partition())] = m.offset() + 1
             return batch
+
+        def pause(self, tps):
+            pass
 
         def close(self):
             self.closed = True

@@ -24,7 +24,7 @@ from typing import Any
 from features.state import Limits, load_state
 from modpipe import log
 from streams import metrics
-from streams.tables import Table, encode_key
+from streams.state.tables import Table, encode_key
 
 _log = log.get(__name__)
 
@@ -48,15 +48,21 @@ class ChangelogWriter:
         partition = event.message.partition
         data = self.table.set(key, value, partition)
         self._written_bytes.inc(len(data))
-        self.outbox.produce(self.table.changelog, data, key=encode_key(key), partition=partition, pending=pending)
+        self._produce(encode_key(key), data, partition, pending)
 
     def expire(self, pending) -> list[str]:
         """Forget the keys past the table's retention: a tombstone for each in the open transaction."""
         gone = self.table.expired()
         for partition, key in gone:
-            self.outbox.produce(self.table.changelog, None, key=encode_key(key), partition=partition,
-                                pending=pending)
+            self._produce(encode_key(key), None, partition, pending)
         return [key for _, key in gone]
+
+    def _produce(self, key: bytes, data: bytes | None, partition: int, pending) -> None:
+        delivered = self.table.delivered  # a RocksDB table keeps the changelog position its store reaches
+        on_delivered = None if delivered is None else (
+            lambda offset, key=key, data=data, partition=partition: delivered(partition, offset, key, data))
+        self.outbox.produce(self.table.changelog, data, key=key, partition=partition, pending=pending,
+                            on_delivered=on_delivered)
 
 
 class TableStates:

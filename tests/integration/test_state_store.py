@@ -1,0 +1,146 @@
+"""RocksDB tables on the real broker: a restore reads only the changelog's tail beyond what a store holds; a store
+ahead of the committed changelog (its last record aborted, or beyond the changelog's end) is wiped and restored
+from the start; and a worker SIGKILLed mid-stream comes back from its stores plus the tail, its stores equal to
+what the changelogs hold."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+from confluent_kafka import Producer
+
+from loadgen.chaos import streaming_tables
+from loadgen.smoke import end_consumer
+from modpipe.settings import Settings
+from streams.app import tables_dir
+from streams.state import rocksdb
+from streams.state.tables import encode_key, encode_value, record_check, restore
+from tests.fixtures.kafka import create_topics
+from tests.integration.test_streaming import collect_decisions, produce_posts
+
+pytestmark = pytest.mark.integration
+
+
+def write(bootstrap: str, topic: str, rows: dict[str, int | None], commit: bool = True) -> None:
+    """One transaction of changelog records (a value of None: a tombstone), committed or aborted."""
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"t-{uuid.uuid4().hex[:8]}"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for key, n in rows.items():
+        producer.produce(topic, None if n is None else encode_value({"n": n}), key=encode_key(key), partition=0)
+    assert producer.flush(30) == 0
+    (producer.commit_transaction if commit else producer.abort_transaction)(30)
+
+
+def user_table(root, topic: str) -> rocksdb.RocksTable:
+    return rocksdb.RocksTable("user", topic, root, rocksdb.Resources(16 << 20))
+
+
+@pytest.fixture
+def changelog(bootstrap):
+    topic = f"t{uuid.uuid4().hex[:8]}-features-user-changelog"
+    create_topics(bootstrap, [topic])
+    return topic
+
+
+@pytest.fixture
+def settings(tmp_path) -> Settings:
+    return Settings.from_env(state_dir=tmp_path / "state", app_id=f"modpipe-test-{uuid.uuid4().hex[:8]}")
+
+
+def test_a_restore_reads_only_the_tail_beyond_the_store(bootstrap, changelog, settings, tmp_path):
+    write(bootstrap, changelog, {f"u{i}": i for i in range(5)})
+    table = user_table(tmp_path / "user", changelog)
+    assert restore([table], [0], settings, bootstrap) == 5  # an empty store: the whole changelog
+    table.close()
+    write(bootstrap, changelog, {"u1": 10, "u2": None, "u5": 5})
+    write(bootstrap, changelog, {"u6": 6}, commit=False)  # aborted: never read
+    table = user_table(tmp_path / "user", changelog)
+    assert restore([table], [0], settings, bootstrap) == 3  # the tail only
+    assert table.decoded() == {0: {"u0": {"n": 0}, "u1": {"n": 10}, "u3": {"n": 3}, "u4": {"n": 4}, "u5": {"n": 5}}}
+    assert restore([table], [0], settings, bootstrap) == 0  # nothing new
+
+
+@pytest.mark.parametrize("ahead", ["an aborted record", "beyond the end"])
+def test_a_store_ahead_of_the_committed_changelog_is_restored_from_the_start(bootstrap, changelog, settings,
+                                                                            tmp_path, ahead):
+    """A store written from a transaction that did not commit after all, or kept while its changelog was
+    recreated: what the committed changelog does not hold leaves the store."""
+    write(bootstrap, changelog, {"u0": 0, "u1": 1})
+    write(bootstrap, changelog, {"ghost": 9}, commit=False)  # offsets 3 and its abort marker 4
+    table = user_table(tmp_path / "user", changelog)
+    store = table.store(0)
+    ghost = (encode_key("ghost"), encode_value({"n": 9}))
+    offset = 3 if ahead == "an aborted record" else 1_000
+    store.write({ghost[0]: (ghost[1], 1), encode_key("u0"): (encode_value({"n": 0}), 1)}, offset,
+                record_check(*ghost))
+    assert restore([table], [0], settings, bootstrap) == 2  # read from the start
+    assert table.decoded() == {0: {"u0": {"n": 0}, "u1": {"n": 1}}}
+    assert table.partitions[0].offset == 1 and table.keys() == 2
+
+
+def wait_for(condition, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"not within {timeout_s:.0f} s: {what}"
+        time.sleep(0.3)
+    return value
+
+
+def store_contents(settings: Settings, worker: str) -> dict[str, dict[str, dict]]:
+    """What a stopped worker's stores hold, all partitions together, per table."""
+    out = {}
+    root = tables_dir(settings, worker)
+    for name in ("user", "url", "domain", "ip", "post"):
+        table = rocksdb.RocksTable(name, "-", root / name, rocksdb.Resources(16 << 20))
+        for d in (root / name).iterdir() if (root / name).exists() else ():
+            table.store(int(d.name))
+        out[name] = {k: v for rows in table.decoded().values() for k, v in rows.items()}
+        table.close()
+    return out
+
+
+def decisions(consumer, wanted: set[str], got: set[str], until: int, timeout_s: float) -> set[str]:
+    deadline = time.monotonic() + timeout_s
+    while len(got & wanted) < until and time.monotonic() < deadline:
+        got |= {pid for pid in collect_decisions(consumer, wanted - got, 0.5)}
+    return got
+
+
+def test_a_worker_killed_mid_stream_restores_from_its_stores_and_the_tail(local_stack, pipeline_settings, model_build):
+    stack = local_stack(workers=1, modpipe_state_backend="rocksdb")  # the default, stated: this test is about it
+    settings = pipeline_settings
+    consumer = end_consumer(settings, stack.bootstrap, [stack.topics.decisions])
+    first = produce_posts(settings, 60, "first", model_build.heldout())
+    assert set(collect_decisions(consumer, set(first), 120)) == set(first)
+    texts = model_build.heldout()
+    second = {f"second-{i}-{j}" for i in range(10) for j in range(30)}
+    sender = threading.Thread(target=lambda: [produce_posts(settings, 30, f"second-{i}", texts) and time.sleep(0.5)
+                                              for i in range(10)])
+    sender.start()  # 30 posts every half second: the worker is busy when it is killed
+    got = decisions(consumer, second, set(), 60, 120)
+    stack.workers[0].process.kill()  # mid-stream: a checkpoint may be open
+    sender.join()
+    assert len(got) < len(second), "every post decided before the kill"
+    held = store_contents(settings, "worker-0")
+    before = streaming_tables(settings, stack.bootstrap)
+    # the stores hold committed states only: no key the committed changelogs do not hold
+    assert all(held[t].keys() <= before[t].keys() for t in held), "a store holds an uncommitted key"
+    assert sum(map(len, held.values())) > 0
+
+    stack.start_worker(0)
+    stack.wait_workers_ready(120)
+    got = decisions(consumer, second, got, len(second), 180)
+    consumer.close()
+    assert got == second
+    read_on_restart = stack.scrape()["modpipe_table_restored_records_total"]
+    # the tail is at most the checkpoint committed between the stores' last write and the kill: far fewer
+    # records than the changelogs' keys, which a restore from the start reads at least
+    assert read_on_restart < sum(map(len, before.values())) / 2, "the restart read the whole changelog"
+
+    stack.workers[0].process.signal(15)  # a clean stop: the stores hold the last checkpoint
+    wait_for(lambda: not stack.workers[0].process.alive(), 60, "the worker stopped")
+    assert store_contents(settings, "worker-0") == streaming_tables(settings, stack.bootstrap)
