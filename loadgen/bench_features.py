@@ -20,8 +20,7 @@ from loadgen.posts import make_post
 from loadgen.smoke import end_consumer
 from modpipe import log, schema
 from modpipe.output import progress_bar
-from modpipe.services.broker import broker_pid, local_broker, tuned_for
-from modpipe.services.process import free_port
+from modpipe.services.broker import broker_pid, scratch_endpoint
 from modpipe.settings import Settings
 from streams.stack import LocalStack
 from streams.topics import ensure_topics
@@ -129,28 +128,14 @@ def pipeline(settings: Settings, bootstrap: str, posts: list[dict], workers: int
 def run(settings: Settings, n_posts: int = 3000, workers: int = 1, progress: bool = True,
         profile_dir: Path | None = None) -> dict:
     """`profile_dir`: py-spy on the workers of the local-hops pass (loadgen/bench/profiling.py)."""
-    own_broker = None
-    bootstrap = settings.bootstrap_servers
-    if not bootstrap:
-        # A directory per run: a run killed without cleanup must not block the next one.
-        own_broker = local_broker(settings, data_dir=settings.state_dir / f"bench-broker-{uuid.uuid4().hex[:8]}",
-                                  port=free_port(), nodes=1).start()
-        bootstrap = own_broker.bootstrap
-        settings = tuned_for(settings, settings.broker)
-    try:
-        settings = dataclasses.replace(settings, bootstrap_servers=bootstrap, text_model="off",
-                                       topic_prefix=f"{settings.topic_prefix}bench{uuid.uuid4().hex[:6]}.",
-                                       app_id=f"{settings.app_id}-bench-{uuid.uuid4().hex[:6]}")
+    with scratch_endpoint(dataclasses.replace(settings, text_model="off"), "bench") as (settings, own_broker):
+        bootstrap = settings.bootstrap_servers
         ensure_topics(settings, bootstrap)
         posts = _posts(n_posts)
         plain = plain_loop(settings, bootstrap, posts)
         own_pid = broker_pid(own_broker)
         paths = {mode: pipeline(settings, bootstrap, _posts(n_posts), workers, progress, own_pid, mode,
                                 profile_dir if mode == "on" else None) for mode in ("on", "off")}
-    finally:
-        if own_broker:
-            own_broker.stop()
-            own_broker.wipe()
     ours = paths["on"]
     report = {"broker": settings.broker if own_broker else "external", "posts": n_posts, "workers": workers,
               "plain_loop_posts_per_s": round(plain, 1),

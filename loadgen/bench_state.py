@@ -22,8 +22,7 @@ from loadgen.posts import make_post
 from loadgen.smoke import end_consumer
 from modpipe import log, schema
 from modpipe.output import progress_bar
-from modpipe.services.broker import local_broker, tuned_for
-from modpipe.services.process import free_port
+from modpipe.services.broker import scratch_endpoint
 from modpipe.settings import Settings
 from streams.app import tables_dir
 from streams.stack import LocalStack
@@ -161,22 +160,8 @@ def one_pass(settings: Settings, backend: str, n: int, progress: bool, timeout_s
 
 
 def run(settings: Settings, n: int, backends=BACKENDS, progress: bool = True, timeout_s: float = 7200.0) -> dict:
-    own_broker = None
-    bootstrap = settings.bootstrap_servers
-    if not bootstrap:
-        own_broker = local_broker(settings, data_dir=settings.state_dir / f"bench-broker-{uuid.uuid4().hex[:8]}",
-                                  port=free_port(), nodes=1).start()
-        bootstrap = own_broker.bootstrap
-        settings = tuned_for(settings, settings.broker)
-    try:
-        settings = dataclasses.replace(settings, bootstrap_servers=bootstrap, text_model="off",
-                                       topic_prefix=f"{settings.topic_prefix}bstate{uuid.uuid4().hex[:6]}.",
-                                       app_id=f"{settings.app_id}-bstate-{uuid.uuid4().hex[:6]}")
+    with scratch_endpoint(dataclasses.replace(settings, text_model="off"), "bstate") as (settings, own_broker):
         passes = {b: one_pass(settings, b, n, progress, timeout_s) for b in backends}
-    finally:
-        if own_broker:
-            own_broker.stop()
-            own_broker.wipe()
     report = {"broker": settings.broker if own_broker else "external", "posts": n, "passes": passes}
     rocks = passes.get("rocksdb")
     if rocks:

@@ -9,12 +9,8 @@ import platform
 import time
 from pathlib import Path
 
+from modpipe.services.process import clock_tick, group_cpu_seconds  # noqa: F401 - this module's API too
 
-def _clock_tick() -> int:
-    try:
-        return os.sysconf("SC_CLK_TCK")
-    except (ValueError, OSError, AttributeError):
-        return 100
 
 def machine_cpu_seconds() -> tuple[float, float] | None:
     """(busy, total) CPU seconds of the whole machine since boot, from /proc/stat; None off Linux."""
@@ -23,30 +19,11 @@ def machine_cpu_seconds() -> tuple[float, float] | None:
             fields = [int(x) for x in f.readline().split()[1:]]
     except (OSError, ValueError):
         return None
-    tick = _clock_tick()
+    tick = clock_tick()
     total = sum(fields[:8])  # user nice system idle iowait irq softirq steal (guest is inside user)
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
     return (total - idle) / tick, total / tick
 
-def group_cpu_seconds(groups: dict[str, int]) -> dict[str, float]:
-    """CPU seconds (user + system) of the live processes of each process group {name: pgid}."""
-    by_pgid = {pgid: name for name, pgid in groups.items() if pgid}
-    out = dict.fromkeys(groups, 0.0)
-    tick = _clock_tick()
-    with contextlib.suppress(OSError):
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry.name}/stat") as f:
-                    data = f.read()
-            except OSError:
-                continue
-            rest = data[data.rindex(")") + 2:].split()  # state ppid pgrp ... utime(11) stime(12)
-            name = by_pgid.get(int(rest[2]))
-            if name is not None:
-                out[name] += (int(rest[11]) + int(rest[12])) / tick
-    return out
 
 class CpuMeter:
     """CPU used during one phase: by each of our process groups, by this process, by the whole machine."""

@@ -178,3 +178,27 @@ def main_foreground(settings: Settings) -> int:
         while not stop.wait(0.5):
             pass
     return stopped_by.status()
+
+
+@contextlib.contextmanager
+def scratch_endpoint(settings: Settings, tag: str) -> Iterator[tuple[Settings, object | None]]:
+    """For a benchmark: `settings` on KAFKA_BOOTSTRAP_SERVERS if set, else on a one-node local broker of its own
+    (a fresh directory per run: a run killed without cleanup must not block the next one; wiped afterwards), with
+    topics and app id of their own (`tag` + a random suffix). Yields (settings, that broker or None)."""
+    import uuid
+
+    own = None
+    bootstrap = settings.bootstrap_servers
+    if not bootstrap:
+        own = local_broker(settings, data_dir=settings.state_dir / f"bench-broker-{uuid.uuid4().hex[:8]}",
+                           port=free_port(), nodes=1).start()
+        bootstrap = own.bootstrap
+        settings = tuned_for(settings, settings.broker)
+    try:
+        run_id = uuid.uuid4().hex[:6]
+        yield dataclasses.replace(settings, bootstrap_servers=bootstrap, topic_prefix=f"{settings.topic_prefix}{tag}{run_id}.",
+                                  app_id=f"{settings.app_id}-{tag}-{run_id}"), own
+    finally:
+        if own:
+            own.stop()
+            own.wipe()

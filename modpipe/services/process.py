@@ -208,3 +208,32 @@ class ManagedProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def clock_tick() -> int:
+    """Clock ticks per second of /proc's CPU times."""
+    try:
+        return os.sysconf("SC_CLK_TCK")
+    except (ValueError, OSError, AttributeError):
+        return 100
+
+
+def group_cpu_seconds(groups: dict[str, int]) -> dict[str, float]:
+    """CPU seconds (user + system) of the live processes of each process group {name: pgid}."""
+    by_pgid = {pgid: name for name, pgid in groups.items() if pgid}
+    out = dict.fromkeys(groups, 0.0)
+    tick = clock_tick()
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat") as f:
+                    data = f.read()
+            except OSError:
+                continue
+            rest = data[data.rindex(")") + 2:].split()  # state ppid pgrp ... utime(11) stime(12)
+            name = by_pgid.get(int(rest[2]))
+            if name is not None:
+                out[name] += (int(rest[11]) + int(rest[12])) / tick
+    return out

@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from modpipe.services.process import group_cpu_seconds
 from modpipe.serving.charhead import CharHead
 from modpipe.serving.client import TextModelClient
 from modpipe.textmodel.artifacts import ModelBuild
@@ -254,22 +255,7 @@ def server_group(url: str) -> int | None:
 
 def group_cpu_s(pgid: int | None) -> float | None:
     """CPU seconds (user + system) of the live processes of a process group."""
-    if pgid is None:
-        return None
-    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
-    with contextlib.suppress(OSError):
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry.name}/stat") as f:
-                    data = f.read()
-            except OSError:
-                continue
-            rest = data[data.rindex(")") + 2:].split()
-            if int(rest[2]) == pgid:
-                total += (int(rest[11]) + int(rest[12])) / tick
-    return total
+    return None if pgid is None else group_cpu_seconds({"group": pgid})["group"]
 
 
 def bench_text_paths(url: str, build: ModelBuild, model_name: str, texts: Sequence[str], batch: int = 64,
