@@ -605,7 +605,9 @@ class PostState(_State):
         else:
             return None
         done.append(reason)
-        snap["revision"] += 1
+        # A decision made during a text-model outage is decided again from `posts.awaiting-text` with its revision
+        # + 1, a number this state never sees in time: that one is left to it, so no two decisions share one.
+        snap["revision"] += 2 if snap.get("degraded") else 1
         snap["features"] = {**features, **changes}
         return {"reason": reason, "revision": snap["revision"], "features": snap["features"], "post": snap["post"],
                 "received_at_ms": snap["received_at_ms"]}

@@ -71,7 +71,8 @@ class Publisher:
     def publish(self, record: dict, ctx: dict, received_at_ms: int, pending: Pending) -> list:
         """Produce the decision; returns its feedback items (stage, partition key, item) for the tables."""
         snapshot = {"post": {"post_id": record["post_id"], "user_id": record["user_id"]},
-                    "received_at_ms": received_at_ms, "features": record["features"], "revision": record["revision"]}
+                    "received_at_ms": received_at_ms, "features": record["features"], "revision": record["revision"],
+                    "degraded": record["degraded"]}
         self.outbox.produce(self.topics.decisions, schema.dumps(record), key=record["post_id"].encode(),
                             pending=pending)
         self._decisions[record["verdict"]].inc()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -249,6 +250,28 @@ def test_reports_reaching_the_threshold_redecide_once():
     state.apply("report", _report(2))  # a redelivered report after a restart
     assert state.redecision(3) is None
     assert state.redecision(0) is None  # 0 disables report re-decisions
+
+
+@pytest.mark.parametrize("text_back_first", [False, True])
+def test_reports_during_an_outage_never_share_a_revision_with_the_text_models_redecision(text_back_first):
+    """A degraded decision (revision 1) is decided again from posts.awaiting-text with revision 2 once Triton
+    answers; reports crossing the threshold re-decide it from the snapshot. Whichever reaches the post state first,
+    the two re-decisions carry different revisions (the chaos test once saw revision 2 published twice)."""
+    from features.events import prepare_decision
+
+    store, state = _decided()
+    state.snapshot["degraded"] = True
+    published = [1]
+    if text_back_first:  # the awaiting-text decision's feedback arrives before the reports
+        published.append(2)
+        snap = {**state.snapshot, "revision": 2, "degraded": False}
+        state.apply("decision", {**prepare_decision(post("p1", url="http://login.evil.com/x"), False), "snapshot": snap})
+    for i in range(3):
+        state.apply("report", _report(i))
+    published.append(state.redecision(3)["revision"])
+    if not text_back_first:
+        published.append(1 + 1)  # the awaiting-text path: the degraded decision's revision + 1
+    assert len(published) == len(set(published)) == 3, published
 
 
 def test_threshold_already_reached_when_the_decision_arrives():
