@@ -26,8 +26,9 @@ from typing import Any
 
 DEFAULT_WORKER_MEMORY_MB = 2048
 
-# Fraction of MODPIPE_WORKER_MEMORY_MB each use may hold (docs/features.md, Memory budget). ~24 % in all;
-# the rest is the process and the stages' decoded states (and the tables with MODPIPE_STATE_BACKEND=memory).
+# Fraction of MODPIPE_WORKER_MEMORY_MB each use may hold (docs/features.md, Memory budget). 42 % in all;
+# the rest is the process (~400 MiB: Python, numpy, LightGBM, librdkafka) and, with
+# MODPIPE_STATE_BACKEND=memory, the tables.
 SHARES: dict[str, float] = {
     "url_parse": 0.02,  # features.url.parse_url: parsed links (~2 KB each; a hostile one ~110 KB)
     "brand_match": 0.005,  # features.brands: look-alike matches per host
@@ -42,6 +43,8 @@ SHARES: dict[str, float] = {
     "decision_queue": 0.03,  # ready posts waiting for a Triton batch (fetching pauses above it)
     "producer_queue": 0.03,  # librdkafka's queue of produced records not yet delivered
     "table_store": 0.08,  # streams/state/rocksdb.py: RocksDB's block cache and memtables, all tables
+    "state_cache": 0.08,  # streams/state/table_states.py: decoded states kept between checkpoints, split by table
+    "checkpoint_states": 0.10,  # the decoded states used since the last checkpoint (rounds wait above it)
 }
 MIB = 1024 * 1024
 

@@ -101,14 +101,20 @@ class Wiring:
         writers = {name: ChangelogWriter(table, outbox) for name, table in pipe.tables.items()}
         cached_keys = {t: settings.post_state_cache_keys if t == fe.POST else settings.state_cache_keys
                        for t in fe.TABLES}
+        self.budgets = memory.apply_budget(settings.worker_memory_mb)
         self.stages = {name: Stage(name, pipe.tables, DEFAULT_LIMITS, is_banned=bans.is_banned,
                                    redecide_reports=settings.redecide_reports, writers=writers,
-                                   cached_keys=cached_keys)
+                                   cached_keys=cached_keys,
+                                   cache_bytes=self.budgets["state_cache"] // len(fe.TABLES))
                        for name in fe.STAGES}
+        # the decoded states of the open checkpoint are bounded by starting no round above their share until the
+        # next checkpoint writes them (`states_full`, `states_room`)
+        self.states_max_bytes = self.budgets["checkpoint_states"]
+        self._states_room = asyncio.Event()
+        self._states_room.set()
         text_version = "off" if scorer.disabled else scorer.model_version
         # read per batch: a promoted decision model changes the decider's version without a restart
         self.publisher = Publisher(outbox, pipe.topics, lambda: {"text_model": text_version, "decider": decider.version})
-        self.budgets = memory.apply_budget(settings.worker_memory_mb)
         self.batcher = DecisionBatcher(scorer, decider, self.publisher, max_batch=settings.max_batch,
                                        max_wait_s=settings.max_wait_ms / 1000, max_inflight=settings.max_inflight,
                                        on_error=self.crash, feedback=self.feedback, shadow=shadow,
@@ -230,8 +236,20 @@ class Wiring:
                 if n:
                     metrics.STATE_EXPIRED.labels(table).inc(n)
         pending.seal()
+        self._states_room.set()
         self.observe_tables()
         return pending
+
+    @property
+    def states_full(self) -> bool:
+        """Whether the decoded states used since the last checkpoint hold more than their share of memory."""
+        return sum(stage.batch_bytes for stage in self.stages.values()) > self.states_max_bytes
+
+    async def states_room(self) -> None:
+        """Until the next checkpoint has written the states used since the last one (and let them go)."""
+        self._states_room.clear()
+        metrics.STATES_FULL.inc()
+        await self._states_room.wait()
 
     def committed(self) -> None:
         """The checkpoint's transaction committed: the tables' stores take its states."""

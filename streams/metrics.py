@@ -94,6 +94,16 @@ BUFFER_BYTES = Gauge("modpipe_buffer_bytes",
                      "decision_queue (ready posts waiting for Triton) and next_epoch (records produced while the "
                      "previous checkpoint commits), now; bundles (the last round's stage bundles as they were "
                      "produced).", ["buffer"])
+TABLE_STATES = Gauge("modpipe_table_decoded_states",
+                     "Decoded table states a worker holds, as the last checkpoint found them: cached (kept between "
+                     "checkpoints, an LRU) and batch (used since the previous checkpoint, written by it).",
+                     ["table", "held"])
+TABLE_STATE_BYTES = Gauge("modpipe_table_decoded_state_bytes",
+                          "Estimated bytes of the same (streams/state/table_states.py: from their encoded sizes).",
+                          ["table", "held"])
+STATES_FULL = Counter("modpipe_checkpoint_states_full_total",
+                      "Times rounds waited for a checkpoint because the decoded table states used since the "
+                      "previous one held more than MODPIPE_WORKER_MEMORY_MB's checkpoint_states share.")
 CONSUMER_LAG = Gauge("modpipe_consumer_lag_messages", "Records behind the end of each assigned partition.",
                      ["topic", "partition"])
 

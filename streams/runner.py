@@ -152,6 +152,10 @@ class Runner:
                 # fetched records already past the pause would add their posts on top: they wait for room
                 await self.wiring.batcher.room()
                 continue
+            if self.wiring.states_full:
+                # the next checkpoint writes the states and lets them go: rounds wait for it, not memory
+                await self.wiring.states_room()
+                continue
             if not self._batches:
                 continue
             by_topic: dict[str, list[Record]] = {}

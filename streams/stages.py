@@ -86,11 +86,12 @@ class Stage:
 
     def __init__(self, name: str, tables: dict[str, Any], limits: Limits, *, is_banned: Callable[[str], bool],
                  redecide_reports: int = 0, writers: dict[str, Callable] | None = None,
-                 cached_keys: dict[str, int] | None = None):
+                 cached_keys: dict[str, int] | None = None, cache_bytes: int | None = None):
         self.name = name
         writers, cached_keys = writers or {}, cached_keys or {}
         self.states = {t: TableStates(t, tables[t], limits, write=writers.get(t), read=getattr(writers.get(t), "read", None),
-                                      **({"cached_keys": cached_keys[t]} if t in cached_keys else {}))
+                                      **({"cached_keys": cached_keys[t]} if t in cached_keys else {}),
+                                      **({"cache_bytes": cache_bytes} if cache_bytes is not None else {}))
                        for t in fe.STAGES[name]}
         self.is_banned = is_banned
         self.redecide_reports = redecide_reports
@@ -151,6 +152,11 @@ class Stage:
         counts = {**item["counts"], **ban_features(ctx, self.is_banned)}
         out.ready.append(ReadyPost(post=item["post"], received_at_ms=item["received_at_ms"], ctx=ctx,
                                    features=assemble(item["post"], counts)))
+
+    @property
+    def batch_bytes(self) -> int:
+        """Estimated bytes of the decoded states used since the last flush."""
+        return sum(states.batch_bytes for states in self.states.values())
 
     def flush(self, pending=None) -> dict[str, int]:
         """End of a batch: write each changed state once (under `pending`). Returns writes per table."""

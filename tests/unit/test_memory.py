@@ -162,7 +162,7 @@ def test_the_budget_splits_the_worker_memory_by_share():
         Settings.from_env({"MODPIPE_WORKER_MEMORY_MB": "100"})
     assert set(memory.CACHES) >= {"url_parse", "ip_parse", "ip_normalize", "timestamp_parse", "brand_match",
                                   "journey_step", "partition"}
-    assert sum(memory.SHARES.values()) < 0.3  # the rest is the process and the stages' decoded states
+    assert sum(memory.SHARES.values()) < 0.5  # the rest is the process (~400 MiB) and in-memory tables
     saved = {name: (c.max_bytes, c.max_entries) for name, c in memory.CACHES.items()}
     try:
         budgets = memory.apply_budget(1000)

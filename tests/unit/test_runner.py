@@ -28,6 +28,7 @@ class FakeWiring:
     def __init__(self):
         self.topics = SimpleNamespace(awaiting_text=AWAITING, stages={"user": USER})
         self.batcher = SimpleNamespace(queued=0, over_budget=False)
+        self.states_full = False  # the open checkpoint's decoded states within their share
         self.pipe = SimpleNamespace(tables={"user": FakeTable(), "url": FakeTable()})
         self.crashes: list[Exception] = []
         self.revocations = 0

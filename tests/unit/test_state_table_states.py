@@ -286,3 +286,56 @@ def test_a_key_written_in_the_checkpoint_is_not_expired_by_it():
 def test_a_plain_dict_table_has_no_retention():
     states = TableStates("user", {}, DEFAULT_LIMITS)
     assert states.expire() == 0
+
+
+def _simulated_states() -> dict[str, list[bytes]]:
+    """Each table's states, encoded, after a simulated platform's events (with decisions fed back)."""
+    from features.offline import compute
+    from simulation.simulator import simulate
+
+    texts = ([{"text": f"WINNER!! You won a {i}000 prize, call 0906{i:04d} now", "label": 1, "dataset": "sms"}
+              for i in range(12)]
+             + [{"text": f"are we still on for lunch on day {i}?", "label": 0, "dataset": "sms"} for i in range(12)])
+    events = [(e.kind, e.payload) for e in simulate(texts, 1500, "mixed", seed=4) if e.kind != "ban"]
+    dump = compute(events, decide=lambda post, features: features.get("user_post_count_24h", 0) > 3).store.dump()
+    return {table: [orjson.dumps(v) for v in rows.values()] for table, rows in dump.items()}
+
+
+def test_a_decoded_states_estimate_is_above_what_it_allocates_and_within_3x():
+    import tracemalloc
+
+    from streams.state.table_states import decoded_bytes
+
+    checked = 0
+    for table, encoded in _simulated_states().items():
+        if table not in ("user", "url", "domain", "ip", "post") or not encoded:
+            continue
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        states = [load_state(table, orjson.loads(e), DEFAULT_LIMITS) for e in encoded]
+        allocated = tracemalloc.get_traced_memory()[0] - before
+        tracemalloc.stop()
+        estimated = sum(decoded_bytes(len(e)) for e in encoded)
+        assert allocated <= estimated <= 3 * allocated, (table, len(states), allocated, estimated)
+        checked += 1
+    assert checked == 5
+
+
+def test_the_cache_keeps_states_by_their_bytes_once_a_flush_measured_them():
+    store = RecordingStore()
+
+    def write(key, value, event, pending):
+        store.write(key, value, event, pending)
+        return 10_000  # each state's encoding: a decoded one is estimated at decoded_bytes(10,000)
+    from streams.state.table_states import decoded_bytes
+
+    states = TableStates("user", None, DEFAULT_LIMITS, write=write, read=store.read,
+                         cache_bytes=5 * decoded_bytes(10_000))
+    ctxs = posts(20, users=20)
+    for i, ctx in enumerate(ctxs):
+        apply_post(states, ctx["user_id"], event(offset=i), ctx)
+    assert states.batch_bytes == 20 * states.state_bytes  # the batch holds every state until the flush
+    states.flush()
+    assert states.state_bytes == decoded_bytes(10_000)
+    assert states.cached_max == 5 and len(states._cache) == 5
+    assert states.batch_bytes == 0
