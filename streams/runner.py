@@ -154,6 +154,7 @@ class Runner:
                 continue
             if self.wiring.states_full:
                 # the next checkpoint writes the states and lets them go: rounds wait for it, not memory
+                self.checkpoint.processed()
                 await self.wiring.states_room()
                 continue
             if not self._batches:
@@ -161,6 +162,7 @@ class Runner:
             by_topic: dict[str, list[Record]] = {}
             for r in self._fresh(self._next_batch()):
                 by_topic.setdefault(r.topic, []).append(r)
+            generation = self._generation
             for topic, records in by_topic.items():
                 if topic == self.awaiting_topic:
                     self._awaiting.append(records)
@@ -168,10 +170,18 @@ class Runner:
                     continue
                 handler = self.handlers[topic]
                 for i in range(0, len(records), ROUND_MAX):
+                    if i and self.wiring.states_full:  # a batch of bundles can touch tens of thousands of keys
+                        self.checkpoint.processed()
+                        await self.wiring.states_room()
+                        await self._rounds_open.wait()
+                        if self._generation != generation:
+                            break  # revoked meanwhile: the rest is read again by the partitions' next owner
                     chunk = records[i:i + ROUND_MAX]
                     handler(chunk)
                     self._done(chunk, self.wiring.open_epoch)  # the round's: nothing awaited since it started
                 self.checkpoint.processed()
+                if self._generation != generation:
+                    break
             await asyncio.sleep(0)  # let decisions and delivery reports in between fetched batches
 
     async def _run_awaiting(self) -> None:

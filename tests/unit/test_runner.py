@@ -29,6 +29,7 @@ class FakeWiring:
         self.topics = SimpleNamespace(awaiting_text=AWAITING, stages={"user": USER})
         self.batcher = SimpleNamespace(queued=0, over_budget=False)
         self.states_full = False  # the open checkpoint's decoded states within their share
+        self.room = asyncio.Event()  # set by the test: the checkpoint wrote the states
         self.pipe = SimpleNamespace(tables={"user": FakeTable(), "url": FakeTable()})
         self.crashes: list[Exception] = []
         self.revocations = 0
@@ -42,6 +43,10 @@ class FakeWiring:
 
     async def idle(self, epoch=None):
         pass
+
+    async def states_room(self):
+        await self.room.wait()
+        self.states_full = False
 
 
 class FakeSeeks:
@@ -164,6 +169,48 @@ def test_no_round_starts_while_a_checkpoint_has_them_paused():
         return paused_calls
 
     assert asyncio.run(scenario()) == 0 and len(calls) == 1
+
+
+def test_rounds_wait_for_a_checkpoint_while_its_decoded_states_are_over_their_share_even_inside_a_batch():
+    calls: list[list[int]] = []
+
+    async def scenario():
+        r = make_runner({POSTS: lambda rs: calls.append([x.offset for x in rs]), USER: None, AWAITING: None})
+        task = asyncio.get_running_loop().create_task(r._run())
+        r.wiring.states_full = True  # full after the round before this batch
+        r._deliver(records(POSTS, 0, range(ROUND_MAX + 1)))
+        await settle()
+        waiting = (len(calls), r.checkpoint.dirty)
+        r._deliver(records(POSTS, 0, [ROUND_MAX + 1]))
+        r.wiring.room.set()  # the checkpoint wrote them
+        await settle()
+        task.cancel()
+        return waiting
+
+    # the batch's first round waits too (the states were full before it), and a checkpoint is due
+    assert asyncio.run(scenario()) == (0, True)
+    assert calls == [list(range(ROUND_MAX)), [ROUND_MAX], [ROUND_MAX + 1]]
+
+
+def test_a_round_waiting_for_room_is_dropped_when_its_partitions_were_revoked_meanwhile():
+    calls: list[list[int]] = []
+
+    async def scenario():
+        r = make_runner({POSTS: lambda rs: calls.append([x.offset for x in rs]), USER: None, AWAITING: None})
+        task = asyncio.get_running_loop().create_task(r._run())
+        # the first round fills them: the second waits inside the batch
+        r.handlers[POSTS] = lambda rs: (calls.append([x.offset for x in rs]), setattr(r.wiring, "states_full", True))
+        r._deliver(records(POSTS, 0, range(ROUND_MAX + 1)))
+        await settle()
+        r._generation += 1  # a revocation while it waited
+        r.wiring.room.set()
+        await settle()
+        task.cancel()
+        return r
+
+    r = asyncio.run(scenario())
+    assert calls == [list(range(ROUND_MAX))] and r.checkpoint.dirty
+    assert r.take_offsets(0) == {TP(POSTS, 0): ROUND_MAX}  # the dropped round is read again, not committed
 
 
 def test_awaiting_posts_are_read_again_while_the_text_model_is_out(monkeypatch):
