@@ -4,7 +4,8 @@ the tables in RocksDB (MODPIPE_STATE_BACKEND=rocksdb) and in memory, one after t
 the same broker, text model off. Each pass reports the worker's resident memory (peak and at the end), the
 stores' size on disk, bytes per key per table, the feature path's posts/s, and the restore after a SIGKILL of
 the worker: the seconds the restore took, the changelog records it read, and the seconds from the kill until
-the worker was ready again."""
+the worker was ready again. The worker's caches and buffers are sized by MODPIPE_WORKER_MEMORY_MB (a worker
+meant for a pod of 1 GiB: MODPIPE_WORKER_MEMORY_MB=1024)."""
 
 from __future__ import annotations
 
@@ -162,7 +163,8 @@ def one_pass(settings: Settings, backend: str, n: int, progress: bool, timeout_s
 def run(settings: Settings, n: int, backends=BACKENDS, progress: bool = True, timeout_s: float = 7200.0) -> dict:
     with scratch_endpoint(dataclasses.replace(settings, text_model="off"), "bstate") as (settings, own_broker):
         passes = {b: one_pass(settings, b, n, progress, timeout_s) for b in backends}
-    report = {"broker": settings.broker if own_broker else "external", "posts": n, "passes": passes}
+    report = {"broker": settings.broker if own_broker else "external", "posts": n,
+              "worker_memory_mb": settings.worker_memory_mb, "passes": passes}
     rocks = passes.get("rocksdb")
     if rocks:
         keys = sum(rocks["keys"].values())
