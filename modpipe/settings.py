@@ -224,8 +224,9 @@ SETTINGS_SPEC: dict[str, Spec] = {
     "metrics_port": Spec("MODPIPE_METRICS_PORT", "9464",
                          "Prometheus port of a worker; `modpipe up` gives worker i port + i.", int),
     "state_cache_keys": Spec("MODPIPE_STATE_CACHE_KEYS", "20000",
-                             "Decoded states a worker keeps per feature table between rounds (user, url, domain, "
-                             "ip): a hot key is decoded once, not once per round.", int),
+                             "Decoded states a worker keeps per feature table between checkpoints at most (user, "
+                             "url, domain, ip): a hot key is decoded once, not once per checkpoint. Their bytes are "
+                             "bounded too: a fifth each of MODPIPE_WORKER_MEMORY_MB's state_cache share (8 %).", int),
     "post_state_cache_keys": Spec("MODPIPE_POST_STATE_CACHE_KEYS", "2000",
                                   "The same for the post table, whose states hold a decision snapshot (~9 KB "
                                   "each) and are hot only for the minutes after the post: 20,000 of them grew a "
