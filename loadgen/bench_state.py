@@ -4,7 +4,8 @@ the tables in RocksDB (MODPIPE_STATE_BACKEND=rocksdb) and in memory, one after t
 the same broker, text model off. Each pass reports the worker's resident memory (peak and at the end), the
 stores' size on disk, bytes per key per table, the feature path's posts/s, and the restore after a SIGKILL of
 the worker: the seconds the restore took, the changelog records it read, and the seconds from the kill until
-the worker was ready again. The worker's caches and buffers are sized by MODPIPE_WORKER_MEMORY_MB (a worker
+the worker was ready again; with RocksDB, again after a SIGKILL that also lost the stores (a new pod on an
+empty disk: the whole changelog read). The worker's caches and buffers are sized by MODPIPE_WORKER_MEMORY_MB (a worker
 meant for a pod of 1 GiB: MODPIPE_WORKER_MEMORY_MB=1024)."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import random
+import shutil
 import time
 import uuid
 from pathlib import Path
@@ -76,6 +78,11 @@ def _sum(metrics: dict[str, float], prefix: str) -> float:
     return sum(v for k, v in metrics.items() if k.startswith(prefix))
 
 
+def _keys(metrics: dict[str, float]) -> dict[str, int]:
+    """Keys the worker holds per table."""
+    return {t: int(_sum(metrics, f"modpipe_table_keys{{table={t}}}")) for t in ("user", "url", "domain", "ip", "post")}
+
+
 def one_pass(settings: Settings, backend: str, n: int, progress: bool, timeout_s: float) -> dict:
     tag = uuid.uuid4().hex[:6]
     settings = dataclasses.replace(settings, state_backend=backend, topic_prefix=f"{settings.topic_prefix}{backend}{tag}.",
@@ -126,7 +133,7 @@ def one_pass(settings: Settings, backend: str, n: int, progress: bool, timeout_s
         time.sleep(IDLE_S)
         rss_end, rss_hwm = rss_bytes(worker.process.pid)
         metrics = stack.scrape()
-        keys = {t: int(_sum(metrics, f"modpipe_table_keys{{table={t}}}")) for t in ("user", "url", "domain", "ip", "post")}
+        keys = _keys(metrics)
         encoded = {t: int(_sum(metrics, f"modpipe_table_bytes{{table={t}}}")) for t in keys}
         root = tables_dir(settings, worker.name)
         disk = {t: disk_bytes(root / t) for t in keys} if backend == "rocksdb" else {}
@@ -138,6 +145,19 @@ def one_pass(settings: Settings, backend: str, n: int, progress: bool, timeout_s
         stack.wait_workers_ready(timeout=max(120.0, timeout_s))
         ready_s = time.monotonic() - killed
         after = stack.scrape()
+        from_empty = None
+        if backend == "rocksdb":  # a new pod on an empty disk: every store restored from its whole changelog
+            worker = stack.workers[0]
+            killed = time.monotonic()
+            worker.process.kill()
+            shutil.rmtree(root, ignore_errors=True)
+            stack.start_worker(0)
+            stack.wait_workers_ready(timeout=max(120.0, timeout_s))
+            empty = stack.scrape()
+            from_empty = {"keys": _keys(empty), "seconds": round(_sum(empty, "modpipe_table_restore_seconds"), 2),
+                          "changelog_records_read": int(_sum(empty, "modpipe_table_restored_records_total")),
+                          "kill_to_ready_s": round(time.monotonic() - killed, 1),
+                          "rss_mib": round(rss_bytes(stack.workers[0].process.pid)[0] / MIB, 1)}
     total_keys = sum(keys.values())
     return {
         "backend": backend, "posts": n,
@@ -154,9 +174,10 @@ def one_pass(settings: Settings, backend: str, n: int, progress: bool, timeout_s
         "rss_mib_by_posts": timeline,
         # what the worker's byte-bounded caches and buffers held at the end (modpipe/memory.py)
         "cache_mib": round(_sum(metrics, "modpipe_cache_bytes") / MIB, 1),
-        "restore": {"seconds": round(_sum(after, "modpipe_table_restore_seconds"), 2),
+        "restore": {"keys": _keys(after), "seconds": round(_sum(after, "modpipe_table_restore_seconds"), 2),
                     "changelog_records_read": int(_sum(after, "modpipe_table_restored_records_total")),
                     "kill_to_ready_s": round(ready_s, 1)},
+        "restore_from_empty_disk": from_empty,
     }
 
 
@@ -173,6 +194,9 @@ def run(settings: Settings, n: int, backends=BACKENDS, progress: bool = True, ti
             "keys_per_gib_disk": round(keys / (rocks["disk_bytes"] / 1024**3)) if rocks["disk_bytes"] else None,
             "restore_s_per_million_keys": round(rocks["restore"]["seconds"] / keys * 1e6, 2) if keys else None,
         }
+        empty = rocks.get("restore_from_empty_disk")
+        if empty and keys:
+            report["capacity"]["restore_from_empty_disk_s_per_million_keys"] = round(empty["seconds"] / keys * 1e6, 2)
         targets = {"rss_mib": {"target": f"<= {TARGETS['rss_mib']} (peak)", "value": rocks["rss_mib"]["peak"],
                                "met": rocks["rss_mib"]["peak"] <= TARGETS["rss_mib"]},
                    "restore_s": {"target": f"<= {TARGETS['restore_s']}", "value": rocks["restore"]["kill_to_ready_s"],
