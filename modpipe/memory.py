@@ -26,7 +26,7 @@ from typing import Any
 
 DEFAULT_WORKER_MEMORY_MB = 2048
 
-# Fraction of MODPIPE_WORKER_MEMORY_MB each use may hold (docs/features.md, Memory budget). 42 % in all;
+# Fraction of MODPIPE_WORKER_MEMORY_MB each use may hold (docs/features.md, Memory budget). 45 % in all;
 # the rest is the process (~400 MiB: Python, numpy, LightGBM, librdkafka) and, with
 # MODPIPE_STATE_BACKEND=memory, the tables.
 SHARES: dict[str, float] = {
@@ -45,6 +45,7 @@ SHARES: dict[str, float] = {
     "table_store": 0.08,  # streams/state/rocksdb.py: RocksDB's block cache and memtables, all tables
     "state_cache": 0.08,  # streams/state/table_states.py: decoded states kept between checkpoints, split by table
     "checkpoint_states": 0.10,  # the decoded states used since the last checkpoint (rounds wait above it)
+    "next_epoch": 0.03,  # records held back for the next transaction while a checkpoint commits (the same)
 }
 MIB = 1024 * 1024
 

@@ -233,10 +233,10 @@ SETTINGS_SPEC: dict[str, Spec] = {
                                   "worker by ~120 MiB in the soak run.", int),
     "worker_memory_mb": Spec("MODPIPE_WORKER_MEMORY_MB", "2048",
                              "Memory a worker has (its pod's limit: set both together). Every cache and buffer fed "
-                             "by platform data is bounded in bytes by a fixed share of it, 42 % in all (the decoded "
+                             "by platform data is bounded in bytes by a fixed share of it, 45 % in all (the decoded "
                              "table states of the open checkpoint 10 %, RocksDB's cache of the tables 8 %, decoded "
                              "states kept between checkpoints 8 %, decision queue 3 %, librdkafka's producer queue "
-                             "3 %, parsed links 2 %, fetched records 2 %, stage bundles 2 %, text cache 1 %, ...: "
+                             "3 %, records held back while a checkpoint commits 3 %, parsed links 2 %, fetched records 2 %, stage bundles 2 %, text cache 1 %, ...: "
                              "modpipe/memory.py, docs/features.md); the rest is the process (~400 MiB) and the tables "
                              "with MODPIPE_STATE_BACKEND=memory.", int),
     "state_backend": Spec("MODPIPE_STATE_BACKEND", "rocksdb",

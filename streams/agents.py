@@ -107,11 +107,13 @@ class Wiring:
                                    cached_keys=cached_keys,
                                    cache_bytes=self.budgets["state_cache"] // len(fe.TABLES))
                        for name in fe.STAGES}
-        # the decoded states of the open checkpoint are bounded by starting no round above their share until the
-        # next checkpoint writes them (`states_full`, `states_room`)
+        # the decoded states of the open checkpoint, and the records held back for the next transaction while a
+        # checkpoint commits, are bounded by starting no round above their shares until a checkpoint has written
+        # the states or committed (`checkpoint_full`, `checkpoint_room`)
         self.states_max_bytes = self.budgets["checkpoint_states"]
-        self._states_room = asyncio.Event()
-        self._states_room.set()
+        self.next_epoch_max_bytes = self.budgets["next_epoch"]
+        self._checkpoint_room = asyncio.Event()
+        self._checkpoint_room.set()
         text_version = "off" if scorer.disabled else scorer.model_version
         # read per batch: a promoted decision model changes the decider's version without a restart
         self.publisher = Publisher(outbox, pipe.topics, lambda: {"text_model": text_version, "decider": decider.version})
@@ -236,25 +238,35 @@ class Wiring:
                 if n:
                     metrics.STATE_EXPIRED.labels(table).inc(n)
         pending.seal()
-        self._states_room.set()
+        self._checkpoint_room.set()
         self.observe_tables()
         return pending
 
     @property
-    def states_full(self) -> bool:
-        """Whether the decoded states used since the last checkpoint hold more than their share of memory."""
-        return sum(stage.batch_bytes for stage in self.stages.values()) > self.states_max_bytes
+    def checkpoint_full(self) -> str | None:
+        """What holds more than its share of memory until a checkpoint: `states` (the decoded states used since
+        the last checkpoint) or `next_epoch` (records held back while a checkpoint commits); None: nothing."""
+        if sum(stage.batch_bytes for stage in self.stages.values()) > self.states_max_bytes:
+            return "states"
+        if self.outbox.later_bytes > self.next_epoch_max_bytes:
+            return "next_epoch"
+        return None
 
-    async def states_room(self) -> None:
-        """Until the next checkpoint has written the states used since the last one (and let them go)."""
-        self._states_room.clear()
-        metrics.STATES_FULL.inc()
-        await self._states_room.wait()
+    async def checkpoint_room(self) -> None:
+        """Until a checkpoint has written the states used since the last one, or committed (the records held
+        back go out): the caller checks `checkpoint_full` again."""
+        reason = self.checkpoint_full
+        if reason is None:
+            return
+        self._checkpoint_room.clear()
+        metrics.CHECKPOINT_WAITS.labels(reason).inc()
+        await self._checkpoint_room.wait()
 
     def committed(self) -> None:
         """The checkpoint's transaction committed: the tables' stores take its states."""
         for table in self.pipe.tables.values():
             table.committed()
+        self._checkpoint_room.set()  # the outbox sends the held-back records next (`Outbox.advance`)
         self.observe_tables()  # a RocksDB table counts its keys once they are in its stores
 
     def expiry_due(self) -> bool:

@@ -101,9 +101,10 @@ TABLE_STATES = Gauge("modpipe_table_decoded_states",
 TABLE_STATE_BYTES = Gauge("modpipe_table_decoded_state_bytes",
                           "Estimated bytes of the same (streams/state/table_states.py: from their encoded sizes).",
                           ["table", "held"])
-STATES_FULL = Counter("modpipe_checkpoint_states_full_total",
-                      "Times rounds waited for a checkpoint because the decoded table states used since the "
-                      "previous one held more than MODPIPE_WORKER_MEMORY_MB's checkpoint_states share.")
+CHECKPOINT_WAITS = Counter("modpipe_checkpoint_waits_total",
+                           "Times rounds waited for a checkpoint because what it lets go held more than its share "
+                           "of MODPIPE_WORKER_MEMORY_MB: states (decoded table states used since the previous "
+                           "checkpoint) or next_epoch (records held back while a checkpoint commits).", ["reason"])
 CONSUMER_LAG = Gauge("modpipe_consumer_lag_messages", "Records behind the end of each assigned partition.",
                      ["topic", "partition"])
 

@@ -152,10 +152,10 @@ class Runner:
                 # fetched records already past the pause would add their posts on top: they wait for room
                 await self.wiring.batcher.room()
                 continue
-            if self.wiring.states_full:
-                # the next checkpoint writes the states and lets them go: rounds wait for it, not memory
+            if self.wiring.checkpoint_full:
+                # the next checkpoint lets the states and the held-back records go: rounds wait for it, not memory
                 self.checkpoint.processed()
-                await self.wiring.states_room()
+                await self.wiring.checkpoint_room()
                 continue
             if not self._batches:
                 continue
@@ -170,9 +170,10 @@ class Runner:
                     continue
                 handler = self.handlers[topic]
                 for i in range(0, len(records), ROUND_MAX):
-                    if i and self.wiring.states_full:  # a batch of bundles can touch tens of thousands of keys
+                    if i and self.wiring.checkpoint_full:  # a batch of bundles can touch tens of thousands of keys
                         self.checkpoint.processed()
-                        await self.wiring.states_room()
+                        while self.wiring.checkpoint_full and self._generation == generation:
+                            await self.wiring.checkpoint_room()
                         await self._rounds_open.wait()
                         if self._generation != generation:
                             break  # revoked meanwhile: the rest is read again by the partitions' next owner

@@ -72,3 +72,44 @@ def test_a_rounds_local_hops_reach_the_metrics_once_it_ends(monkeypatch):
     assert counted["post"] >= len(posts)
     assert {k: after[k] - before[k] for k in after} == counted
     assert agents.ROUND_MAX >= len(records)
+
+
+def test_the_wiring_is_full_until_a_checkpoint_writes_the_states_or_commits_the_held_back_records():
+    settings = Settings.from_env({"MODPIPE_TEXT_MODEL": "off"})
+    pipe = create_pipeline(settings)
+    s, _ = scorer("decide")
+    outbox = Outbox()
+    outbox.later_bytes = 0
+    wiring = Wiring(pipe, settings, s, ThresholdDecider(), BanRegistry(settings, "unused:0", "bans"), outbox)
+    wiring.assigned([TP(topic, p) for topic in pipe.topics.stages.values() for p in range(pipe.partitions)])
+    ingest = make_handlers(wiring, settings, s, ThresholdDecider())[pipe.topics.posts]
+    rng = random.Random(5)
+    posts = [make_post(rng, f"full-{i}", "lunch?", user_id=f"u{i}") for i in range(10)]
+    records = [Record(pipe.topics.posts, 0, i, None, schema.dumps(p), 1_700_000_000_000) for i, p in enumerate(posts)]
+    assert wiring.budgets["checkpoint_states"] == wiring.states_max_bytes > 0
+
+    async def scenario():
+        ingest(records)
+        used = sum(stage.batch_bytes for stage in wiring.stages.values())
+        assert used > 0 and wiring.checkpoint_full is None  # 10 posts' states: far under the share
+        wiring.states_max_bytes = used - 1
+        assert wiring.checkpoint_full == "states"
+        waiting = asyncio.ensure_future(wiring.checkpoint_room())
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        wiring.flush_states(wiring.switch())  # the checkpoint writes them: nothing is held any more
+        await asyncio.sleep(0)
+        assert waiting.done() and wiring.checkpoint_full is None
+
+        outbox.later_bytes = wiring.next_epoch_max_bytes + 1  # a commit takes long: its next epoch piles up
+        assert wiring.checkpoint_full == "next_epoch"
+        waiting = asyncio.ensure_future(wiring.checkpoint_room())
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        wiring.committed()
+        outbox.later_bytes = 0  # what Outbox.advance does right after
+        await asyncio.sleep(0)
+        assert waiting.done() and wiring.checkpoint_full is None
+        await wiring.batcher.close()
+
+    asyncio.run(scenario())

@@ -28,7 +28,7 @@ class FakeWiring:
     def __init__(self):
         self.topics = SimpleNamespace(awaiting_text=AWAITING, stages={"user": USER})
         self.batcher = SimpleNamespace(queued=0, over_budget=False)
-        self.states_full = False  # the open checkpoint's decoded states within their share
+        self.checkpoint_full = None  # the open checkpoint's decoded states within their share
         self.room = asyncio.Event()  # set by the test: the checkpoint wrote the states
         self.pipe = SimpleNamespace(tables={"user": FakeTable(), "url": FakeTable()})
         self.crashes: list[Exception] = []
@@ -44,9 +44,9 @@ class FakeWiring:
     async def idle(self, epoch=None):
         pass
 
-    async def states_room(self):
+    async def checkpoint_room(self):
         await self.room.wait()
-        self.states_full = False
+        self.checkpoint_full = None
 
 
 class FakeSeeks:
@@ -177,7 +177,7 @@ def test_rounds_wait_for_a_checkpoint_while_its_decoded_states_are_over_their_sh
     async def scenario():
         r = make_runner({POSTS: lambda rs: calls.append([x.offset for x in rs]), USER: None, AWAITING: None})
         task = asyncio.get_running_loop().create_task(r._run())
-        r.wiring.states_full = True  # full after the round before this batch
+        r.wiring.checkpoint_full = "states"  # full after the round before this batch
         r._deliver(records(POSTS, 0, range(ROUND_MAX + 1)))
         await settle()
         waiting = (len(calls), r.checkpoint.dirty)
@@ -199,7 +199,7 @@ def test_a_round_waiting_for_room_is_dropped_when_its_partitions_were_revoked_me
         r = make_runner({POSTS: lambda rs: calls.append([x.offset for x in rs]), USER: None, AWAITING: None})
         task = asyncio.get_running_loop().create_task(r._run())
         # the first round fills them: the second waits inside the batch
-        r.handlers[POSTS] = lambda rs: (calls.append([x.offset for x in rs]), setattr(r.wiring, "states_full", True))
+        r.handlers[POSTS] = lambda rs: (calls.append([x.offset for x in rs]), setattr(r.wiring, "checkpoint_full", "states"))
         r._deliver(records(POSTS, 0, range(ROUND_MAX + 1)))
         await settle()
         r._generation += 1  # a revocation while it waited
