@@ -64,15 +64,14 @@ def epoch_ms(timestamp: str) -> int:
 # ---------------------------------------------------------------------------------------------- decoding helpers
 
 def _load_object(raw: bytes | str) -> dict:
-    if isinstance(raw, bytes | bytearray | memoryview):
-        raw = bytes(raw)
-        try:
-            raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InvalidMessage("invalid_utf8", f"not valid UTF-8 at byte {exc.start}") from None
     try:
-        obj = orjson.loads(raw)
+        obj = orjson.loads(raw)  # checks the UTF-8 of all of it too: one pass over a valid record
     except orjson.JSONDecodeError as exc:
+        if isinstance(raw, bytes | bytearray | memoryview):  # which of the two it was
+            try:
+                bytes(raw).decode("utf-8")
+            except UnicodeDecodeError as bad:
+                raise InvalidMessage("invalid_utf8", f"not valid UTF-8 at byte {bad.start}") from None
         raise InvalidMessage("bad_json", str(exc)) from None
     if not isinstance(obj, dict):
         raise InvalidMessage("not_an_object", f"expected a JSON object, got {type(obj).__name__}")
@@ -87,17 +86,18 @@ def _load_object(raw: bytes | str) -> dict:
 
 
 def _field(obj: dict, name: str, kind: type | tuple, *, where: str = "", optional: bool = False) -> Any:
-    path = f"{where}{name}"
-    if name not in obj or obj[name] is None:
+    value = obj.get(name)
+    if value is None:
         if optional:
             return None
-        raise InvalidMessage("missing_field", path)
-    value = obj[name]
+        raise InvalidMessage("missing_field", f"{where}{name}")
+    if type(value) is kind:  # the common case, decided at once (a bool is never an int here: exact type)
+        return value
     # bool is an int in Python; a boolean is never a valid count or id.
     if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-        raise InvalidMessage("wrong_type", f"{path} must be {_kind_name(kind)}, got boolean")
+        raise InvalidMessage("wrong_type", f"{where}{name} must be {_kind_name(kind)}, got boolean")
     if not isinstance(value, kind):
-        raise InvalidMessage("wrong_type", f"{path} must be {_kind_name(kind)}, got {type(value).__name__}")
+        raise InvalidMessage("wrong_type", f"{where}{name} must be {_kind_name(kind)}, got {type(value).__name__}")
     return value
 
 
@@ -206,6 +206,11 @@ def decode_post(raw: bytes | str, max_text_chars: int = 10_000) -> dict:
         raise InvalidMessage("invalid_value", f"journey has more than {MAX_JOURNEY_STEPS} steps")
     steps = []
     for i, step in enumerate(journey):
+        if type(step) is dict:  # the common case without building the error path (`where`) of each step
+            name, ms = step.get("step"), step.get("ms")
+            if type(name) is str and type(ms) is int and ms >= 0:
+                steps.append({"step": name, "ms": ms})
+                continue
         where = f"journey[{i}]."
         if not isinstance(step, dict):
             raise InvalidMessage("wrong_type", f"journey[{i}] must be an object")
