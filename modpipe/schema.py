@@ -50,10 +50,18 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+_SECOND_TEXTS: dict[int, str] = {}  # epoch second -> its text: a decision's two times fall in few seconds
+
+
 def rfc3339(ms: int | float) -> str:
     """Epoch milliseconds -> RFC 3339 UTC with millisecond precision."""
     seconds, millis = divmod(int(ms), 1000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
+    text = _SECOND_TEXTS.get(seconds)
+    if text is None:
+        if len(_SECOND_TEXTS) >= 4096:
+            _SECOND_TEXTS.clear()
+        text = _SECOND_TEXTS[seconds] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+    return f"{text}.{millis:03d}Z"
 
 
 def epoch_ms(timestamp: str) -> int:

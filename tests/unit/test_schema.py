@@ -185,3 +185,13 @@ def test_a_valid_post_decodes_from_any_bytes_like_value_and_its_steps_are_checke
         with pytest.raises(schema.InvalidMessage) as info:
             schema.decode_post(orjson.dumps(valid_post(journey=journey)))
         assert info.value.reason == reason and "journey[0]" in info.value.detail
+
+
+def test_rfc3339_writes_every_millisecond_as_strftime_does_through_its_cache_of_seconds():
+    import time
+
+    start = 1_764_400_000_000
+    for ms in [start + 137 * i for i in range(10_000)] + [0, 999, 1000, 86_399_999, 253_402_300_799_999]:
+        seconds, millis = divmod(ms, 1000)
+        assert schema.rfc3339(ms) == time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
+    assert len(schema._SECOND_TEXTS) <= 4096
