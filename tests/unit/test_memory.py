@@ -402,3 +402,12 @@ def test_a_feature_maps_size_from_its_strings_is_never_less_than_walking_it_and_
         assert walked <= features_size(features) <= 1.25 * walked, post["post_id"]
     small = {"text_probability": 0.5, "url_domain": "x" * 100}
     assert features_size(small) == memory.approx_size(small)  # not `assemble`'s shape: walked
+
+
+def test_a_partition_entry_is_charged_from_its_keys_length_never_less_than_walking_it():
+    from streams.bundles import _entry_size, partition_for
+
+    for key in ("u1", "bench-abcdef-123456", "é" * 50, "😀" * 40, "x" * 300):
+        for partitions in (4, 16, 2 ** 40):
+            walked = memory.approx_size((key, partitions)) + memory.approx_size(partition_for(key, partitions))
+            assert walked <= _entry_size((key, partitions), 3) <= walked + 64
