@@ -56,7 +56,10 @@ def journey_features(journey: Any, text_length: int | None = None) -> dict[str, 
     """
     if not isinstance(journey, list):
         return dict.fromkeys(JOURNEY_FEATURES)
-    kinds, durations, invalid = [], [], 0
+    # one pass (this runs for every post): durations over every step, kinds only up to the first submit
+    total, low, high, invalid = 0, None, None, 0
+    submitted = has_typing = pasted = False
+    typing_ms = 0
     for item in journey:
         if not isinstance(item, dict):
             invalid += 1
@@ -65,14 +68,23 @@ def journey_features(journey: Any, text_length: int | None = None) -> dict[str, 
         if ms is None:
             invalid += 1
         else:
-            durations.append(ms)
-        kinds.append((_kind(item.get("step")), ms))
-    first_submit = next((i for i, (k, _) in enumerate(kinds) if k == "submit"), len(kinds))
-    before = kinds[:first_submit]
-    typed = any(k in ("type", "paste") for k, _ in before)
-    pasted = any(k == "paste" for k, _ in before)
-    typing_ms = sum(ms for k, ms in before if k == "type" and ms is not None)
-    has_typing = any(k == "type" for k, _ in before)
+            total += ms
+            if low is None or ms < low:
+                low = ms
+            if high is None or ms > high:
+                high = ms
+        if submitted:
+            continue
+        kind = _kind(item.get("step"))
+        if kind == "submit":
+            submitted = True
+        elif kind == "type":
+            has_typing = True
+            if ms is not None:
+                typing_ms += ms
+        elif kind == "paste":
+            pasted = True
+    typed = has_typing or pasted
     cps = None
     if has_typing and text_length is not None:
         cps = float("inf") if typing_ms == 0 else text_length * 1000.0 / typing_ms
@@ -81,13 +93,13 @@ def journey_features(journey: Any, text_length: int | None = None) -> dict[str, 
         too_fast = cps > MAX_HUMAN_CPS if cps is not None else typing_ms < MIN_TYPING_MS
     return {
         "journey_steps": len(journey),
-        "journey_total_ms": sum(durations),
-        "journey_min_step_ms": min(durations) if durations else None,
-        "journey_max_step_ms": max(durations) if durations else None,
+        "journey_total_ms": total,
+        "journey_min_step_ms": low,
+        "journey_max_step_ms": high,
         "journey_typing_ms": typing_ms,
         "journey_typing_cps": None if cps is None or cps == float("inf") else round(cps, 3),
         "journey_paste": pasted,
-        "journey_has_submit": first_submit < len(kinds),
+        "journey_has_submit": submitted,
         "journey_invalid_steps": invalid,
         "journey_submit_without_typing": (not typed) or too_fast,
     }

@@ -12,12 +12,16 @@ their signal already reaches the model through the numeric reputation/count feat
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
+
+import numpy as np
 
 from features.brands import brand_match
 from features.events import parse_ts
 from features.journey import JOURNEY_FEATURES, journey_features
 from features.url import parse_url
+from modpipe import memory
 
 URL_STATIC = (
     "url_present", "url_valid", "url_subdomain_count", "url_age", "url_wot_score", "url_google_score",
@@ -124,6 +128,23 @@ def assemble(post: dict, counts: dict[str, Any]) -> dict[str, Any]:
     return {name: merged.get(name) for name in FEATURE_NAMES}
 
 
+_KEYS_BYTES = sum(map(memory.str_size, FEATURE_NAMES))
+_NUMERIC_BYTES = len(NUMERIC_FEATURES) * memory.SCALAR_BOUND
+
+
+def features_size(features: dict[str, Any]) -> int:
+    """At least `memory.approx_size(features)` of a map `assemble` made (the decision queue sizes one per
+    post): FEATURE_NAMES as keys, each numeric value a scalar within `memory.SCALAR_BOUND`, so only the string
+    features are measured. A map of another length is walked."""
+    if len(features) != len(FEATURE_NAMES):
+        return memory.approx_size(features)
+    size = sys.getsizeof(features) + _KEYS_BYTES + _NUMERIC_BYTES
+    for name in STRING_FEATURES:
+        value = features.get(name)
+        size += memory.SCALAR_BOUND if value is None else memory.approx_size(value)
+    return size
+
+
 def to_vector(features: dict[str, Any], names: tuple[str, ...]) -> list[float]:
     """`names` as floats: True/False -> 1.0/0.0, None (or non-numeric, or infinite) -> NaN (missing)."""
     out = []
@@ -148,10 +169,27 @@ def to_vector(features: dict[str, Any], names: tuple[str, ...]) -> list[float]:
     return out
 
 
+_PLAIN = frozenset((float, int, bool, type(None)))  # what numpy converts to float64 as `to_vector` does (but inf)
+
+
+def to_matrix(features_list: list[dict[str, Any]], names: tuple[str, ...]) -> np.ndarray:
+    """`to_vector` of each map as the rows of one float64 array, equal to it value for value. Rows of plain
+    values (float, int, bool, None) are converted by numpy in one call (None -> NaN, then inf -> NaN); a row
+    holding anything else (a string, which numpy would parse, a numpy scalar) goes through `to_vector`."""
+    rows = [list(map(f.get, names)) for f in features_list]
+    plain = [_PLAIN.issuperset(map(type, row)) for row in rows]
+    if not all(plain):
+        rows = [row if ok else to_vector(f, names) for row, ok, f in zip(rows, plain, features_list, strict=True)]
+    x = np.array(rows, dtype=np.float64).reshape(len(rows), len(names))
+    x[np.isinf(x)] = math.nan
+    return x
+
+
 def to_numeric_vector(features: dict[str, Any]) -> list[float]:
     """NUMERIC_FEATURES as floats (see `to_vector`)."""
     return to_vector(features, NUMERIC_FEATURES)
 
 
 __all__ = ["FEATURE_NAMES", "NUMERIC_FEATURES", "STRING_FEATURES", "CATEGORICAL", "COUNT_FEATURES",
-           "assemble", "static_features", "url_features", "profile_features", "to_numeric_vector", "to_vector"]
+           "assemble", "features_size", "static_features", "url_features", "profile_features", "to_numeric_vector", "to_vector",
+           "to_matrix"]

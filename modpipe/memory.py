@@ -118,6 +118,23 @@ def _leaves_size(items: Any) -> int | None:
     return size
 
 
+# The most a JSON scalar of a decoded record or a feature map takes: an int below 2**90 (a 64-bit value, or a sum
+# of at most a thousand of them), a float, a bool or None. Schema-aware sizes (`schema.post_size`,
+# `features.vector.features_size`) charge each scalar field this much without looking at it.
+SCALAR_BOUND = _getsizeof(2 ** 89)
+
+
+def str_size(s: str) -> int:
+    """What `approx_size` charges a string."""
+    return _ASCII_BASE + len(s) if s.isascii() else _WIDE_BASE + 4 * len(s)
+
+
+def strs_size(strs: list[str]) -> int:
+    """What `approx_size` charges the strings of `strs` (a list of str), in C-level passes."""
+    chars = sum(map(len, strs))
+    return len(strs) * _ASCII_BASE + chars if all(map(str.isascii, strs)) else len(strs) * _WIDE_BASE + 4 * chars
+
+
 def approx_size(obj: Any) -> int:
     """At least `deep_size` of a JSON-like value (dicts, lists and tuples of strings, bytes, numbers, None), in
     a few C-level passes where `deep_size` visits each object in Python: an object shared within `obj` is

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import ipaddress
 import math
+import sys
 import time
 from datetime import datetime
 from typing import Any
@@ -49,10 +50,18 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+_SECOND_TEXTS: dict[int, str] = {}  # epoch second -> its text: a decision's two times fall in few seconds
+
+
 def rfc3339(ms: int | float) -> str:
     """Epoch milliseconds -> RFC 3339 UTC with millisecond precision."""
     seconds, millis = divmod(int(ms), 1000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
+    text = _SECOND_TEXTS.get(seconds)
+    if text is None:
+        if len(_SECOND_TEXTS) >= 4096:
+            _SECOND_TEXTS.clear()
+        text = _SECOND_TEXTS[seconds] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+    return f"{text}.{millis:03d}Z"
 
 
 def epoch_ms(timestamp: str) -> int:
@@ -63,15 +72,14 @@ def epoch_ms(timestamp: str) -> int:
 # ---------------------------------------------------------------------------------------------- decoding helpers
 
 def _load_object(raw: bytes | str) -> dict:
-    if isinstance(raw, bytes | bytearray | memoryview):
-        raw = bytes(raw)
-        try:
-            raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InvalidMessage("invalid_utf8", f"not valid UTF-8 at byte {exc.start}") from None
     try:
-        obj = orjson.loads(raw)
+        obj = orjson.loads(raw)  # checks the UTF-8 of all of it too: one pass over a valid record
     except orjson.JSONDecodeError as exc:
+        if isinstance(raw, bytes | bytearray | memoryview):  # which of the two it was
+            try:
+                bytes(raw).decode("utf-8")
+            except UnicodeDecodeError as bad:
+                raise InvalidMessage("invalid_utf8", f"not valid UTF-8 at byte {bad.start}") from None
         raise InvalidMessage("bad_json", str(exc)) from None
     if not isinstance(obj, dict):
         raise InvalidMessage("not_an_object", f"expected a JSON object, got {type(obj).__name__}")
@@ -86,17 +94,18 @@ def _load_object(raw: bytes | str) -> dict:
 
 
 def _field(obj: dict, name: str, kind: type | tuple, *, where: str = "", optional: bool = False) -> Any:
-    path = f"{where}{name}"
-    if name not in obj or obj[name] is None:
+    value = obj.get(name)
+    if value is None:
         if optional:
             return None
-        raise InvalidMessage("missing_field", path)
-    value = obj[name]
+        raise InvalidMessage("missing_field", f"{where}{name}")
+    if type(value) is kind:  # the common case, decided at once (a bool is never an int here: exact type)
+        return value
     # bool is an int in Python; a boolean is never a valid count or id.
     if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-        raise InvalidMessage("wrong_type", f"{path} must be {_kind_name(kind)}, got boolean")
+        raise InvalidMessage("wrong_type", f"{where}{name} must be {_kind_name(kind)}, got boolean")
     if not isinstance(value, kind):
-        raise InvalidMessage("wrong_type", f"{path} must be {_kind_name(kind)}, got {type(value).__name__}")
+        raise InvalidMessage("wrong_type", f"{where}{name} must be {_kind_name(kind)}, got {type(value).__name__}")
     return value
 
 
@@ -205,6 +214,11 @@ def decode_post(raw: bytes | str, max_text_chars: int = 10_000) -> dict:
         raise InvalidMessage("invalid_value", f"journey has more than {MAX_JOURNEY_STEPS} steps")
     steps = []
     for i, step in enumerate(journey):
+        if type(step) is dict:  # the common case without building the error path (`where`) of each step
+            name, ms = step.get("step"), step.get("ms")
+            if type(name) is str and type(ms) is int and ms >= 0:
+                steps.append({"step": name, "ms": ms})
+                continue
         where = f"journey[{i}]."
         if not isinstance(step, dict):
             raise InvalidMessage("wrong_type", f"journey[{i}] must be an object")
@@ -232,6 +246,40 @@ def decode_post(raw: bytes | str, max_text_chars: int = 10_000) -> dict:
             "google_risk": _number(reputation, "google_risk", "url_reputation."),
         },
     }
+
+
+_POST_KEYS = ("schema_version", "post_id", "user_id", "created_at", "text", "url", "ip", "user", "journey",
+              "url_reputation")
+_USER_KEYS = ("created_at", "email_domain", "friends", "followers", "verified")
+_REPUTATION_KEYS = ("age_days", "wot_score", "google_risk")
+_S = memory.SCALAR_BOUND
+# the field names (charged as if each post owned them, as `memory.approx_size` does) and the scalar fields
+_POST_FIXED = sum(map(memory.str_size, _POST_KEYS + _USER_KEYS)) + 4 * _S  # schema_version, friends, followers, verified
+_STEP_FIXED = memory.str_size("step") + memory.str_size("ms") + _S
+_REPUTATION_FIXED = sum(map(memory.str_size, _REPUTATION_KEYS)) + 3 * _S
+
+
+def post_size(post: dict) -> int:
+    """At least `memory.approx_size(post)` of a post as `decode_post` returns it (or its JSON round trip through a
+    stage topic), from its fields' lengths: the shape is known, so only its strings are measured (a few us less
+    than walking it, on every queued post). Anything of another shape is walked."""
+    try:
+        if len(post) != len(_POST_KEYS):
+            return memory.approx_size(post)
+        user, journey, reputation, url = post["user"], post["journey"], post["url_reputation"], post["url"]
+        size = (memory.str_size(post["text"])  # alone: one wide character elsewhere must not make it four times
+                + memory.strs_size([post["post_id"], post["user_id"], post["created_at"], post["ip"],
+                                    user["created_at"], user["email_domain"]])
+                + _POST_FIXED + sys.getsizeof(post) + sys.getsizeof(user)
+                + (_S if url is None else memory.str_size(url))
+                + (_S if reputation is None else _REPUTATION_FIXED + sys.getsizeof(reputation))
+                + sys.getsizeof(journey))
+        if journey:
+            size += (sum(map(sys.getsizeof, journey)) + len(journey) * _STEP_FIXED
+                     + memory.strs_size([step["step"] for step in journey]))
+        return size
+    except (KeyError, TypeError, AttributeError):  # not a decoded post
+        return memory.approx_size(post)
 
 
 def decode_report(raw: bytes | str) -> dict:

@@ -121,11 +121,32 @@ class Wiring:
                                        max_wait_s=settings.max_wait_ms / 1000, max_inflight=settings.max_inflight,
                                        on_error=self.crash, feedback=self.feedback, shadow=shadow,
                                        max_bytes=self.budgets["decision_queue"])
+        # per (stage, partition): the stand-in record its items are applied under here, or None when they go
+        # through Kafka (a partition of another worker, or MODPIPE_LOCAL_HOPS=off); rebuilt when `owned` changes
+        self._local: dict[tuple[str, int], PartitionEvent | None] = {}
         self.owned: set[TP] = set()  # stage-topic partitions assigned to this worker (empty while rebalancing)
         self.assignments = 0  # assignments received (readiness: the worker has been given its partitions)
         self._partition_events: dict[tuple[str, int], PartitionEvent] = {}
         self.epochs = Epochs()  # rounds (and checkpoint writes) not complete yet, per checkpoint epoch
         self.on_crash = lambda exc: None  # set by the worker: stop it (exit non-zero) without committing
+
+    @property
+    def owned(self) -> set[TP]:
+        return self._owned
+
+    @owned.setter
+    def owned(self, tps: set[TP]) -> None:
+        self._owned = tps
+        self._local.clear()
+
+    def _stand_in(self, stage: str, partition: int) -> PartitionEvent | None:
+        topic = self.topics.stages[stage]
+        if not (self.local_hops and TP(topic, partition) in self._owned):
+            return None
+        event = self._partition_events.get((topic, partition))
+        if event is None:
+            event = self._partition_events[(topic, partition)] = PartitionEvent(topic, partition)
+        return event
 
     def crash(self, exc: Exception) -> None:
         """Stop the worker: nothing of the open transaction is committed; its input is processed again by
@@ -182,16 +203,16 @@ class Wiring:
         """Send items to their stages: applied here when this worker owns the partition (and what they
         produce in turn), else bundled for the owner. `origin` is the input record they stem from."""
         queue = collections.deque(items)
+        local = self._local
         while queue:
             stage, pkey, item = queue.popleft()
-            topic = self.topics.stages[stage]
-            partition = partition_for(pkey, self.partitions)
-            if not (self.local_hops and TP(topic, partition) in self.owned):
-                r.bundler.add(topic, pkey, item)
-                continue
-            event = self._partition_events.get((topic, partition))
+            where = (stage, partition_for(pkey, self.partitions))
+            event = local.get(where, False)
+            if event is False:
+                event = local[where] = self._stand_in(*where)
             if event is None:
-                event = self._partition_events[(topic, partition)] = PartitionEvent(topic, partition)
+                r.bundler.add(self.topics.stages[stage], pkey, item)
+                continue
             try:
                 out = self.stages[stage].apply(item, event)
             except Exception as exc:  # noqa: BLE001 - one bad item must not stall the round

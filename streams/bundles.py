@@ -55,7 +55,16 @@ def murmur2(data: bytes) -> int:
     return h - 0x100000000 if h & 0x80000000 else h
 
 
-@memory.cached("partition")
+# An entry: a (key, partitions) tuple and the partition number. Charged from the key's length (every new post id
+# is a miss: walking the tuple cost more than the hash).
+_ENTRY_FIXED = sys.getsizeof(("", 0)) + 2 * memory.SCALAR_BOUND
+
+
+def _entry_size(key: tuple[str, int], value: int) -> int:
+    return _ENTRY_FIXED + memory.str_size(key[0])
+
+
+@memory.cached("partition", size=_entry_size)
 def partition_for(key: str, partitions: int) -> int:
     """The partition Kafka's default partitioner (murmur2: Java client; librdkafka `murmur2_random`) gives a
     record keyed `key`."""

@@ -26,6 +26,7 @@ import asyncio
 import collections
 from collections.abc import Callable, Sequence
 
+from features.vector import features_size
 from modpipe import log, memory, schema
 from modpipe.decision.engine import cascade, shortcut
 from modpipe.decision.verdict import Decider, without_text_model
@@ -155,7 +156,8 @@ class DecisionBatcher:
             return
         self._queue.extend(posts)
         for p in posts:  # not `source`: the round's handle, shared and not the post's
-            size = memory.approx_size(p.post) + memory.approx_size(p.features) + memory.approx_size(p.ctx)
+            # schema-aware bounds: the post and its feature map have known shapes (measuring only their strings)
+            size = schema.post_size(p.post) + features_size(p.features) + memory.approx_size(p.ctx)
             self._sizes.append(size)
             self.queued_bytes += size
         metrics.BUFFER_BYTES.labels("decision_queue").set(self.queued_bytes)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from modpipe.decision.model import DECISION_FEATURES, DecisionModel, decision_vector
+from modpipe.decision.model import DECISION_FEATURES, DecisionModel, decision_matrix
 from modpipe.decision.reasons import describe
 from modpipe.decision.verdict import Decider, Verdict, verdict_for
 
@@ -117,7 +117,7 @@ class DecisionEngine:
         """One verdict per feature map (each map includes `text_probability`); one LightGBM call for all."""
         if not features_list:
             return []
-        x = np.asarray([decision_vector(f) for f in features_list], dtype=np.float64)
+        x = decision_matrix(list(features_list))
         if self.reasons_for == "flagged":
             return self._decide_flagged(features_list, x)
         contrib = self.model.contributions(x)

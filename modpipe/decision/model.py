@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from features.vector import NUMERIC_FEATURES, to_vector
+from features.vector import NUMERIC_FEATURES, to_matrix, to_vector
 
 # Column order of the model's input: the text model's probability, then every numeric feature.
 DECISION_FEATURES: tuple[str, ...] = ("text_probability",) + NUMERIC_FEATURES
@@ -34,6 +34,11 @@ class DecisionModelMissing(FileNotFoundError):
 def decision_vector(features: dict[str, Any]) -> list[float]:
     """DECISION_FEATURES as floats: True/False -> 1/0, None or non-numeric -> NaN (LightGBM's missing)."""
     return to_vector(features, DECISION_FEATURES)
+
+
+def decision_matrix(features_list: list[dict[str, Any]]) -> np.ndarray:
+    """`decision_vector` of each map, as the rows of one array (one conversion for a batch)."""
+    return to_matrix(features_list, DECISION_FEATURES)
 
 
 def check_feature_list(found: list[str], source: str) -> None:

@@ -96,3 +96,59 @@ def test_long_unbroken_text_is_not_quadratic():
     for text in ("ab" * 25_000, "a." * 25_000, "a-" * 25_000 + "!"):
         text_fingerprint(text)
     assert time.perf_counter() - start < 2.0  # the searching regex took ~1.5 s for 8k characters
+
+
+def _journey_by_definition(journey, text_length=None):
+    """The journey features as their docstring defines them, step list by step list (the reference the one-pass
+    `journey_features` must equal)."""
+    from features.journey import MAX_HUMAN_CPS, MIN_TYPING_MS, _kind, _ms
+
+    if not isinstance(journey, list):
+        return dict.fromkeys(JOURNEY_FEATURES)
+    kinds, durations, invalid = [], [], 0
+    for item in journey:
+        if not isinstance(item, dict):
+            invalid += 1
+            continue
+        ms = _ms(item.get("ms"))
+        if ms is None:
+            invalid += 1
+        else:
+            durations.append(ms)
+        kinds.append((_kind(item.get("step")), ms))
+    first_submit = next((i for i, (k, _) in enumerate(kinds) if k == "submit"), len(kinds))
+    before = kinds[:first_submit]
+    pasted = any(k == "paste" for k, _ in before)
+    typing_ms = sum(ms for k, ms in before if k == "type" and ms is not None)
+    has_typing = any(k == "type" for k, _ in before)
+    cps = None
+    if has_typing and text_length is not None:
+        cps = float("inf") if typing_ms == 0 else text_length * 1000.0 / typing_ms
+    too_fast = False
+    if has_typing and not pasted:
+        too_fast = cps > MAX_HUMAN_CPS if cps is not None else typing_ms < MIN_TYPING_MS
+    return {"journey_steps": len(journey), "journey_total_ms": sum(durations),
+            "journey_min_step_ms": min(durations) if durations else None,
+            "journey_max_step_ms": max(durations) if durations else None, "journey_typing_ms": typing_ms,
+            "journey_typing_cps": None if cps is None or cps == float("inf") else round(cps, 3),
+            "journey_paste": pasted, "journey_has_submit": first_submit < len(kinds),
+            "journey_invalid_steps": invalid,
+            "journey_submit_without_typing": (not any(k in ("type", "paste") for k, _ in before)) or too_fast}
+
+
+_STEP = st.one_of(
+    st.fixed_dictionaries({"step": st.sampled_from(["type", "Type-Body", "paste", "submit", "post", "open", "keyup:x",
+                                                    "", None, 3]),
+                           "ms": st.one_of(st.integers(-5, 10 ** 13), st.floats(allow_nan=True), st.none(),
+                                           st.booleans(), st.text(max_size=3))}),
+    st.dictionaries(st.sampled_from(["step", "ms", "x"]), st.integers(0, 500), max_size=2),
+    st.integers(), st.none(), st.text(max_size=4))
+
+
+@settings(max_examples=500, deadline=None, database=None)
+@given(st.one_of(st.lists(_STEP, max_size=12), st.none(), st.text(max_size=3)),
+       st.one_of(st.none(), st.integers(0, 5000)))
+def test_the_one_pass_journey_features_equal_their_definition(journey, text_length):
+    got, want = journey_features(journey, text_length), _journey_by_definition(journey, text_length)
+    assert list(got) == list(want) == list(JOURNEY_FEATURES)
+    assert {k: (type(v), v) for k, v in got.items()} == {k: (type(v), v) for k, v in want.items()}

@@ -352,3 +352,62 @@ def test_a_cache_hit_moves_the_entry_to_the_recent_end_and_counts_it():
         assert double.cache.get(3, "none") == "none" and double.cache.misses == 3
     finally:
         memory.register(journey._kind_of.cache)  # the real cache of that name back in CACHES
+
+
+# ------------------------------------------------------------------------------------------------ schema-aware sizes
+
+def _decoded_posts() -> list[dict]:
+    """Posts as `decode_post` returns them: ordinary, with a link and its reputation, and hostile (emoji text and
+    link, a thousand steps of 64-bit durations, wide step names)."""
+    import random
+
+    from loadgen.posts import make_post
+
+    rng = random.Random(5)
+    raw = [make_post(rng, f"p{i}", text, user_id=f"u{i}") for i, text in
+           enumerate(["hi", "WIN a FREE prize now", "é" * 300, "😀" * 2000, "x" * 5000] * 4)]
+    raw[1]["url"], raw[1]["url_reputation"] = "https://shop.example.net/a?b=1", {"age_days": 3, "wot_score": 2.5}
+    raw[2]["url"] = emoji_link(2, 3000)
+    raw[3]["journey"] = [{"step": "type" if i % 2 else "ペースト", "ms": 2 ** 64 - 1 - i} for i in range(1000)]
+    raw[4]["journey"] = []
+    raw[4]["user"]["email_domain"] = "ÉXAMPLE.org"
+    return [schema.decode_post(orjson.dumps(p)) for p in raw]
+
+
+def test_a_decoded_posts_size_from_its_fields_is_never_less_than_walking_it_and_close_to_it():
+    posts = _decoded_posts()
+    for post in posts + [orjson.loads(orjson.dumps(p)) for p in posts]:  # and as a stage topic carries it
+        walked = memory.approx_size(post)
+        assert walked <= schema.post_size(post) <= 1.1 * walked + 200, post["post_id"]
+
+
+def test_a_post_of_another_shape_is_walked():
+    post = _decoded_posts()[0]
+    odd = {**post, "extra": "x" * 1000}
+    assert schema.post_size(odd) == memory.approx_size(odd)
+    missing = dict(post, user=None)
+    assert schema.post_size(missing) == memory.approx_size(missing)
+
+
+def test_a_feature_maps_size_from_its_strings_is_never_less_than_walking_it_and_close_to_it():
+    from features.state import ban_features
+    from features.vector import FEATURE_NAMES, assemble, features_size
+
+    for post in _decoded_posts():
+        counts = {"user_posts": 2 ** 63, "url_post_count": 3, **ban_features({"domain": None, "ip": post["ip"]},
+                                                                             lambda key: False)}
+        features = assemble(post, counts)
+        assert len(features) == len(FEATURE_NAMES)
+        walked = memory.approx_size(features)
+        assert walked <= features_size(features) <= 1.25 * walked, post["post_id"]
+    small = {"text_probability": 0.5, "url_domain": "x" * 100}
+    assert features_size(small) == memory.approx_size(small)  # not `assemble`'s shape: walked
+
+
+def test_a_partition_entry_is_charged_from_its_keys_length_never_less_than_walking_it():
+    from streams.bundles import _entry_size, partition_for
+
+    for key in ("u1", "bench-abcdef-123456", "é" * 50, "😀" * 40, "x" * 300):
+        for partitions in (4, 16, 2 ** 40):
+            walked = memory.approx_size((key, partitions)) + memory.approx_size(partition_for(key, partitions))
+            assert walked <= _entry_size((key, partitions), 3) <= walked + 64

@@ -161,3 +161,37 @@ def test_any_json_value_in_any_field_is_decoded_or_refused_with_a_reason(kind, d
         DECODERS[kind](orjson.dumps(record))
     except schema.InvalidMessage as exc:
         assert exc.reason in schema.InvalidMessage.REASONS
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200), st.sampled_from([bytes, bytearray, memoryview]))
+def test_a_record_that_is_not_utf8_is_refused_as_such_whatever_else_is_wrong(raw, kind):
+    raw = b'{"schema_version": 1, "text": "' + raw  # often broken JSON as well: the UTF-8 reason wins
+    try:
+        raw.decode("utf-8")
+        utf8 = True
+    except UnicodeDecodeError:
+        utf8 = False
+    with pytest.raises(schema.InvalidMessage) as info:
+        schema.decode_post(kind(raw))
+    assert (info.value.reason == "invalid_utf8") == (not utf8)
+
+
+def test_a_valid_post_decodes_from_any_bytes_like_value_and_its_steps_are_checked():
+    raw = orjson.dumps(valid_post())
+    assert schema.decode_post(bytearray(raw)) == schema.decode_post(memoryview(raw)) == schema.decode_post(raw)
+    for journey, reason in (([{"step": "type", "ms": -1}], "invalid_value"), ([{"step": 3, "ms": 1}], "wrong_type"),
+                            ([{"step": "type", "ms": True}], "wrong_type"), (["type"], "wrong_type")):
+        with pytest.raises(schema.InvalidMessage) as info:
+            schema.decode_post(orjson.dumps(valid_post(journey=journey)))
+        assert info.value.reason == reason and "journey[0]" in info.value.detail
+
+
+def test_rfc3339_writes_every_millisecond_as_strftime_does_through_its_cache_of_seconds():
+    import time
+
+    start = 1_764_400_000_000
+    for ms in [start + 137 * i for i in range(10_000)] + [0, 999, 1000, 86_399_999, 253_402_300_799_999]:
+        seconds, millis = divmod(ms, 1000)
+        assert schema.rfc3339(ms) == time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
+    assert len(schema._SECOND_TEXTS) <= 4096
