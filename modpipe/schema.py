@@ -46,6 +46,13 @@ def dumps(obj: Any) -> bytes:
     return orjson.dumps(obj)
 
 
+def dumps_kept(obj: Any) -> bytes:
+    """`dumps` for bytes held beyond the call (a table's staged write, a record waiting for its transaction):
+    orjson's result keeps its whole write buffer (tracemalloc, orjson 3.13: 4 KB for a 10-byte key, 32 KB for a
+    3 KB state, 519 KB for 40 KB), an exact-size copy only its length."""
+    return bytes(memoryview(orjson.dumps(obj)))
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 

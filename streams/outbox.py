@@ -172,8 +172,13 @@ class Outbox:
                 pending.release(RuntimeError(f"a record of epoch {epoch} produced while epoch {self.head_epoch} "
                                              "is the open transaction's"))
                 return
+            # held until the next transaction opens: an exact-size copy (an orjson result keeps its whole buffer,
+            # modpipe.schema.dumps_kept)
+            kwargs["value"] = None if value is None else bytes(memoryview(value))
+            if key is not None:
+                kwargs["key"] = bytes(memoryview(key))
             self._later.append((topic, kwargs, pending))
-            self.later_bytes += len(value) + len(key or b"")
+            self.later_bytes += len(value or b"") + len(key or b"")
             metrics.BUFFER_BYTES.labels("next_epoch").set(self.later_bytes)
             return
         self._produce(topic, kwargs)

@@ -403,6 +403,29 @@ def test_records_of_the_next_epoch_wait_for_the_next_transaction_in_their_order(
     assert box.producer.produced[-1][1]["value"] == b"e1-c"
 
 
+def test_records_held_for_the_next_transaction_cost_their_length_not_orjsons_buffer(fake_outbox):
+    import tracemalloc
+
+    box = fake_outbox
+    later = Pending(epoch=1)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    values = [orjson.dumps({"post_id": f"p{i}", "text": "x" * 3000}) for i in range(50)]  # as a round makes them
+    keys = [orjson.dumps(f"p{i}") for i in range(50)]
+    length = sum(len(k) + len(v) for k, v in zip(keys, values))
+    for key, value in zip(keys, values):
+        box.produce("decisions", value, key=key, pending=later)
+    del keys, values  # what the round made: only the outbox holds the records now
+    held = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert box.later_bytes == length
+    # orjson's own results would hold 50 x (32 KB + 4 KB); the copies ~3 KB each, with the outbox's bookkeeping
+    assert held < 50 * 4_500, held
+    box.commit({}, "group-metadata")
+    box.advance()
+    assert [orjson.loads(kw["value"])["post_id"] for _, kw in box.producer.produced] == [f"p{i}" for i in range(50)]
+
+
 def test_a_record_two_epochs_ahead_is_refused(fake_outbox):
     errors: list[Exception] = []
     box = fake_outbox
