@@ -24,7 +24,7 @@ from modpipe.settings import Settings
 from streams import metrics
 from streams.checkpoint import Checkpointer, FreezeWatch
 from streams.kafka.consumer import GroupConsumer
-from streams.kafka.records import TP, Record
+from streams.kafka.records import TP, Record, records_bytes
 from streams.purge import PurgePlan, Purger
 from streams.state import tables
 from streams.waiting import wait_at_most
@@ -33,7 +33,6 @@ _log = log.get(__name__)
 
 ROUND_MAX = 128  # records handled per round at most (a stage record is a bundle of many items)
 MAX_QUEUED_BATCHES = 8  # fetched batches waiting for their rounds before fetching pauses
-RECORD_OVERHEAD = 300  # a Record beside its key and value: the object, its TP, the bytes objects' headers
 AWAITING_TEXT_RETRY_S = 1.0  # the text model is still out: read the awaiting posts again after this
 
 
@@ -61,6 +60,7 @@ class Runner:
         # fetched records waiting for their rounds, in bytes: fetching pauses past the share (modpipe/memory.py)
         self._batch_bytes: collections.deque[int] = collections.deque()
         self.fetched_bytes = 0
+        self.received_bytes = 0  # every batch's bytes as it arrived (written on the loop only)
         self.fetched_max_bytes = memory.budget_bytes("fetched", settings.worker_memory_mb)
         self._wake = asyncio.Event()
         self._rounds_open = asyncio.Event()
@@ -95,7 +95,8 @@ class Runner:
             self.wiring.crash(task.exception())
 
     def _deliver(self, records: list[Record]) -> None:
-        size = sum(RECORD_OVERHEAD + len(r.value or b"") + len(r.key or b"") for r in records)
+        size = records_bytes(records)
+        self.received_bytes += size  # what the consumer's thread counted as it handed them over (`_busy`)
         self._batches.append(records)
         self._batch_bytes.append(size)
         self.fetched_bytes += size
@@ -108,7 +109,8 @@ class Runner:
         return self._batches.popleft()
 
     def _busy(self) -> bool:  # read on the consumer's thread
-        return len(self._batches) >= MAX_QUEUED_BATCHES or self.fetched_bytes > self.fetched_max_bytes or \
+        in_transit = max(0, getattr(self.consumer, "handed_bytes", 0) - self.received_bytes)  # handed, not received
+        return len(self._batches) >= MAX_QUEUED_BATCHES or self.fetched_bytes + in_transit > self.fetched_max_bytes or \
             self.wiring.batcher.over_budget or \
             self.wiring.batcher.queued >= self.settings.max_batch * self.settings.max_inflight * 2
 

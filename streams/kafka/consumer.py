@@ -47,7 +47,7 @@ from modpipe.services.fetching import (
     resume_now,
 )
 from streams import metrics
-from streams.kafka.records import TP, Record
+from streams.kafka.records import TP, Record, records_bytes
 from streams.kafka.stalls import FetchWatch
 
 _log = log.get(__name__)
@@ -106,6 +106,10 @@ class GroupConsumer:
         self.idle_pause_max_s = idle_pause_max_s  # the longest pause after empty fetches (MODPIPE_FETCH_IDLE_PAUSE_MS)
         self.consumer: Consumer | None = None
         self.busy: Callable[[], bool] = lambda: False  # the wiring has more queued than it takes (back-pressure)
+        # bytes of the batches handed to the event loop, counted here as they go (this thread writes it, the loop
+        # reads it): a loop busy for a while (a checkpoint's flush) has not counted them yet, and `busy` must see
+        # them, or this thread hands over everything librdkafka brings meanwhile (~480 MB once, feedback drain)
+        self.handed_bytes = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._deliver: Callable[[list[Record]], None] | None = None
         self._commands: collections.deque[Callable[[Consumer], None]] = collections.deque()
@@ -320,6 +324,7 @@ class GroupConsumer:
                                           ts if ts_type and ts > 0 else None))
                 if records:
                     empty = 0
+                    self.handed_bytes += records_bytes(records)
                     self._loop.call_soon_threadsafe(self._deliver, records)
                 if paused or time.monotonic() - self._assigned_at < ASSIGNMENT_GRACE_S:
                     continue

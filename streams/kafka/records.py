@@ -29,3 +29,11 @@ class Record:
 
     def __repr__(self) -> str:
         return f"Record({self.topic}[{self.partition}]@{self.offset})"
+
+
+RECORD_OVERHEAD = 300  # a Record beside its key and value: the object, its TP, the bytes objects' headers
+
+
+def records_bytes(records: list[Record]) -> int:
+    """What a batch of records holds in memory (the fetched buffer's unit)."""
+    return sum(RECORD_OVERHEAD + len(r.value or b"") + len(r.key or b"") for r in records)

@@ -52,6 +52,7 @@ class FakeWiring:
 class FakeSeeks:
     def __init__(self):
         self.seeks: list[tuple[TP, int]] = []
+        self.handed_bytes = 0
 
     def seek(self, tp, offset):
         self.seeks.append((tp, offset))
@@ -98,6 +99,19 @@ def test_fetching_pauses_while_the_fetched_records_are_over_their_bytes_and_resu
     assert runner._next_batch() is big and not runner._busy()
     runner._next_batch()
     assert runner.fetched_bytes == 0
+
+
+def test_fetching_pauses_for_batches_handed_over_that_the_busy_loop_has_not_received_yet():
+    from streams.kafka.records import records_bytes
+
+    runner = make_runner(env={"MODPIPE_WORKER_MEMORY_MB": "256"})  # 2 %: ~5 MiB
+    batch = [Record(POSTS, 0, o, b"k", b"x" * 1_000_000) for o in range(6)]
+    runner.consumer.handed_bytes = records_bytes(batch)  # the consumer's thread handed it; the loop is busy
+    assert runner.fetched_bytes == 0 and runner._busy()
+    runner._deliver(batch)  # the loop receives it: counted once, as fetched
+    assert runner.fetched_bytes == records_bytes(batch) and runner._busy()
+    runner._next_batch()
+    assert not runner._busy()
 
 
 def test_done_keeps_the_offset_after_the_last_record_per_partition_until_taken():
