@@ -45,6 +45,16 @@ def stuck_member(bootstrap: str, group: str, topic: str, has_partitions: threadi
     return member
 
 
+def close_within(member: Consumer, timeout_s: float) -> bool:
+    """Close the stuck member on a thread of its own, waiting at most `timeout_s`: librdkafka's close of a member
+    that its poll interval already took out of the group has been seen to block for good (once in a fresh clone),
+    and that member is the test's tool, not what it tests."""
+    closer = threading.Thread(target=member.close, name="close-stuck-member", daemon=True)
+    closer.start()
+    closer.join(timeout_s)
+    return not closer.is_alive()
+
+
 def test_a_consumer_left_without_an_assignment_joins_again_and_gets_the_partitions(bootstrap):
     topic, group = f"rejoin-{uuid.uuid4().hex[:8]}", f"rejoin-{uuid.uuid4().hex[:8]}"
     create_topics(bootstrap, [topic], PARTITIONS)
@@ -87,7 +97,7 @@ def test_a_consumer_left_without_an_assignment_joins_again_and_gets_the_partitio
     try:
         rejoins, started = asyncio.run(scenario())
     finally:
-        member.close()
+        close_within(member, 30)
     assert rejoins >= 1  # the stuck member held the first join up past REJOIN_AFTER_S
     full = [e for e in events if e[0] == "assigned" and len(e[1]) == PARTITIONS]
     assert full[0][2] - started >= REJOIN_AFTER_S

@@ -5,10 +5,21 @@ from __future__ import annotations
 
 import copy
 import random
+import threading
+import time
+from types import SimpleNamespace
 
 import pytest
 
-from loadgen.chaos import canonical, compare_tables, count_decisions, fault_plan, offline_tables
+from loadgen.chaos import (
+    Fault,
+    TrafficGate,
+    canonical,
+    compare_tables,
+    count_decisions,
+    fault_plan,
+    offline_tables,
+)
 from simulation.simulator import simulate
 from tests.unit.test_simulation_simulator import TEXTS
 
@@ -110,3 +121,38 @@ def test_canonical_drops_only_what_depends_on_timing():
     assert canonical("domain", domain) != canonical("domain", {**domain, "recent": domain["recent"][:1]})
     user = {"posts": {"n": 1}}
     assert canonical("user", user) == user
+
+
+def test_the_traffic_waits_at_a_fault_the_supervisor_has_not_injected_and_resumes_at_its_rate():
+    # the supervising loop is busy (a restart) past the fault's time: the traffic must not run past it
+    pending = [Fault(0.10, "worker", 0), Fault(0.20, "triton")]
+    gate = TrafficGate(threading.Event(), pending, hold_at_most_s=10)
+    produced: list[tuple[float, float]] = []  # (offset, traffic clock when produced)
+    t0 = gate.clock()
+
+    def produce():
+        for event in gate.events(SimpleNamespace(offset_s=i / 20) for i in range(8)):
+            produced.append((event.offset_s, gate.clock() - t0, len(pending)))
+
+    producer = threading.Thread(target=produce, daemon=True)
+    producer.start()
+    time.sleep(0.6)  # the loop injects nothing for a while: the traffic stops at the first fault
+    assert [off for off, _, _ in produced] == [0 / 20, 1 / 20]
+    pending.pop(0)
+    time.sleep(0.3)
+    assert [off for off, _, _ in produced] == [0 / 20, 1 / 20, 2 / 20, 3 / 20]
+    pending.pop(0)
+    producer.join(5)
+    assert [off for off, _, _ in produced] == [i / 20 for i in range(8)]
+    # every event from a fault's point on came after that fault had left the plan
+    assert all(left < 2 for off, _, left in produced if off >= 0.1)
+    assert all(left == 0 for off, _, left in produced if off >= 0.2)
+    # the traffic's clock leaves the held time out: the events after a hold are not owed as a burst
+    assert gate.held_s >= 0.8
+    assert all(clock < off + 0.2 for off, clock, _ in produced if off >= 0.2), produced
+
+
+def test_a_gate_without_faults_holds_nothing():
+    gate = TrafficGate(threading.Event(), [])
+    assert [e.offset_s for e in gate.events(SimpleNamespace(offset_s=o) for o in (0.0, 1.0, 2.0))] == [0.0, 1.0, 2.0]
+    assert gate.held_s < 0.1
