@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Coroutine
 
 import orjson
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from modpipe import log
 from modpipe.services.fetching import (
@@ -127,6 +127,10 @@ class GroupConsumer:
         self._unassigned_since: float | None = None  # monotonic; None while the group's answer stands
         self.rejoins = 0  # consumers replaced because the group did not answer
         self.on_failure: Callable[[Exception], None] | None = None  # called on the loop when polling fails
+        # rebalance callbacks served so far (poll thread): a fetch window during which one ran is checked
+        self._revocations = 0
+        self._assignments = 0
+        self.dropped_after_revocation = 0  # records a fetch window returned from before a revocation
 
     def start(self, loop: asyncio.AbstractEventLoop, deliver: Callable[[list[Record]], None]) -> GroupConsumer:
         self._loop, self._deliver = loop, deliver
@@ -217,6 +221,7 @@ class GroupConsumer:
         self._lag_due = 0.0  # the new partitions' lag series at once (the dashboard's panel after a restart)
         self._next.clear()
         self._sought.clear()
+        self._assignments += 1
         if self.stopping:
             return  # the worker is stopping: it takes no partitions on (librdkafka may still rejoin)
         self._group_metadata = consumer.consumer_group_metadata()
@@ -241,6 +246,7 @@ class GroupConsumer:
     def _revoke_cb(self, consumer, partitions) -> None:
         if consumer is not self.consumer:  # a consumer left by _rejoin
             return
+        self._revocations += 1
         self._call_on_loop(self.on_revoked, partitions)
         self._unassigned_since = time.monotonic()
         if self.stall_watch is not None:
@@ -249,6 +255,7 @@ class GroupConsumer:
     def _lost_cb(self, consumer, partitions) -> None:
         if consumer is not self.consumer:  # a consumer left by _rejoin
             return
+        self._revocations += 1
         self._call_on_loop(self.on_lost, partitions)
         self._unassigned_since = time.monotonic()
         if self.stall_watch is not None:
@@ -293,12 +300,15 @@ class GroupConsumer:
                     paused = busy
                 # a short wait lets the fetcher bring what the partitions have (they were just resumed); the
                 # window ends once each partition has answered
+                revocations, assignments = self._revocations, self._assignments
                 if paused:
                     messages = fetch_window(consumer, self.batch_size, 0.05)
                 else:
                     assignment = consumer.assignment()
                     messages = fetch_window(consumer, self.batch_size, FETCH_WAIT_S,
                                             expect=[(tp.topic, tp.partition) for tp in assignment])
+                if self._revocations != revocations:
+                    messages = self._without_revoked(consumer, messages, self._assignments != assignments)
                 records = []
                 for m in messages:
                     err = m.error()
@@ -344,6 +354,42 @@ class GroupConsumer:
                 _log.exception("group consumer failed")
                 if self.on_failure is not None:
                     self._loop.call_soon_threadsafe(self.on_failure, exc)
+
+    def _without_revoked(self, consumer: Consumer, messages: list, reassigned: bool) -> list:
+        """The fetch window's messages when a revocation ran inside it (librdkafka serves rebalance callbacks
+        within `consume`): the records it returned may have been fetched for the old assignment, which the
+        wiring has committed and dropped by now. Handed over, they started rounds on partitions the worker no
+        longer owned, whose offsets then failed the next checkpoint with ILLEGAL_GENERATION once the group had
+        moved on (the worker stopped; seen in tests/integration/test_zombie.py), and a partition assigned again
+        would read them twice. All its records are dropped (errors other than end-of-partition are kept); a
+        partition assigned within the same window is sought back to where its new assignment starts, so what
+        its fetcher had brought is read again, once (poll thread)."""
+        kept, dropped = [], {}
+        for m in messages:
+            err = m.error()
+            if err is not None:
+                if err.code() != KafkaError._PARTITION_EOF:
+                    kept.append(m)
+                continue
+            dropped.setdefault(TP(m.topic(), m.partition()), m.offset())
+        if not dropped:
+            return kept
+        self.dropped_after_revocation += sum(1 for m in messages if m.error() is None)
+        _log.warning("records fetched before a revocation dropped (their partitions' owner reads them)",
+                     extra={"records": sum(1 for m in messages if m.error() is None), "partitions": len(dropped),
+                            "reassigned": reassigned})
+        if reassigned:
+            now = {TP(tp.topic, tp.partition) for tp in consumer.assignment()}
+            for tp in dropped.keys() & now:
+                start = self._committed.get(tp, -1)
+                offset = start if start >= 0 else OFFSET_BEGINNING
+                # a seek that fails raises: the worker stops and its restart reads from the committed offsets
+                consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+                self._next[tp] = offset
+                self._sought.add(tp)
+                if self.stall_watch is not None:
+                    self.stall_watch.sought(tp, offset, time.monotonic())
+        return kept
 
     # -- partitions that stop fetching (poll thread)
     def _keep_stats(self, raw: str) -> None:

@@ -506,3 +506,87 @@ def test_a_join_the_group_leaves_unanswered_is_left_for_a_new_consumer(fake_cons
     assert assigned_count == 2
     assert gc.rejoins == 2 and counted == 2
     assert gc.group_metadata() == "group-metadata"
+
+
+def _rebalance_test(fake_consumer, steps):
+    """Runs `steps` (FakeConsumer scripts, given the consumer) through a GroupConsumer; returns what reached the
+    loop, the rebalance events in order, and the fake."""
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        events: list = []
+
+        async def on_assigned(tps):
+            events.append(("assigned", tps))
+
+        async def on_revoked(tps):
+            events.append(("revoked", tps))
+
+        gc = GroupConsumer({"group.id": "g"}, ["posts"], on_assigned=on_assigned, on_revoked=on_revoked,
+                           on_lost=on_revoked)
+        batches: list[list[Record]] = []
+        gc.start(loop, lambda records: (batches.append(records), events.append(("records", len(records)))))
+        fake = fake_consumer[0]
+        fake.script.extend(steps)
+        await until(lambda: not fake.script)
+        await asyncio.sleep(0.05)
+        await loop.run_in_executor(None, gc.close)
+        return gc, fake, events, batches
+
+    return asyncio.run(scenario())
+
+
+def assign_posts(*partitions):
+    def assign(c):
+        c.assigned = [PartitionStub("posts", p) for p in partitions]
+        c.on_assign(c, c.assigned)
+    return assign
+
+
+def test_records_a_fetch_brought_from_before_a_revocation_never_reach_the_loop(fake_consumer):
+    """librdkafka serves the revocation inside `consume`, and that call may still return records fetched for
+    the old assignment: handed over after the revocation, they started rounds on partitions the worker no
+    longer owned (the next checkpoint failed with ILLEGAL_GENERATION and the worker stopped)."""
+    def revoke_then_return_old_records(c):
+        old = c.assigned
+        c.assigned = []
+        c.on_revoke(c, old)
+        return [FakeMessage("posts", 0, 7), FakeMessage("posts", 1, 3),
+                FakeMessage("posts", 1, 4, error=FakeError(KafkaError._PARTITION_EOF))]
+
+    gc, fake, events, batches = _rebalance_test(fake_consumer, [
+        assign_posts(0, 1),
+        [FakeMessage("posts", 0, 5), FakeMessage("posts", 0, 6),
+         FakeMessage("posts", 1, 3, error=FakeError(KafkaError._PARTITION_EOF))], [],  # one whole fetch window
+        revoke_then_return_old_records, [], assign_posts(1), [FakeMessage("posts", 1, 3)]])
+    assert [[(r.partition, r.offset) for r in b] for b in batches] == [[(0, 5), (0, 6)], [(1, 3)]]
+    assert [e[0] for e in events] == ["assigned", "records", "revoked", "assigned", "records"]
+    assert gc.dropped_after_revocation == 2 and gc.failure is None
+    # assigned in a later fetch: nothing to read again (a resume seeks only partitions that delivered since)
+    assert not any(c[0] == "seek" for c in fake.calls), fake.calls
+
+
+def test_a_partition_assigned_again_in_the_same_fetch_is_read_again_from_where_its_assignment_starts(fake_consumer):
+    committed = {("posts", 1): 3}
+
+    def revoke_assign_and_return_mixed_records(c):
+        old = c.assigned
+        c.assigned = []
+        c.on_revoke(c, old)
+        c.assigned = [PartitionStub("posts", 1)]
+        c.on_assign(c, c.assigned)
+        return [FakeMessage("posts", 1, 3), FakeMessage("posts", 0, 9), FakeMessage("posts", 1, 4)]
+
+    def committed_offsets(tps, timeout=None):
+        return [SimpleNamespace(topic=tp.topic, partition=tp.partition,
+                                offset=committed.get((tp.topic, tp.partition), -1001)) for tp in tps]
+
+    def steps_with_committed(c):
+        c.committed = committed_offsets
+        assign_posts(0, 1)(c)
+
+    gc, fake, events, batches = _rebalance_test(fake_consumer, [
+        steps_with_committed, revoke_assign_and_return_mixed_records, [], [FakeMessage("posts", 1, 3)]])
+    assert [[(r.partition, r.offset) for r in b] for b in batches] == [[(1, 3)]]
+    seeks = [c[1:4] for c in fake.calls if c[0] == "seek"]
+    assert seeks[0] == ("posts", 1, 3)  # its committed offset: what the window brought comes again, once
+    assert gc.dropped_after_revocation == 3 and gc.failure is None
