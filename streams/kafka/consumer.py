@@ -54,6 +54,7 @@ _log = log.get(__name__)
 
 EMPTY_BACKOFF_S = 0.002
 EMPTY_BACKOFF_MAX_S = 0.025  # MODPIPE_FETCH_IDLE_PAUSE_MS's default
+IDLE_FETCH_WAIT_MAX_S = 0.2  # the longest fetch window of an idle consumer on long-polled fetches (idle_fetch_wait)
 # A rebalance callback may restore tables from their changelogs (streams/state/tables.py gives that 600 s) or commit
 # a checkpoint; past this the consumer fails and the worker restarts. max.poll.interval.ms (streams/app.py)
 # is longer, so the group does not drop a worker that is still restoring.
@@ -78,6 +79,17 @@ def empty_backoff(empty_in_a_row: int, cap_s: float = EMPTY_BACKOFF_MAX_S) -> fl
     if empty_in_a_row <= 0 or cap_s <= 0:
         return 0.0
     return min(EMPTY_BACKOFF_S * 2 ** min(empty_in_a_row - 1, 30), cap_s)
+
+
+def idle_fetch_wait(empty_in_a_row: int, cap_s: float = IDLE_FETCH_WAIT_MAX_S) -> float:
+    """How long a fetch window waits for its first record after `empty_in_a_row` windows that brought none, on
+    a broker whose fetches are long-polled (no idle pause: Apache Kafka): FETCH_WAIT_S, doubling up to `cap_s`.
+    A record ends the wait at once, whatever its length; what waits is the thread's other work (a seek the
+    loop asked for, back-pressure's pause, a stop), at most `cap_s`. An idle worker's thread woke 100 times a
+    second, about half of an idle worker's CPU (docs/benchmarks.md)."""
+    if empty_in_a_row <= 0:
+        return FETCH_WAIT_S
+    return min(FETCH_WAIT_S * 2 ** min(empty_in_a_row, 30), max(cap_s, FETCH_WAIT_S))
 
 
 class GroupConsumer:
@@ -301,8 +313,12 @@ class GroupConsumer:
                 # a short wait lets the fetcher bring what the partitions have (they were just resumed); the
                 # window ends once each partition has answered
                 revocations, assignments = self._revocations, self._assignments
+                idle_wait = idle_fetch_wait(empty) if self.idle_pause_max_s <= 0 else FETCH_WAIT_S
                 if paused:
                     messages = fetch_window(consumer, self.batch_size, 0.05)
+                elif idle_wait > FETCH_WAIT_S:
+                    # idle on long-polled fetches: one longer wait for the first record, then what is queued
+                    messages = fetch_window(consumer, self.batch_size, idle_wait)
                 else:
                     assignment = consumer.assignment()
                     messages = fetch_window(consumer, self.batch_size, FETCH_WAIT_S,
@@ -345,6 +361,7 @@ class GroupConsumer:
                 wait = self.fetch_pause_s if records else empty_backoff(empty, self.idle_pause_max_s)
                 if wait <= 0:
                     continue
+                assignment = consumer.assignment()
                 consumer.pause(assignment)
                 self._stop.wait(wait)
                 self._resume(consumer, assignment)

@@ -290,6 +290,50 @@ def test_with_both_pauses_at_zero_an_idle_assignment_is_never_paused(fake_consum
     assert not [c for c in fake.calls if c[0] in ("pause", "resume") and c[1]]
 
 
+def test_the_idle_fetch_wait_doubles_from_the_fetch_window_to_its_cap():
+    waits = [kc.idle_fetch_wait(n) for n in range(0, 12)]
+    assert waits[0] == kc.FETCH_WAIT_S and waits[1] == 2 * kc.FETCH_WAIT_S
+    assert waits == sorted(waits) and max(waits) == kc.IDLE_FETCH_WAIT_MAX_S
+    assert kc.idle_fetch_wait(10_000) == kc.IDLE_FETCH_WAIT_MAX_S
+
+
+def test_an_idle_consumer_on_long_polled_fetches_waits_longer_and_a_record_brings_the_short_window_back(
+        fake_consumer, monkeypatch):
+    """An idle worker's thread woke every FETCH_WAIT_S (100 times a second): about half of an idle worker's CPU."""
+    monkeypatch.setattr(kc, "ASSIGNMENT_GRACE_S", 0.0)
+
+    async def scenario():
+        gc = GroupConsumer({}, ["posts"], on_assigned=None, on_revoked=None, on_lost=None, fetch_pause_s=0.0,
+                           idle_pause_max_s=0.0)
+        delivered: list[int] = []
+        gc.start(asyncio.get_running_loop(), lambda records: delivered.append(len(records)))
+        fake = fake_consumer[0]
+        fake.assigned = [PartitionStub("posts", 1)]
+        timeouts: list[float] = []
+        consume = fake.consume
+
+        def recorded(n, timeout):
+            if n == 1:  # a window's first wait
+                timeouts.append(timeout)
+            return consume(n, timeout)
+
+        fake.consume = recorded
+        await until(lambda: len(timeouts) >= 12)
+        at_cap = len(timeouts)
+        fake.script.extend([[FakeMessage("posts", 1, 0)], []])
+        await until(lambda: delivered and len(timeouts) >= at_cap + 3)
+        await asyncio.get_running_loop().run_in_executor(None, gc.close)
+        return timeouts, at_cap, delivered
+
+    timeouts, at_cap, delivered = asyncio.run(scenario())
+    assert delivered == [1]
+    idle = timeouts[:at_cap]
+    assert max(idle) == kc.IDLE_FETCH_WAIT_MAX_S and idle == sorted(idle), idle
+    after = timeouts[at_cap:]
+    # the window that brought the record, then the short window again
+    assert kc.FETCH_WAIT_S in after[1:3], after
+
+
 def test_a_fetch_that_brought_records_pauses_the_assignment_for_the_fetch_pause(fake_consumer):
     """Under load every fetch brings records: without this pause librdkafka would fetch in a tight loop."""
     def pauses_before_each_window(fetch_pause_s):
