@@ -196,8 +196,10 @@ def scratch_endpoint(settings: Settings, tag: str) -> Iterator[tuple[Settings, o
         settings = tuned_for(settings, settings.broker)
     try:
         run_id = uuid.uuid4().hex[:6]
+        # a metrics port of its own too: a benchmark beside a running stack (or another benchmark) otherwise
+        # started a worker that died on MODPIPE_METRICS_PORT's "address already in use"
         yield dataclasses.replace(settings, bootstrap_servers=bootstrap, topic_prefix=f"{settings.topic_prefix}{tag}{run_id}.",
-                                  app_id=f"{settings.app_id}-{tag}-{run_id}"), own
+                                  app_id=f"{settings.app_id}-{tag}-{run_id}", metrics_port=free_port()), own
     finally:
         if own:
             own.stop()
