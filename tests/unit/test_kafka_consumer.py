@@ -271,15 +271,22 @@ def test_lag_is_reported_at_an_assignment_and_then_every_few_seconds_not_every_f
     assert min(gaps) >= 0.2
 
 
+def start_on_long_polled_fetches(fake_consumer) -> tuple[GroupConsumer, FakeConsumer, list[int]]:
+    """A consumer with both pauses at zero (Apache Kafka's defaults), assigned posts[1]; the sizes of the batches
+    it delivers. Call on the loop."""
+    gc = GroupConsumer({}, ["posts"], on_assigned=None, on_revoked=None, on_lost=None, fetch_pause_s=0.0,
+                       idle_pause_max_s=0.0)
+    delivered: list[int] = []
+    gc.start(asyncio.get_running_loop(), lambda records: delivered.append(len(records)))
+    fake = fake_consumer[-1]
+    fake.assigned = [PartitionStub("posts", 1)]
+    return gc, fake, delivered
+
+
 def test_with_both_pauses_at_zero_an_idle_assignment_is_never_paused(fake_consumer):
     """For a broker that holds an empty fetch until data comes: librdkafka's fetches do the waiting."""
     async def scenario():
-        gc = GroupConsumer({}, ["posts"], on_assigned=None, on_revoked=None, on_lost=None, fetch_pause_s=0.0,
-                           idle_pause_max_s=0.0)
-        delivered: list[int] = []
-        gc.start(asyncio.get_running_loop(), lambda records: delivered.append(len(records)))
-        fake = fake_consumer[0]
-        fake.assigned = [PartitionStub("posts", 1)]
+        gc, fake, delivered = start_on_long_polled_fetches(fake_consumer)
         fake.script.extend([[]] * 20 + [[FakeMessage("posts", 1, 0)]] + [[]] * 20)
         await until(lambda: delivered and not fake.script)
         await asyncio.get_running_loop().run_in_executor(None, gc.close)
@@ -303,12 +310,7 @@ def test_an_idle_consumer_on_long_polled_fetches_waits_longer_and_a_record_bring
     monkeypatch.setattr(kc, "ASSIGNMENT_GRACE_S", 0.0)
 
     async def scenario():
-        gc = GroupConsumer({}, ["posts"], on_assigned=None, on_revoked=None, on_lost=None, fetch_pause_s=0.0,
-                           idle_pause_max_s=0.0)
-        delivered: list[int] = []
-        gc.start(asyncio.get_running_loop(), lambda records: delivered.append(len(records)))
-        fake = fake_consumer[0]
-        fake.assigned = [PartitionStub("posts", 1)]
+        gc, fake, delivered = start_on_long_polled_fetches(fake_consumer)
         timeouts: list[float] = []
         consume = fake.consume
 
