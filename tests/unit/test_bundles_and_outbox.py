@@ -412,8 +412,8 @@ def test_records_held_for_the_next_transaction_cost_their_length_not_orjsons_buf
     before = tracemalloc.get_traced_memory()[0]
     values = [orjson.dumps({"post_id": f"p{i}", "text": "x" * 3000}) for i in range(50)]  # as a round makes them
     keys = [orjson.dumps(f"p{i}") for i in range(50)]
-    length = sum(len(k) + len(v) for k, v in zip(keys, values))
-    for key, value in zip(keys, values):
+    length = sum(len(k) + len(v) for k, v in zip(keys, values, strict=True))
+    for key, value in zip(keys, values, strict=True):
         box.produce("decisions", value, key=key, pending=later)
     del keys, values  # what the round made: only the outbox holds the records now
     held = tracemalloc.get_traced_memory()[0] - before
