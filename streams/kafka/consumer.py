@@ -381,23 +381,23 @@ class GroupConsumer:
         would read them twice. All its records are dropped (errors other than end-of-partition are kept); a
         partition assigned within the same window is sought back to where its new assignment starts, so what
         its fetcher had brought is read again, once (poll thread)."""
-        kept, dropped = [], {}
+        kept, records, dropped = [], 0, set()
         for m in messages:
             err = m.error()
             if err is not None:
                 if err.code() != KafkaError._PARTITION_EOF:
                     kept.append(m)
                 continue
-            dropped.setdefault(TP(m.topic(), m.partition()), m.offset())
+            records += 1
+            dropped.add(TP(m.topic(), m.partition()))
         if not dropped:
             return kept
-        self.dropped_after_revocation += sum(1 for m in messages if m.error() is None)
+        self.dropped_after_revocation += records
         _log.warning("records fetched before a revocation dropped (their partitions' owner reads them)",
-                     extra={"records": sum(1 for m in messages if m.error() is None), "partitions": len(dropped),
-                            "reassigned": reassigned})
+                     extra={"records": records, "partitions": len(dropped), "reassigned": reassigned})
         if reassigned:
             now = {TP(tp.topic, tp.partition) for tp in consumer.assignment()}
-            for tp in dropped.keys() & now:
+            for tp in dropped & now:
                 start = self._committed.get(tp, -1)
                 offset = start if start >= 0 else OFFSET_BEGINNING
                 # a seek that fails raises: the worker stops and its restart reads from the committed offsets
