@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 
 from modpipe.settings import Settings
+from tests.fixtures.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -87,7 +87,5 @@ def test_a_transaction_left_open_is_reported_as_holding_readers_back(bootstrap, 
     txn.commit_transaction(30)
     # commit_transaction returns once the coordinator has the commit; the markers reach the partition's leader
     # after that (WriteTxnMarkers), and only then does the last stable offset move
-    deadline = time.monotonic() + 30
-    while (still := held_back(settings, bootstrap, [topic])) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert still == {}
+    wait_for(lambda: held_back(settings, bootstrap, [topic]) == {}, 30, "no partition held back after the commit",
+             interval=0.1)
