@@ -65,6 +65,10 @@ ASSIGNMENT_GRACE_S = START_GRACE_S
 LAG_EVERY_S = 5.0  # how often modpipe_consumer_lag_messages is brought up to date
 UNASSIGNED_WARN_S = 30.0  # with rejoining off, a consumer without an assignment says so this often
 CLOSE_TIMEOUT_S = 10.0  # a consumer left for a new one is closed on a thread of its own, waited on this long
+# Leaving the group at shutdown waits at most this long: librdkafka's close waits for the group's answers (a
+# JoinGroup the broker holds up to max.poll.interval.ms while another member restores) and has been seen to block
+# for good; a process that stops anyway is dropped by the group after its session timeout.
+LEAVE_TIMEOUT_S = 30.0
 STALL_CHECK_EVERY_S = 5.0  # how often the quiet partitions' ends are asked for (MODPIPE_FETCH_STALL_S > 0)
 STALL_CHECK_BUDGET_S = 1.0  # at most this long per check on the poll thread; the rest waits for the next
 END_TIMEOUT_S = 0.5  # one partition's end asked for at most this long
@@ -178,7 +182,7 @@ class GroupConsumer:
         try:
             consumer.close()
         except Exception as exc:  # noqa: BLE001 - it is being left anyway
-            _log.warning("closing the unanswered consumer failed", extra={"error": str(exc)})
+            _log.warning("consumer close failed", extra={"error": str(exc)})
 
     def alive(self) -> bool:
         return self.failure is None and self._thread is not None and (self._thread.is_alive() or self._stop.is_set())
@@ -470,14 +474,21 @@ class GroupConsumer:
         self.stopping = True
         self._stop.set()
 
-    def close(self) -> None:
-        """Stop polling and leave the group. The revocation callback runs in the caller's thread and waits for
-        the loop: never call this on the loop's own thread."""
+    def close(self, timeout_s: float = LEAVE_TIMEOUT_S) -> bool:
+        """Stop polling and leave the group, waiting at most `timeout_s` for librdkafka (False: it had not
+        finished, and goes on on a thread of its own). The revocation callback waits for the loop: never call
+        this on the loop's own thread."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(10)
-        if self.consumer is not None:
-            try:
-                self.consumer.close()
-            except Exception as exc:  # noqa: BLE001 - closing anyway
-                _log.warning("consumer close failed", extra={"error": str(exc)})
+        if self.consumer is None:
+            return True
+        closer = threading.Thread(target=self._close_quietly, args=(self.consumer,), name="group-consumer-leave",
+                                  daemon=True)
+        closer.start()
+        closer.join(timeout_s)
+        if closer.is_alive():
+            _log.warning("leaving the group did not finish: stopping without it (the group drops this member "
+                         "after its session timeout)", extra={"seconds": timeout_s})
+            return False
+        return True

@@ -636,3 +636,45 @@ def test_a_partition_assigned_again_in_the_same_fetch_is_read_again_from_where_i
     seeks = [c[1:4] for c in fake.calls if c[0] == "seek"]
     assert seeks[0] == ("posts", 1, 3)  # its committed offset: what the window brought comes again, once
     assert gc.dropped_after_revocation == 3 and gc.failure is None
+
+
+def test_leaving_the_group_waits_a_bounded_time_for_a_close_that_never_returns(fake_consumer):
+    """librdkafka's close waits for the group's answers and has been seen to block for good; asyncio.run then
+    waited on the executor thread for ever (a CI run hung in tests/integration/test_group_rejoin.py)."""
+    release = threading.Event()
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+
+        async def nothing(tps):
+            return None
+
+        gc = GroupConsumer({"group.id": "g"}, ["posts"], on_assigned=nothing, on_revoked=nothing, on_lost=nothing)
+        gc.start(loop, lambda records: None)
+        await until(lambda: fake_consumer and fake_consumer[0].thread is not None)
+        fake_consumer[0].close = lambda: release.wait(30)  # a close that does not return
+        started = time.monotonic()
+        left = await loop.run_in_executor(None, gc.close, 0.3)
+        return left, time.monotonic() - started
+
+    try:
+        left, took = asyncio.run(scenario())
+    finally:
+        release.set()
+    assert left is False and 0.3 <= took < 5
+
+
+def test_leaving_the_group_says_so_when_the_close_returns(fake_consumer):
+    async def scenario():
+        loop = asyncio.get_running_loop()
+
+        async def nothing(tps):
+            return None
+
+        gc = GroupConsumer({"group.id": "g"}, ["posts"], on_assigned=nothing, on_revoked=nothing, on_lost=nothing)
+        gc.start(loop, lambda records: None)
+        await until(lambda: fake_consumer and fake_consumer[0].thread is not None)
+        return await loop.run_in_executor(None, gc.close)
+
+    assert asyncio.run(scenario()) is True
+    assert ("close",) in fake_consumer[0].calls
