@@ -2,7 +2,7 @@
 
 The stream runtime processes each input record once: a worker that crashes restores its tables from
 changelogs that hold only states committed together with the input offsets that produced them, and
-processes again only the input after those offsets (streams/checkpoint.py). Events still come twice from
+processes again only the input after those offsets (streams/checkpointing/checkpoint.py). Events still come twice from
 upstream: a platform that sends a post, report, engagement or label again (a retry of a producer without
 idempotence, a replayed export) writes a second record with the same id. So every count here is keyed by
 the *event id* and applying an event twice equals applying it once.

@@ -22,8 +22,8 @@ from modpipe import log, schema
 from modpipe.output import progress_bar
 from modpipe.services.broker import broker_pid, scratch_endpoint
 from modpipe.settings import Settings
-from streams.stack import LocalStack
-from streams.topics import ensure_topics
+from streams.local.stack import LocalStack
+from streams.moderation.topics import ensure_topics
 
 TEXTS = ["see you at lunch", "FREE entry! win cash now, text WIN to 80086", "meeting moved to 3pm",
          "check out my blog https://blog.example.org/post"]

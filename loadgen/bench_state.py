@@ -27,10 +27,10 @@ from modpipe import log, schema
 from modpipe.output import progress_bar
 from modpipe.services.broker import scratch_endpoint
 from modpipe.settings import Settings
-from streams.app import tables_dir
-from streams.stack import LocalStack
+from streams.local.stack import LocalStack
+from streams.moderation.app import tables_dir
+from streams.moderation.topics import ensure_topics
 from streams.state.rocksdb import disk_bytes
-from streams.topics import ensure_topics
 
 BACKENDS = ("rocksdb", "memory")
 TARGETS = {"rss_mib": 1024, "restore_s": 30.0, "posts_per_s_ratio": 0.8}

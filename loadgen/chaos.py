@@ -25,7 +25,7 @@ the comparisons using what the broker still holds.
 Once the traffic is over and the stack has settled, the run reads back, from the broker itself:
 
 - the whole `decisions` topic as a `read_committed` consumer reads it (what the platform acts on: the
-  workers write in Kafka transactions, streams/checkpoint.py): posts sent / decided / lost, duplicate
+  workers write in Kafka transactions, streams/checkpointing/checkpoint.py): posts sent / decided / lost, duplicate
   decisions (same post_id and revision seen twice; exactly-once processing makes them 0), degraded decisions
   and their re-decisions; and read again `read_uncommitted`, the records an at-least-once reader would have
   seen beyond the committed ones (`aborted_decisions`: the outputs of transactions that a killed or fenced
@@ -284,7 +284,7 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
     from modpipe.output import progress_bar
     from modpipe.textmodel.artifacts import resolve_model
     from simulation.simulator import Simulation
-    from streams.stack import LocalStack, dump_stacks
+    from streams.local.stack import LocalStack, dump_stacks
 
     if settings.bootstrap_servers or settings.triton_url:
         raise ValueError("chaos kills the processes of the local stack: unset KAFKA_BOOTSTRAP_SERVERS and TRITON_URL")
@@ -484,7 +484,7 @@ class Injector:
     stopped and the workers resume at once: they see the broker go away and come back, as in a rolling
     restart. With "kill" the broker gets SIGKILL with everything running (its losses are counted apart).
     The freeze (SAVE_WAIT_S and the broker's stop) stays well under what a worker's freeze guard allows
-    (streams/checkpoint.py: a worker that stood still for longer than its session timeout minus a heartbeat,
+    (streams/checkpointing/checkpoint.py: a worker that stood still for longer than its session timeout minus a heartbeat,
     8 s, stops without committing, since its partitions may be another worker's by then)."""
 
     SAVE_WAIT_S = 2.5  # noida-db saves its data about once a second

@@ -106,7 +106,7 @@ def loadgen(settings: Settings, *, workers: int = 1, **kwargs) -> dict:
     """`run_loadgen` against running services (KAFKA_BOOTSTRAP_SERVERS), else on the embedded stack."""
     if settings.bootstrap_servers:
         return run_loadgen(settings, settings.bootstrap_servers, **kwargs)
-    from streams.stack import LocalStack
+    from streams.local.stack import LocalStack
 
     with contextlib.ExitStack() as stack:
         local = stack.enter_context(LocalStack(settings, workers=workers))

@@ -13,7 +13,7 @@ from loadgen.smoke import end_consumer
 from modpipe import schema
 from modpipe.settings import Settings
 from modpipe.textmodel.artifacts import resolve_model
-from streams.stack import LocalStack, StatusLine
+from streams.local.stack import LocalStack, StatusLine
 
 
 def _say(msg: str) -> None:

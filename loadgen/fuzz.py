@@ -34,7 +34,7 @@ from loadgen.smoke import end_consumer
 from modpipe import schema
 from modpipe.output import progress_bar
 from modpipe.settings import Settings
-from streams.topics import TopicNames
+from streams.moderation.topics import TopicNames
 
 KINDS = ("post", "report", "engagement", "label", "ban")
 DECODERS = {"post": schema.decode_post, "report": schema.decode_report, "engagement": schema.decode_engagement,
@@ -346,7 +346,7 @@ def fuzz(settings: Settings, n: int, *, seed: int = 0, workers: int = 1, timeout
     run = functools.partial(run_emoji_links, link_chars=link_chars) if emoji_links else run_fuzz
     if settings.bootstrap_servers:
         return run(settings, settings.bootstrap_servers, n, seed=seed, timeout_s=timeout_s, progress=progress)
-    from streams.stack import LocalStack
+    from streams.local.stack import LocalStack
 
     with LocalStack(settings, workers=workers) as stack:
         if emoji_links:  # a worker still grows for a few seconds after it turns ready: measure from where it settles

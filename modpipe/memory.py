@@ -36,8 +36,8 @@ SHARES: dict[str, float] = {
     "ip_normalize": 0.005,  # features.events.normalize_ip
     "timestamp_parse": 0.005,  # modpipe.schema timestamps
     "journey_step": 0.002,  # features.journey step names
-    "partition": 0.01,  # streams.bundles.partition_for
-    "text": 0.01,  # streams.scoring.TextCache: probabilities per model input
+    "partition": 0.01,  # streams.moderation.bundles.partition_for
+    "text": 0.01,  # streams.moderation.scoring.TextCache: probabilities per model input
     "bundles": 0.02,  # one round's stage bundles before they are produced
     "fetched": 0.02,  # records fetched and waiting for their rounds (fetching pauses above it)
     "decision_queue": 0.03,  # ready posts waiting for a Triton batch (fetching pauses above it)

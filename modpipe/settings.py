@@ -161,12 +161,12 @@ SETTINGS_SPEC: dict[str, Spec] = {
                                "changed key among them) with their input offsets as one Kafka transaction, while the "
                                "next rounds go on; it starts as soon as the previous one is done and this long has "
                                "passed since it started, or at once when every round since is complete "
-                               "(streams/checkpoint.py). Longer: fewer, larger transactions and later decisions "
+                               "(streams/checkpointing/checkpoint.py). Longer: fewer, larger transactions and later decisions "
                                "under load.", float),
     "purge_interval_ms": Spec("MODPIPE_PURGE_INTERVAL_MS", "30000",
                               "How often a worker deletes the records of the internal topics (the stage topics and "
                               "posts.awaiting-text) that its checkpoints have committed (DeleteRecords, as Kafka "
-                              "Streams purges its repartition topics; streams/purge.py). Only this group reads them "
+                              "Streams purges its repartition topics; streams/runtime/purge.py). Only this group reads them "
                               "and never again before its committed offset; the platform's topics and the "
                               "changelogs are never touched. `0`: never (they stay for the topics' retention).",
                               float),
@@ -195,10 +195,10 @@ SETTINGS_SPEC: dict[str, Spec] = {
                                   "and stops (its restart processes the input again): the embedded broker forgets "
                                   "transactions when it restarts, and whatever starts it sets this. `off`: the "
                                   "transaction goes on once a broker is back, as Apache Kafka keeps it "
-                                  "(streams/outbox.py)."),
+                                  "(streams/checkpointing/outbox.py)."),
     "freeze_guard": Spec("MODPIPE_FREEZE_GUARD", "off",
                          "`on`: a worker whose process stood still longer than its group session (a SIGSTOP, a VM "
-                         "pause) aborts its checkpoint and stops (streams/checkpoint.py, step 4). `off`: Apache "
+                         "pause) aborts its checkpoint and stops (streams/checkpointing/checkpoint.py, step 4). `off`: Apache "
                          "Kafka fences such a worker itself: librdkafka finds its session expired and drops the "
                          "partitions, and the broker refuses the offsets of an older group generation (KIP-447; "
                          "tests/integration/test_zombie.py). The embedded broker checks no generation: whatever "

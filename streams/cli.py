@@ -32,7 +32,7 @@ def _broker(args) -> int:
 
 
 def _topics(args) -> int:
-    from streams.topics import TopicConfigError, TopicNames, ensure_topics
+    from streams.moderation.topics import TopicConfigError, TopicNames, ensure_topics
 
     settings = Settings.from_env()
     try:
@@ -54,7 +54,7 @@ def _worker(args) -> int:
 
 
 def _up(args) -> int:
-    from streams.stack import LocalStack, StatusLine
+    from streams.local.stack import LocalStack, StatusLine
 
     settings = Settings.from_env()
     # SIGINT raises KeyboardInterrupt, SIGTERM exits.Terminated (as modpipe.cli.main sets them): BaseExceptions,

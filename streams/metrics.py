@@ -79,7 +79,7 @@ CHECKPOINT_DURATION = Histogram(
 INTERNAL_PURGES = Counter(
     "modpipe_internal_purges_total",
     "Partitions of an internal topic (stage topics, posts.awaiting-text) whose committed records were deleted "
-    "(DeleteRecords), by topic and outcome (ok, error): streams/purge.py.", ["topic", "outcome"])
+    "(DeleteRecords), by topic and outcome (ok, error): streams/runtime/purge.py.", ["topic", "outcome"])
 MEMORY_LIMIT = Gauge("modpipe_memory_limit_bytes",
                      "Memory limit of the worker's cgroup (a pod's limit); +Inf when there is none. Beside the "
                      "process collector's process_resident_memory_bytes: how close the tables are to it.")

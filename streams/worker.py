@@ -1,5 +1,5 @@
 """One stream worker process: builds the pipeline, reads the ban log, warms up, then runs the consume ->
-process -> checkpoint loop (streams/runner.py) until stopped; serves metrics and probes."""
+process -> checkpoint loop (streams/runtime/runner.py) until stopped; serves metrics and probes."""
 
 from __future__ import annotations
 
@@ -18,15 +18,17 @@ from modpipe import exits, log, schema
 from modpipe.decision.verdict import Decider, ThresholdDecider
 from modpipe.settings import Settings
 from modpipe.textmodel.artifacts import resolve_model
-from streams import health, incarnations, metrics
-from streams.agents import Wiring, make_handlers
-from streams.app import consumer_config, create_pipeline
-from streams.bans import BanLogUnavailable, BanRegistry
-from streams.decisions import features_for
-from streams.outbox import Outbox
-from streams.runner import Runner
-from streams.scoring import TextScorer
-from streams.topics import ensure_topics
+from streams import metrics
+from streams.checkpointing import incarnations
+from streams.checkpointing.outbox import Outbox
+from streams.moderation.agents import Wiring, make_handlers
+from streams.moderation.app import consumer_config, create_pipeline
+from streams.moderation.bans import BanLogUnavailable, BanRegistry
+from streams.moderation.decisions import features_for
+from streams.moderation.scoring import TextScorer
+from streams.moderation.topics import ensure_topics
+from streams.runtime import health
+from streams.runtime.runner import Runner
 
 _log = log.get(__name__)
 
@@ -75,12 +77,12 @@ TRANSACTION_TIMEOUT_MAX_S = 900.0  # Apache Kafka's transaction.max.timeout.ms d
 
 def transaction_timeout_s(settings: Settings) -> float:
     """transaction.timeout.ms of the worker's producer. A checkpoint waits inside its transaction for its
-    epoch's Triton batches (streams/checkpoint.py, step 3): a request may take MODPIPE_TRITON_TIMEOUT_S, and a
+    epoch's Triton batches (streams/checkpointing/checkpoint.py, step 3): a request may take MODPIPE_TRITON_TIMEOUT_S, and a
     text-model outage holds posts for MODPIPE_TEXT_MODEL_OUTAGE_S before they are decided without it. Apache
     Kafka aborts a transaction open past its timeout, and the worker would then stop and restart for as long as
     Triton is out; so the timeout covers both waits with a minute to spare (60 s at least, Kafka's default; at
     most the broker's limit). A dead worker's transaction never waits this long in practice: its restart
-    fences it at once (streams/incarnations.py)."""
+    fences it at once (streams/checkpointing/incarnations.py)."""
     if settings.text_model == "off":
         return 60.0
     if settings.text_model_outage_policy == "wait":  # posts wait for Triton as long as it is out: the longest

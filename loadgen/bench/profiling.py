@@ -30,7 +30,7 @@ TOP = 15
 
 
 def frame_name(frame: str) -> str:
-    """`Stage.apply (streams/stages.py:120)` -> `Stage.apply (stages.py)`: one name per function."""
+    """`Stage.apply (streams/moderation/stages.py:120)` -> `Stage.apply (stages.py)`: one name per function."""
     m = _FRAME.match(frame)
     return f"{m['func']} ({m['file'].rsplit('/', 1)[-1]})" if m else frame
 

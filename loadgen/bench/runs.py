@@ -73,7 +73,7 @@ def run(settings: Settings, n_posts: int = DEFAULT_POSTS, workers: int | None = 
     a long saturation pass would take longer than the pipeline). `profile_dir`: py-spy on every worker during
     the first saturation pass (loadgen/bench/profiling.py), raw stacks kept there."""
     from modpipe.output import progress_bar
-    from streams.stack import LocalStack
+    from streams.local.stack import LocalStack
 
     if n_posts < 10:
         raise ValueError("--posts must be at least 10")

@@ -132,7 +132,7 @@ def node_properties(node_id: int, nodes: list[tuple[int, int, int]], data_dir: P
         "unclean.leader.election.enable": "false",
         # a group's first member is answered at once instead of 3 s later (local runs and tests)
         "group.initial.rebalance.delay.ms": "0",
-        # the stages' internal topics are purged with DeleteRecords (streams/purge.py): smaller segments let
+        # the stages' internal topics are purged with DeleteRecords (streams/runtime/purge.py): smaller segments let
         # the broker drop purged data sooner on a small disk
         "log.segment.bytes": str(64 * 1024 * 1024),
         "num.partitions": "1",

@@ -4,7 +4,7 @@ by default, or the embedded noida-db (MODPIPE_BROKER=embedded) on a machine with
 noida-db (a PyPI wheel carrying a Kafka-protocol broker binary) is used rather than tansu: it returns
 correct end offsets, keeps its data across a restart, and supports transactions and read_committed
 consumers, which the workers' exactly-once processing needs (docs/operations.md, "Embedded services"). It
-does not check the group generation of a transaction's offsets (KIP-447): streams/checkpoint.py says what
+does not check the group generation of a transaction's offsets (KIP-447): streams/checkpointing/checkpoint.py says what
 fences a zombie worker on it. Production points KAFKA_BOOTSTRAP_SERVERS at a real Kafka cluster instead and
 nothing here runs.
 """
@@ -101,8 +101,8 @@ class EmbeddedBroker:
 # Apache Kafka holds an empty fetch for fetch.wait.max.ms and answers every join: there pacing only adds
 # latency, and a rejoin while the group waits for a slow member restarts its rebalance. The settings' defaults
 # are Apache Kafka's; whatever starts the embedded broker hands its clients these instead.
-# Nor does it keep a transaction across its restart (streams/outbox.py: MODPIPE_ABORT_ON_BROKERS_DOWN), nor
-# check the group generation of a transaction's offsets (streams/checkpoint.py: MODPIPE_FREEZE_GUARD).
+# Nor does it keep a transaction across its restart (streams/checkpointing/outbox.py: MODPIPE_ABORT_ON_BROKERS_DOWN), nor
+# check the group generation of a transaction's offsets (streams/checkpointing/checkpoint.py: MODPIPE_FREEZE_GUARD).
 EMBEDDED_BROKER_TUNING = {"fetch_pause_ms": 20.0, "fetch_idle_pause_ms": 25.0, "group_rejoin_s": 20.0,
                           "abort_on_brokers_down": "on", "freeze_guard": "on"}
 

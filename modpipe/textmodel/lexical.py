@@ -11,7 +11,7 @@ inflections the word model sees as unrelated terms).
 The lexical model reads the text as the build's `tokenizer.json` normalises it, so the hostile-text folding
 (look-alikes, spacing, leetspeak) applies to it as to the transformer.
 
-Serving needs numpy and `tokenizers` only, never scikit-learn: the worker (streams/scoring.py), the
+Serving needs numpy and `tokenizers` only, never scikit-learn: the worker (streams/moderation/scoring.py), the
 offline scorers (evaluate.served_spam_proba) and Triton's spam_postprocess (which gets this file copied
 beside its model.py, so there is one implementation) all load `lexical_head.json` with `StackedScorer.load`.
 scikit-learn is imported by `fit` alone, at build time. Keep this module free of modpipe imports.

@@ -99,7 +99,7 @@ class BatchTokenizer:
     def encode_normalized(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, list[str]]:
         """(input_ids, attention_mask, normalised texts): the arrays `self(texts)` gives and `normalize(texts)`,
         with the normalizer run once a text instead of twice. On a GPU host the normaliser is ~a third of the
-        worker's text path (docs/benchmarks.md), and the worker needs both (streams/scoring.py)."""
+        worker's text path (docs/benchmarks.md), and the worker needs both (streams/moderation/scoring.py)."""
         normalized = self.normalize(texts)
         seqs = encode_ids(self._prenormalized, normalized, self.max_len, self.tail)
         for i, text in enumerate(texts):

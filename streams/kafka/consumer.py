@@ -56,7 +56,7 @@ EMPTY_BACKOFF_S = 0.002
 EMPTY_BACKOFF_MAX_S = 0.025  # MODPIPE_FETCH_IDLE_PAUSE_MS's default
 IDLE_FETCH_WAIT_MAX_S = 0.2  # the longest fetch window of an idle consumer on long-polled fetches (idle_fetch_wait)
 # A rebalance callback may restore tables from their changelogs (streams/state/tables.py gives that 600 s) or commit
-# a checkpoint; past this the consumer fails and the worker restarts. max.poll.interval.ms (streams/app.py)
+# a checkpoint; past this the consumer fails and the worker restarts. max.poll.interval.ms (streams/moderation/app.py)
 # is longer, so the group does not drop a worker that is still restoring.
 REBALANCE_CALLBACK_TIMEOUT_S = 660.0
 # After an assignment the consumer does not pause for this long: librdkafka first looks up each partition's

@@ -11,7 +11,7 @@ against 358 B of JSON, a domain's ~23 KB against 5.6 KB, measured with tracemall
 stores), so both the cache and a checkpoint's batch are bounded by bytes, estimated from the encoded sizes
 each flush writes (`decoded_bytes`, an over-estimate for every table). The cache evicts past its byte share;
 the batch is bounded by the worker, which starts no round while the open checkpoint's states hold more than
-theirs (`streams/runner.py`): a backlog of decisions' feedback once held ~67,000 decoded post states (~360 MB)
+theirs (`streams/runtime/runner.py`): a backlog of decisions' feedback once held ~67,000 decoded post states (~360 MB)
 between two checkpoints.
 
 The cache is only ever a copy of what this worker wrote to its own partitions: it is emptied whenever

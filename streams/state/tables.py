@@ -4,7 +4,7 @@ A table partition lives on the worker that owns the stage-topic partition of the
 topics are partitioned by the key their tables count). When partitions are assigned, the worker restores each
 of their table partitions by reading its changelog to the end, `read_committed`: only states that were
 committed together with the input offsets that produced them (one Kafka transaction per checkpoint,
-streams/checkpoint.py). So a restored table never runs ahead of the committed input, and the input processed
+streams/checkpointing/checkpoint.py). So a restored table never runs ahead of the committed input, and the input processed
 again after a crash is counted once, from the state as it was when that input's offsets were committed.
 
 States are written once per changed key per checkpoint (`streams/state/table_states.py`): into this store and, as a

@@ -139,7 +139,7 @@ def test_release_deletes_only_what_was_committed_and_read(bootstrap, tmp_path):
 
     from loadgen.bench.pipeline import release_consumed
     from modpipe.settings import Settings
-    from streams.topics import TopicNames, ensure_topics
+    from streams.moderation.topics import TopicNames, ensure_topics
 
     tag = tmp_path.name[-8:].replace("-", "_")
     settings = Settings.from_env(state_dir=tmp_path / "state", bootstrap_servers=bootstrap, topic_prefix=f"r{tag}.",

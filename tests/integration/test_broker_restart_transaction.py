@@ -1,4 +1,4 @@
-"""A transaction open while the broker restarts (streams/outbox.py). A broker of its own: the session's must not
+"""A transaction open while the broker restarts (streams/checkpointing/outbox.py). A broker of its own: the session's must not
 be restarted.
 
 On the embedded broker, which restarts without its transaction coordinator's state, a worker's late records
@@ -20,7 +20,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from modpipe.services.broker import EmbeddedBroker
 from modpipe.services.process import free_port
 from modpipe.settings import Settings
-from streams.outbox import Outbox, Pending, TransactionDoomed
+from streams.checkpointing.outbox import Outbox, Pending, TransactionDoomed
 from tests.fixtures.kafka import create_topics
 
 pytestmark = pytest.mark.integration

@@ -37,7 +37,7 @@ ZOMBIE = """
 import asyncio, json, os, sys
 from confluent_kafka import Consumer, KafkaException
 from modpipe.settings import Settings
-from streams.outbox import Outbox, Pending
+from streams.checkpointing.outbox import Outbox, Pending
 
 bootstrap, group, source, out, woke, txn_id = sys.argv[1:7]
 SESSION_MS = int(sys.argv[7])

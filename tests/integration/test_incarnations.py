@@ -1,4 +1,4 @@
-"""A worker's incarnations on the real broker (streams/incarnations.py): each start gets a transactional.id
+"""A worker's incarnations on the real broker (streams/checkpointing/incarnations.py): each start gets a transactional.id
 of its own and fences the one before, whose open transaction is aborted; a read_committed reader that was
 already reading sees everything the new incarnation commits afterwards."""
 
@@ -14,8 +14,8 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from modpipe.settings import Settings
-from streams import incarnations
-from streams.topics import TopicNames, ensure_topics
+from streams.checkpointing import incarnations
+from streams.moderation.topics import TopicNames, ensure_topics
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""Purging the internal topics behind the commits (streams/purge.py), on the real broker and worker: the stage
+"""Purging the internal topics behind the commits (streams/runtime/purge.py), on the real broker and worker: the stage
 topics lose the records the group has committed, never one it has not; the platform's topics and the changelogs
 keep everything; a worker SIGKILLed after a purge restores its tables and goes on, deciding each post once."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from loadgen.chaos import compare_tables, count_decisions, offline_tables, streaming_tables
-from streams.stack import LocalStack
+from streams.local.stack import LocalStack
 from tests.fixtures.waiting import wait_for
 from tests.integration.test_commit_stall import decisions, offsets, posts_round, produce_plainly, wait_decided
 

@@ -15,7 +15,7 @@ from confluent_kafka import Producer
 from loadgen.chaos import streaming_tables
 from loadgen.smoke import end_consumer
 from modpipe.settings import Settings
-from streams.app import tables_dir
+from streams.moderation.app import tables_dir
 from streams.state import rocksdb
 from streams.state.tables import encode_key, encode_value, record_check, restore
 from tests.fixtures.kafka import create_topics

@@ -16,7 +16,7 @@ from confluent_kafka import Producer
 from loadgen.posts import make_post
 from loadgen.smoke import end_consumer, run_smoke
 from modpipe import schema
-from streams.topics import TopicConfigError, TopicNames, ensure_topics
+from streams.moderation.topics import TopicConfigError, TopicNames, ensure_topics
 from tests.fixtures.kafka import supervised
 
 pytestmark = pytest.mark.integration
@@ -134,7 +134,7 @@ def last_assignment(worker) -> dict[str, list[int]] | None:
 
 
 def test_three_workers_are_co_partitioned_under_the_classic_protocol(local_stack, pipeline_settings):
-    """The group protocol is `classic` with range assignment (streams/app.py): each worker is given the same
+    """The group protocol is `classic` with range assignment (streams/moderation/app.py): each worker is given the same
     partition numbers of every input topic (posts, the stages, reports, ...), so a stage's tables live with the
     partitions that feed them, and the workers' numbers split the partitions between them."""
     stack = local_stack(workers=3)
@@ -252,7 +252,7 @@ def test_a_worker_asked_for_its_stacks_writes_them_and_keeps_deciding(local_stac
     assert tasks is not None, {"alive": worker.alive(), "stopping": '"worker stopping"' in dump,
                                "thread_dumps": dump.count("most recent call first"), "log": dump[-3000:]}
     assert {"rounds", "checkpoints"} <= tasks.keys(), tasks
-    assert any("streams/runner.py" in frame for frame in tasks["rounds"]), tasks["rounds"]
+    assert any("streams/runtime/runner.py" in frame for frame in tasks["rounds"]), tasks["rounds"]
     assert "most recent call first" in dump and "streams/kafka/consumer.py" in dump, dump[-3000:]
     assert worker.alive()
     result = run_smoke(pipeline_settings, stack.bootstrap, 50, timeout_s=120, progress=False)

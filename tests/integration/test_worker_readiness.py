@@ -15,7 +15,7 @@ from confluent_kafka import Producer
 from loadgen.posts import make_post
 from loadgen.smoke import end_consumer
 from modpipe import schema
-from streams.topics import ensure_topics
+from streams.moderation.topics import ensure_topics
 
 pytestmark = pytest.mark.integration
 

@@ -40,13 +40,13 @@ from loadgen.posts import make_post
 from modpipe import schema
 from modpipe.services.group_lag import uncommitted_input
 from modpipe.settings import Settings
-from streams.app import consumer_config, create_pipeline
-from streams.stack import LocalStack
+from streams.local.stack import LocalStack
+from streams.moderation.app import consumer_config, create_pipeline
 from tests.fixtures.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
-SESSION_S = 10.0  # streams/app.py consumer_config: session.timeout.ms
+SESSION_S = 10.0  # streams/moderation/app.py consumer_config: session.timeout.ms
 EMBEDDED = Settings.from_env().broker == "embedded"
 # past the session timeout and the freeze guard's limit (session - heartbeat = 8 s); on Kafka the group waits
 # out the session before it rebalances, so the other worker needs longer to take every partition over

@@ -13,10 +13,10 @@ LOOP = ("thread (7): MainThread;<module> (modpipe/__main__.py:5);BaseEventLoop.r
         "BaseEventLoop._run_once (asyncio/base_events.py:1936)")
 RAW = "\n".join([
     f"{LOOP};EpollSelector.select (selectors.py:468) 50",  # the loop idle: not its work
-    f"{LOOP};Handle._run (asyncio/events.py:84);TextScorer.spam_probabilities (streams/scoring.py:120);"
+    f"{LOOP};Handle._run (asyncio/events.py:84);TextScorer.spam_probabilities (streams/moderation/scoring.py:120);"
     "BatchTokenizer.normalize (modpipe/textmodel/tokenize.py:90) 30",
-    f"{LOOP};Handle._run (asyncio/events.py:84);TextScorer.spam_probabilities (streams/scoring.py:131) 10",
-    f"{LOOP};Handle._run (asyncio/events.py:84);Stage.apply (streams/stages.py:200) 10",
+    f"{LOOP};Handle._run (asyncio/events.py:84);TextScorer.spam_probabilities (streams/moderation/scoring.py:131) 10",
+    f"{LOOP};Handle._run (asyncio/events.py:84);Stage.apply (streams/moderation/stages.py:200) 10",
     f"{LOOP};deque.popleft (<builtin>) 5",  # the loop's own bookkeeping between callbacks
     "thread (9): group-consumer;Thread.run (threading.py:982);GroupConsumer._run (streams/kafka/consumer.py:289) 70",
     "not a stack line",
@@ -24,7 +24,7 @@ RAW = "\n".join([
 
 
 def test_frame_names_drop_lines_and_directories():
-    assert frame_name("Stage.apply (streams/stages.py:200)") == "Stage.apply (stages.py)"
+    assert frame_name("Stage.apply (streams/moderation/stages.py:200)") == "Stage.apply (stages.py)"
     assert frame_name("_run_code (<frozen runpy>:88)") == "_run_code (<frozen runpy>)"
     assert frame_name("odd frame") == "odd frame"
 

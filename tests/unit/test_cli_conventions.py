@@ -102,7 +102,7 @@ def test_any_command_exits_128_plus_the_signal(sig, status, ignore_sigint):
 # loop and its signal handling (the supervisor's `except Exception` guards must let the signal through).
 UP_WITH_A_FAKE_STACK = """
     import sys
-    import streams.stack
+    import streams.local.stack
     from modpipe import cli
 
     class Stack:
@@ -121,7 +121,7 @@ UP_WITH_A_FAKE_STACK = """
         def render(self, stack):
             return "posts 0/s"
 
-    streams.stack.LocalStack, streams.stack.StatusLine = Stack, StatusLine
+    streams.local.stack.LocalStack, streams.local.stack.StatusLine = Stack, StatusLine
     sys.exit(cli.main(["up", "--interval", "0.05"]))
 """
 
@@ -249,7 +249,7 @@ def test_config_prints_json_or_env_lines(capsys, monkeypatch):
 
 
 def test_topics_prints_json_or_a_table(capsys, monkeypatch):
-    import streams.topics
+    import streams.moderation.topics
 
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1")
     monkeypatch.setenv("MODPIPE_PARTITIONS", "3")
@@ -257,10 +257,10 @@ def test_topics_prints_json_or_a_table(capsys, monkeypatch):
 
     def ensure(settings, bootstrap):
         nonlocal names
-        names = streams.topics.TopicNames.from_settings(settings).all()
+        names = streams.moderation.topics.TopicNames.from_settings(settings).all()
         return {names[0]}
 
-    monkeypatch.setattr(streams.topics, "ensure_topics", ensure)
+    monkeypatch.setattr(streams.moderation.topics, "ensure_topics", ensure)
     rc, out = _run(capsys, ["topics", "--json"])
     rows = json.loads(out)
     assert rc == 0 and [r["topic"] for r in rows] == list(names)

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # their own configuration), and tools that compare isolation levels or measure transports on purpose (group_lag
 # reads the end offsets of uncommitted data: records still in flight count as lag; the commit-stall test reads
 # the end offset past the last marker)
-EXEMPT = ("streams/kafka/", "streams/state/tables.py", "streams/bans.py", "loadgen/chaos.py", "loadgen/bench/transport.py",
+EXEMPT = ("streams/kafka/", "streams/state/tables.py", "streams/moderation/bans.py", "loadgen/chaos.py", "loadgen/bench/transport.py",
           "modpipe/services/group_lag.py", "tests/integration/test_commit_stall.py")
 SKIP_DIRS = {"__pycache__", "node_modules", "build", "dist"}
 READS_COMMITTED = ("kafka_consumer_config", "read_committed")

@@ -1,4 +1,4 @@
-"""A Triton batch whose posts come from rounds of two checkpoint epochs (streams/checkpoint.py): each post's
+"""A Triton batch whose posts come from rounds of two checkpoint epochs (streams/checkpointing/checkpoint.py): each post's
 decision and feedback go out under a `Pending` of its own round's epoch, so the outbox puts them into that
 epoch's transaction, and each round is released only when its own posts' decisions are delivered."""
 
@@ -10,9 +10,9 @@ import orjson
 
 from modpipe.decision.verdict import ThresholdDecider
 from modpipe.settings import Settings
-from streams.decisions import DecisionBatcher, Publisher
-from streams.outbox import Pending
-from streams.topics import TopicNames
+from streams.checkpointing.outbox import Pending
+from streams.moderation.decisions import DecisionBatcher, Publisher
+from streams.moderation.topics import TopicNames
 from tests.unit.test_text_model_outage import ready_post, scorer
 
 

@@ -292,11 +292,11 @@ def test_worker_identity_state_and_probes(target):
     c = worker_container(docs)
     settings = worker_settings(docs)
     # Stable name -> MODPIPE_WORKER_NAME -> static group member id and the transactional ids of its
-    # incarnations (each start fences the one before: streams/incarnations.py).
+    # incarnations (each start fences the one before: streams/checkpointing/incarnations.py).
     name_var = next(v for v in c["env"] if v["name"] == "MODPIPE_WORKER_NAME")
     assert name_var["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
-    from streams.app import consumer_config
-    from streams.incarnations import transactional_id
+    from streams.checkpointing.incarnations import transactional_id
+    from streams.moderation.app import consumer_config
     assert transactional_id(settings, "modpipe-worker-0", 3) == f"{settings.app_id}-modpipe-worker-0-3"
     assert consumer_config(settings, "kafka:9092", "modpipe-worker-0")["group.instance.id"] == \
         f"{settings.app_id}-modpipe-worker-0"
@@ -315,8 +315,8 @@ def test_worker_identity_state_and_probes(target):
     # Metrics: container port, probes, scrape annotation and headless Service all on MODPIPE_METRICS_PORT.
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports["metrics"] == settings.metrics_port
-    # Probes are the worker's own (streams/health.py): alive, and ready only once the ban log is read.
-    from streams.health import LIVE_PATH, READY_PATH
+    # Probes are the worker's own (streams/runtime/health.py): alive, and ready only once the ban log is read.
+    from streams.runtime.health import LIVE_PATH, READY_PATH
     paths = {"startupProbe": LIVE_PATH, "readinessProbe": READY_PATH, "livenessProbe": LIVE_PATH}
     for probe, path in paths.items():
         assert c[probe]["httpGet"] == {"path": path, "port": "metrics"}
@@ -324,7 +324,7 @@ def test_worker_identity_state_and_probes(target):
     assert annotations["prometheus.io/port"] == str(settings.metrics_port)
     assert {p["port"] for p in headless["spec"]["ports"]} == {settings.metrics_port}
     # Long enough to let batches at Triton finish (MODPIPE_SHUTDOWN_GRACE_S), commit the last transaction
-    # (streams/outbox.py: up to 60 s) and close the clients (10 s each).
+    # (streams/checkpointing/outbox.py: up to 60 s) and close the clients (10 s each).
     assert spec["terminationGracePeriodSeconds"] >= settings.shutdown_grace_s + 60 + 20
     assert spec["enableServiceLinks"] is False
     assert "memory" in c["resources"]["limits"] and "cpu" in c["resources"]["requests"]

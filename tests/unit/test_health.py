@@ -1,4 +1,4 @@
-"""The worker's probes (streams/health.py) and a ban log reader that fails (streams/bans.py), without a broker."""
+"""The worker's probes (streams/runtime/health.py) and a ban log reader that fails (streams/moderation/bans.py), without a broker."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import pytest
 
 from modpipe.services.process import free_port
 from modpipe.settings import Settings
-from streams import bans as bans_module
-from streams import health, metrics
+from streams import metrics
+from streams.moderation import bans as bans_module
+from streams.runtime import health
 
 
 def _get(port: int, path: str) -> tuple[int, bytes]:

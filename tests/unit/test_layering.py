@@ -32,6 +32,16 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("commands", ("*.cli", "*.__main__")),
 )
 
+# Inside `streams`: the general runtime never imports the moderation wiring nor the local stack. The wiring
+# (moderation/) builds on the runtime; worker.py, cli.py and the local stack put the two together.
+STREAMS_RUNTIME = ("streams", "streams.metrics", "streams.waiting", "streams.kafka", "streams.kafka.*",
+                   "streams.state", "streams.state.*", "streams.checkpointing", "streams.checkpointing.*",
+                   "streams.runtime", "streams.runtime.*")
+STREAMS_WIRING = ("streams.moderation", "streams.moderation.*", "streams.local", "streams.local.*",
+                  "streams.worker", "streams.cli")
+# (runtime module, wiring module) -> why that import is allowed anyway. None today.
+RUNTIME_IMPORTS_OF_WIRING: dict[tuple[str, str], str] = {}
+
 
 @dataclass(frozen=True)
 class Edge:
@@ -97,6 +107,16 @@ def layer_of(module: str) -> int:
 def upward(edges: list[Edge]) -> list[str]:
     return [f"{e}: layer '{LAYERS[layer_of(e.source)][0]}' imports '{LAYERS[layer_of(e.target)][0]}' above it"
             for e in edges if layer_of(e.target) > layer_of(e.source)]
+
+
+def _matches(module: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatchcase(module, pattern) for pattern in patterns)
+
+
+def runtime_into_wiring(edges: list[Edge]) -> list[str]:
+    return [f"{e}: the streams runtime imports the moderation wiring or the local stack" for e in edges
+            if _matches(e.source, STREAMS_RUNTIME) and _matches(e.target, STREAMS_WIRING)
+            and (e.source, e.target) not in RUNTIME_IMPORTS_OF_WIRING]
 
 
 def cycles(edges: list[Edge]) -> list[list[Edge]]:
@@ -165,7 +185,7 @@ def graph() -> list[Edge]:
 def test_the_graph_is_read_from_the_source(graph):
     pairs = {(e.source, e.target) for e in graph}
     # a module-level import, a function-local one and a `from package import module`
-    assert ("streams.worker", "streams.agents") in pairs
+    assert ("streams.worker", "streams.moderation.agents") in pairs
     assert ("streams.worker", "modpipe.decision.store") in pairs
     assert ("modpipe.decision.evaluate", "modpipe.decision.dataset") in pairs
 
@@ -188,6 +208,23 @@ def test_no_import_runs_up_a_layer(graph):
 def test_no_modules_import_each_other_in_a_circle(graph):
     found = cycles(graph)
     assert not found, "import circles:\n" + "\n".join(" then ".join(map(str, c)) for c in found)
+
+
+def test_every_streams_module_is_runtime_or_wiring():
+    unplaced = [m for m in module_files() if m.partition(".")[0] == "streams"
+                and _matches(m, STREAMS_RUNTIME) == _matches(m, STREAMS_WIRING)]
+    assert not unplaced, f"put these in STREAMS_RUNTIME or STREAMS_WIRING ({__file__}): {unplaced}"
+
+
+def test_the_streams_runtime_never_imports_the_moderation_wiring(graph):
+    bad = runtime_into_wiring(graph)
+    assert not bad, "imports from the runtime into the wiring:\n" + "\n".join(bad)
+
+
+def test_the_runtime_exceptions_are_still_imports(graph):
+    pairs = {(e.source, e.target) for e in graph}
+    stale = [pair for pair in RUNTIME_IMPORTS_OF_WIRING if pair not in pairs]
+    assert not stale, f"no longer imported, drop them from RUNTIME_IMPORTS_OF_WIRING: {stale}"
 
 
 # ------------------------------------------------------------------------------------------------ the checker
@@ -213,3 +250,16 @@ def test_a_module_takes_the_highest_layer_that_matches():
     assert LAYERS[layer_of("modpipe.settings")][0] == "foundation"
     with pytest.raises(LookupError):
         layer_of("elsewhere.module")
+
+
+def test_the_checker_names_the_runtime_importing_the_wiring(tmp_path):
+    for name, body in {"streams/__init__.py": "", "streams/runtime/__init__.py": "",
+                       "streams/runtime/runner.py": "from streams.moderation import agents\n",
+                       "streams/moderation/__init__.py": "",
+                       "streams/moderation/agents.py": "from streams.runtime.runner import x\n",
+                       "streams/worker.py": "import streams.moderation.agents\nimport streams.runtime.runner\n"}.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(body)
+    bad = runtime_into_wiring(import_graph(tmp_path))
+    assert len(bad) == 1 and bad[0].startswith("streams.runtime.runner -> streams.moderation.agents (")
+    assert "streams/runtime/runner.py:1" in bad[0]

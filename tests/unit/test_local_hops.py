@@ -10,11 +10,11 @@ from loadgen.posts import make_post
 from modpipe import schema
 from modpipe.decision.verdict import ThresholdDecider
 from modpipe.settings import Settings
-from streams.agents import Wiring, make_handlers
-from streams.app import create_pipeline
-from streams.bans import BanRegistry
-from streams.bundles import decode_bundle, partition_for
 from streams.kafka.records import TP, Record
+from streams.moderation.agents import Wiring, make_handlers
+from streams.moderation.app import create_pipeline
+from streams.moderation.bans import BanRegistry
+from streams.moderation.bundles import decode_bundle, partition_for
 from tests.unit.test_text_model_outage import scorer
 
 

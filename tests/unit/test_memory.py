@@ -21,11 +21,11 @@ from modpipe.decision.verdict import ThresholdDecider
 from modpipe.memory import ENTRY_OVERHEAD, ByteLRU, deep_size
 from modpipe.settings import Settings, SettingsError
 from streams import metrics
-from streams.bundles import Bundler, decode_bundle
-from streams.decisions import DecisionBatcher, Publisher
-from streams.outbox import Pending
-from streams.scoring import TextCache
-from streams.topics import TopicNames
+from streams.checkpointing.outbox import Pending
+from streams.moderation.bundles import Bundler, decode_bundle
+from streams.moderation.decisions import DecisionBatcher, Publisher
+from streams.moderation.scoring import TextCache
+from streams.moderation.topics import TopicNames
 from tests.unit.test_text_model_outage import ready_post, scorer
 
 EMOJI = [chr(c) for c in range(0x1F600, 0x1F650)]
@@ -405,7 +405,7 @@ def test_a_feature_maps_size_from_its_strings_is_never_less_than_walking_it_and_
 
 
 def test_a_partition_entry_is_charged_from_its_keys_length_never_less_than_walking_it():
-    from streams.bundles import _entry_size, partition_for
+    from streams.moderation.bundles import _entry_size, partition_for
 
     for key in ("u1", "bench-abcdef-123456", "é" * 50, "😀" * 40, "x" * 300):
         for partitions in (4, 16, 2 ** 40):

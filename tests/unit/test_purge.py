@@ -1,4 +1,4 @@
-"""streams/purge.py: which committed offsets are purged, and when (no broker: the deletion is a fake that
+"""streams/runtime/purge.py: which committed offsets are purged, and when (no broker: the deletion is a fake that
 records what it was asked; tests/integration/test_purge.py runs it against the real one)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import threading
 
 from streams import metrics
 from streams.kafka.records import TP
-from streams.purge import PurgePlan, Purger
+from streams.runtime.purge import PurgePlan, Purger
 
 
 class Clock:

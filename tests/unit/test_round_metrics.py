@@ -1,4 +1,4 @@
-"""A round of posts through the real wiring (streams/agents.py) without Kafka: the per-item counters are
+"""A round of posts through the real wiring (streams/moderation/agents.py) without Kafka: the per-item counters are
 counted per round and added to the metrics once, at the round's end, with the same totals."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from loadgen.posts import make_post
 from modpipe import schema
 from modpipe.decision.verdict import ThresholdDecider
 from modpipe.settings import Settings
-from streams import agents
-from streams.agents import Wiring, make_handlers
-from streams.app import create_pipeline
-from streams.bans import BanRegistry
 from streams.kafka.records import TP, Record
+from streams.moderation import agents
+from streams.moderation.agents import Wiring, make_handlers
+from streams.moderation.app import create_pipeline
+from streams.moderation.bans import BanRegistry
 from tests.unit.test_text_model_outage import scorer
 
 

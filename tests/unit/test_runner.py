@@ -1,4 +1,4 @@
-"""streams.runner without a broker: a Runner built on a fake wiring (its GroupConsumer is never started), its
+"""streams.runtime.runner without a broker: a Runner built on a fake wiring (its GroupConsumer is never started), its
 offsets bookkeeping (`_done`, `take_offsets`), the records dropped after a seek back (`_fresh`), the rounds
 loops driven directly, and the rebalance callbacks."""
 
@@ -9,9 +9,9 @@ from types import SimpleNamespace
 
 from modpipe.settings import Settings
 from streams import metrics
-from streams import runner as runner_module
 from streams.kafka.records import TP, Record
-from streams.runner import ROUND_MAX, Runner
+from streams.runtime import runner as runner_module
+from streams.runtime.runner import ROUND_MAX, Runner
 
 POSTS, AWAITING, USER = "posts", "awaiting-text", "features.user"
 

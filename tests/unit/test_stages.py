@@ -1,4 +1,4 @@
-"""streams.stages without Kafka: the chain of stages (user -> link -> ip -> post) with items passed
+"""streams.moderation.stages without Kafka: the chain of stages (user -> link -> ip -> post) with items passed
 through an in-memory queue computes exactly what features.offline computes, and a failed item leaves
 no trace."""
 
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from features import events as fe
 from features.offline import compute, prepare_decision_event
 from features.state import DEFAULT_LIMITS, RESENT, Limits, load_state
-from streams.stages import Stage, decision_items, event_items, post_item
+from streams.moderation.stages import Stage, decision_items, event_items, post_item
 from tests.unit.test_features_offline import make_events, with_redeliveries
 
 

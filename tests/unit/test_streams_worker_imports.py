@@ -42,7 +42,7 @@ def forbidden(modules: list[str]) -> list[str]:
 
 
 def test_forbidden_names_what_the_worker_must_not_load():
-    assert forbidden(["streams.agents", "tqdm.auto", "modpipe.decision.cli", "loadgen", "simulation.simulator",
+    assert forbidden(["streams.moderation.agents", "tqdm.auto", "modpipe.decision.cli", "loadgen", "simulation.simulator",
                       "modpipe.decision.train", "modpipe.decision.engine"]) == [
         "tqdm.auto", "modpipe.decision.cli", "loadgen", "simulation.simulator", "modpipe.decision.train"]
 

@@ -16,11 +16,11 @@ from features import events as fe
 from loadgen.posts import make_post
 from modpipe.decision.verdict import TEXT_MODEL_UNAVAILABLE, ThresholdDecider, Verdict, without_text_model
 from modpipe.settings import Settings
-from streams.decisions import DecisionBatcher, Publisher
-from streams.outbox import Pending
-from streams.scoring import TextModelUnavailable, TextScorer
-from streams.stages import ReadyPost
-from streams.topics import TopicNames
+from streams.checkpointing.outbox import Pending
+from streams.moderation.decisions import DecisionBatcher, Publisher
+from streams.moderation.scoring import TextModelUnavailable, TextScorer
+from streams.moderation.stages import ReadyPost
+from streams.moderation.topics import TopicNames
 
 
 class FlakyClient:

@@ -3,7 +3,7 @@
 
 A post's stage checks the bans of its domain and ip whatever partition those keys live on, so every
 worker needs every ban: a log that each worker reads from the beginning is exact and simple, and bans are
-few. The `bans` topic's handler in the group (streams/agents.py) validates and dead-letters bad records and
+few. The `bans` topic's handler in the group (streams/moderation/agents.py) validates and dead-letters bad records and
 sends each ban to the tables it updates; this reader skips invalid records.
 
 A worker decides nothing before the reader has read the log up to the end offsets it found at start

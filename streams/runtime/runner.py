@@ -1,10 +1,10 @@
 """The worker's loop: records from the group consumer become rounds for their topic's handler
-(streams/agents.py); the checkpoint commits them (streams/checkpoint.py); rebalances hand partitions over.
+(streams/moderation/agents.py); the checkpoint commits them (streams/checkpointing/checkpoint.py); rebalances hand partitions over.
 
 A round is what one fetch brought for one topic (at most ROUND_MAX records). Handlers run one round at a
 time, synchronously, except the awaiting-text one, which waits for Triton on a task of its own (one round at
 a time, so its records are decided in order). Rounds go on while a checkpoint waits for the rounds of its
-epoch and commits them; they belong to the next epoch (streams/checkpoint.py).
+epoch and commits them; they belong to the next epoch (streams/checkpointing/checkpoint.py).
 
 Hand-over: when the group takes partitions away, the revocation waits here until the rounds in flight are
 complete and a checkpoint has committed them; records fetched but not started are dropped (their new owner
@@ -22,10 +22,10 @@ from features import events as fe
 from modpipe import log, memory
 from modpipe.settings import Settings
 from streams import metrics
-from streams.checkpoint import Checkpointer, FreezeWatch
+from streams.checkpointing.checkpoint import Checkpointer, FreezeWatch
 from streams.kafka.consumer import GroupConsumer
 from streams.kafka.records import TP, Record, records_bytes
-from streams.purge import PurgePlan, Purger
+from streams.runtime.purge import PurgePlan, Purger
 from streams.state import tables
 from streams.waiting import wait_at_most
 

@@ -5,11 +5,11 @@
       └─ invalid ─▶ posts.dlq
     reports, engagements, labels ──▶ the stage topics of the tables they update
     decisions ──▶ fed back to features.post (and features.user / features.ip when they count it)
-    bans ──▶ read in full by every worker (streams/bans.py), and to features.link (re-decisions)
+    bans ──▶ read in full by every worker (streams/moderation/bans.py), and to features.link (re-decisions)
     posts decided without the text model (an outage) ──▶ posts.awaiting-text ──▶ decided again (revision + 1)
 
 Stage topics (`features.<stage>`, stages in features.events.STAGES) carry bundles: one record per
-destination partition per round (streams/bundles.py), placed by the key their tables count (user_id,
+destination partition per round (streams/moderation/bundles.py), placed by the key their tables count (user_id,
 registrable domain, ip, post_id), so each table is co-partitioned with the topics that update it. A
 post visits only the stages whose key it has. Names get MODPIPE_TOPIC_PREFIX in front; dead letters of
 every input topic go to posts.dlq.
@@ -52,7 +52,7 @@ class TopicNames:
     stages: dict[str, str]  # stage name -> its internal topic `features.<stage>`
     awaiting_text: str  # degraded decisions' posts, decided again once the text model answers
     changelogs: dict[str, str]  # table name -> its changelog topic (streams/state/tables.py)
-    incarnations: str  # each worker's incarnation counter (streams/incarnations.py), compacted
+    incarnations: str  # each worker's incarnation counter (streams/checkpointing/incarnations.py), compacted
 
     @classmethod
     def from_settings(cls, settings: Settings) -> TopicNames:

@@ -31,11 +31,11 @@ from modpipe import log, memory, schema
 from modpipe.decision.engine import cascade, shortcut
 from modpipe.decision.verdict import Decider, without_text_model
 from streams import metrics
-from streams.bundles import Bundler
-from streams.outbox import Outbox, Pending
-from streams.scoring import TextModelUnavailable, TextScorer
-from streams.stages import ReadyPost, Redecision, decision_items
-from streams.topics import TopicNames
+from streams.checkpointing.outbox import Outbox, Pending
+from streams.moderation.bundles import Bundler
+from streams.moderation.scoring import TextModelUnavailable, TextScorer
+from streams.moderation.stages import ReadyPost, Redecision, decision_items
+from streams.moderation.topics import TopicNames
 from streams.waiting import wait_at_most
 
 _log = log.get(__name__)
@@ -246,7 +246,7 @@ class DecisionBatcher:
             for i in degraded:
                 verdicts[i] = without_text_model(verdicts[i], self.outage_policy)
             # A batch may hold posts of two checkpoint epochs: each post's decision and feedback go into the
-            # transaction of its own round (streams/outbox.py), so they are grouped by it.
+            # transaction of its own round (streams/checkpointing/outbox.py), so they are grouped by it.
             groups: dict[int | None, tuple[Pending, list]] = {}
             decided_at, versions = schema.now_ms(), self.publisher.model_versions
             for i, (post, features, verdict) in enumerate(zip(batch, features_list, verdicts, strict=True)):

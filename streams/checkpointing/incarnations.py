@@ -12,7 +12,7 @@ read_committed reader that had already read past the abort marker: after one wor
 its restart. Measured: a live read_committed consumer never got any of four later committed transactions of
 the restarted producer, while a consumer that started after them read them all. A fresh id gets a fresh
 producer id. On Apache Kafka this costs one InitProducerId per start; a zombie of the same incarnation is
-fenced by its epoch, one of an older group generation by KIP-447 (streams/checkpoint.py)."""
+fenced by its epoch, one of an older group generation by KIP-447 (streams/checkpointing/checkpoint.py)."""
 
 from __future__ import annotations
 

@@ -2,14 +2,14 @@
 decisions, dead letters and changelog records, and with them the input offsets they came from.
 
 Records are produced into the open transaction as the wiring makes them; `commit()` (called by the
-checkpoint, streams/checkpoint.py) adds the input offsets and commits them all at once, then opens the next
+checkpoint, streams/checkpointing/checkpoint.py) adds the input offsets and commits them all at once, then opens the next
 transaction. A reader with `isolation.level=read_committed` sees a checkpoint's outputs only once its input
 offsets are committed, and never those of a transaction that was aborted (a worker that died, or was fenced).
 
 Fencing: each start of a worker has a transactional.id of its own, `<app id>-<worker name>-<n>`, and fences the
-one before (streams/incarnations.py says how, and why not one id per worker); on Apache Kafka the offsets
+one before (streams/checkpointing/incarnations.py says how, and why not one id per worker); on Apache Kafka the offsets
 carry the consumer group's generation (KIP-447), so a worker that lost its partitions in a rebalance cannot
-commit for them either (streams/checkpoint.py says what the embedded broker checks).
+commit for them either (streams/checkpointing/checkpoint.py says what the embedded broker checks).
 
 On the embedded broker (MODPIPE_ABORT_ON_BROKERS_DOWN=on, set by whatever starts it) a transactional producer
 never outlives the broker connection: once started, when it loses every broker, its transaction is doomed (`TransactionDoomed`): its queued records are purged at once, no more are taken, and

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from modpipe import log, schema
 from streams import metrics
-from streams.outbox import Outbox, Pending
+from streams.checkpointing.outbox import Outbox, Pending
 
 _log = log.get(__name__)
 

@@ -3,7 +3,7 @@ every round since the previous checkpoint (stage bundles, decisions, dead letter
 input offsets they came from, so a read_committed reader sees all of them or none, and each input record's
 effects exactly once. Quix Streams' `checkpointing/checkpoint.py` orders its commit the same way.
 
-The rounds between two checkpoints form an epoch (streams/outbox.py): a checkpoint commits one epoch, and
+The rounds between two checkpoints form an epoch (streams/checkpointing/outbox.py): a checkpoint commits one epoch, and
 the rounds of the next run meanwhile, their records held back by the outbox until the next transaction
 opens. So no round waits for a checkpoint, and a decision waits only for the rounds of its own epoch, never
 for posts that arrived while its own was at Triton.
@@ -26,7 +26,7 @@ The steps, in order:
 6. The tables' stores take the committed states (`wiring.committed()`: a RocksDB table writes them to disk
    only now, with their changelog position, streams/state/rocksdb.py), and the next epoch's records held back
    meanwhile go into the next transaction (`outbox.advance()`).
-7. The committed offsets of the internal topics go to the purger (streams/purge.py), which deletes the
+7. The committed offsets of the internal topics go to the purger (streams/runtime/purge.py), which deletes the
    records before them every MODPIPE_PURGE_INTERVAL_MS, on a thread of its own.
 A checkpoint that fails stops the worker without committing: the transaction is aborted, and the partitions'
 next owner (this worker after its restart) restores the tables from their changelogs, which hold only
@@ -50,7 +50,7 @@ from collections.abc import Callable
 
 from modpipe import log
 from streams import metrics
-from streams.outbox import Pending
+from streams.checkpointing.outbox import Pending
 from streams.waiting import wait_at_most
 
 _log = log.get(__name__)
@@ -146,7 +146,7 @@ class Checkpointer:
     def __init__(self, runner, wiring, outbox, consumer, interval_s: float, watch: FreezeWatch,
                  expiry_check_s: float = EXPIRY_CHECK_S, purger=None):
         self.runner, self.wiring, self.outbox, self.consumer = runner, wiring, outbox, consumer
-        self.purger = purger  # streams/purge.py: deletes internal-topic records behind the committed offsets
+        self.purger = purger  # streams/runtime/purge.py: deletes internal-topic records behind the committed offsets
         self.interval_s = interval_s
         self.expiry_check_s = expiry_check_s
         self.watch = watch

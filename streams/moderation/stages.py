@@ -64,7 +64,7 @@ def post_item(post: dict, received_at_ms: int) -> tuple[str, str, dict]:
 
 def event_items(kind: str, ctx: dict) -> list[tuple[str, str, dict]]:
     """A side event's items: one per stage hop of the tables it updates directly. (The bans table has no
-    stage: every worker reads the ban log itself, streams/bans.py.)"""
+    stage: every worker reads the ban log itself, streams/moderation/bans.py.)"""
     direct = [(table, key) for table, key in fe.routes(kind, ctx) if table in fe.STAGE_OF]
     return [(stage, pkey, {"kind": kind, "ctx": ctx, "to": [list(t) for t in targets]})
             for stage, pkey, targets in fe.hops(direct, ctx)]

@@ -9,9 +9,9 @@ from pathlib import Path
 from features.events import POST, TABLES
 from modpipe import memory
 from modpipe.settings import Settings
+from streams.moderation.topics import TopicNames
 from streams.state import rocksdb
 from streams.state.tables import Table, make_tables
-from streams.topics import TopicNames
 
 
 @dataclass

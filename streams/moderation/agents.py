@@ -1,5 +1,5 @@
 """The handlers of the input topics: thin wiring between topics and the plain logic in `stages.py` and
-`decisions.py`. The runner (streams/runner.py) calls them with the records of one round.
+`decisions.py`. The runner (streams/runtime/runner.py) calls them with the records of one round.
 
 ingest            posts -> decode + validate -> the post's stages | posts.dlq
 features-<stage>  bundles of items from other workers (and from this one when hops go through
@@ -13,7 +13,7 @@ the post stage    hands ready posts to the `DecisionBatcher` -> Triton -> decisi
 Where an item goes next: a stage's tables live on the partition of the item's key. When this worker
 owns that partition of the stage topic, the item is applied here and now, in the same round (no Kafka
 hop: what Kafka would have done is deliver it to us); otherwise it joins the round's bundle for that
-partition (streams/bundles.py) and whichever worker owns it applies it. MODPIPE_LOCAL_HOPS=off sends
+partition (streams/moderation/bundles.py) and whichever worker owns it applies it. MODPIPE_LOCAL_HOPS=off sends
 every hop through Kafka. Either way a table is only ever written by the owner of its partition, under
 that partition (`PartitionEvent`), and one worker's view of its partitions is cleared at every
 rebalance.
@@ -22,7 +22,7 @@ Each handler gets a `Round`: the records one fetch brought for its topic (at mos
 them, writes nothing to the tables yet (changed states are written once per key at the checkpoint) and
 produces one bundle record per destination partition into the open transaction, all without awaiting
 anything. A round is complete when everything it produced is delivered and, for posts, their decisions are
-published (`outbox.Pending`); the checkpoint (streams/checkpoint.py) waits for every round to be complete
+published (`outbox.Pending`); the checkpoint (streams/checkpointing/checkpoint.py) waits for every round to be complete
 before it commits their input offsets together with their outputs.
 """
 
@@ -41,16 +41,16 @@ from modpipe import log, memory, schema
 from modpipe.decision.verdict import Decider
 from modpipe.settings import Settings
 from streams import metrics
-from streams.app import Pipeline
-from streams.bans import BanRegistry
-from streams.bundles import Bundler, decode_bundle, partition_for
-from streams.checkpoint import Epochs
-from streams.dead_letters import event_timestamp_ms, send_dead_letter
-from streams.decisions import DecisionBatcher, Publisher
+from streams.checkpointing.checkpoint import Epochs
+from streams.checkpointing.outbox import Outbox, Pending
 from streams.kafka.records import TP
-from streams.outbox import Outbox, Pending
-from streams.scoring import TextModelUnavailable, TextScorer
-from streams.stages import ReadyPost, Redecision, Stage, event_items, post_item
+from streams.moderation.app import Pipeline
+from streams.moderation.bans import BanRegistry
+from streams.moderation.bundles import Bundler, decode_bundle, partition_for
+from streams.moderation.dead_letters import event_timestamp_ms, send_dead_letter
+from streams.moderation.decisions import DecisionBatcher, Publisher
+from streams.moderation.scoring import TextModelUnavailable, TextScorer
+from streams.moderation.stages import ReadyPost, Redecision, Stage, event_items, post_item
 from streams.state.table_states import ChangelogWriter
 
 _log = log.get(__name__)
