@@ -638,23 +638,27 @@ def test_a_partition_assigned_again_in_the_same_fetch_is_read_again_from_where_i
     assert gc.dropped_after_revocation == 3 and gc.failure is None
 
 
+async def _polling(fake_consumer) -> GroupConsumer:
+    """A GroupConsumer whose poll thread is running on the fake."""
+    async def nothing(tps):
+        return None
+
+    gc = GroupConsumer({"group.id": "g"}, ["posts"], on_assigned=nothing, on_revoked=nothing, on_lost=nothing)
+    gc.start(asyncio.get_running_loop(), lambda records: None)
+    await until(lambda: fake_consumer and fake_consumer[0].thread is not None)
+    return gc
+
+
 def test_leaving_the_group_waits_a_bounded_time_for_a_close_that_never_returns(fake_consumer):
     """librdkafka's close waits for the group's answers and has been seen to block for good; asyncio.run then
     waited on the executor thread for ever (a CI run hung in tests/integration/test_group_rejoin.py)."""
     release = threading.Event()
 
     async def scenario():
-        loop = asyncio.get_running_loop()
-
-        async def nothing(tps):
-            return None
-
-        gc = GroupConsumer({"group.id": "g"}, ["posts"], on_assigned=nothing, on_revoked=nothing, on_lost=nothing)
-        gc.start(loop, lambda records: None)
-        await until(lambda: fake_consumer and fake_consumer[0].thread is not None)
+        gc = await _polling(fake_consumer)
         fake_consumer[0].close = lambda: release.wait(30)  # a close that does not return
         started = time.monotonic()
-        left = await loop.run_in_executor(None, gc.close, 0.3)
+        left = await asyncio.get_running_loop().run_in_executor(None, gc.close, 0.3)
         return left, time.monotonic() - started
 
     try:
@@ -666,15 +670,8 @@ def test_leaving_the_group_waits_a_bounded_time_for_a_close_that_never_returns(f
 
 def test_leaving_the_group_says_so_when_the_close_returns(fake_consumer):
     async def scenario():
-        loop = asyncio.get_running_loop()
-
-        async def nothing(tps):
-            return None
-
-        gc = GroupConsumer({"group.id": "g"}, ["posts"], on_assigned=nothing, on_revoked=nothing, on_lost=nothing)
-        gc.start(loop, lambda records: None)
-        await until(lambda: fake_consumer and fake_consumer[0].thread is not None)
-        return await loop.run_in_executor(None, gc.close)
+        gc = await _polling(fake_consumer)
+        return await asyncio.get_running_loop().run_in_executor(None, gc.close)
 
     assert asyncio.run(scenario()) is True
     assert ("close",) in fake_consumer[0].calls
