@@ -67,8 +67,9 @@ UNASSIGNED_WARN_S = 30.0  # with rejoining off, a consumer without an assignment
 CLOSE_TIMEOUT_S = 10.0  # a consumer left for a new one is closed on a thread of its own, waited on this long
 # Leaving the group at shutdown waits at most this long: librdkafka's close waits for the group's answers (a
 # JoinGroup the broker holds up to max.poll.interval.ms while another member restores) and has been seen to block
-# for good; a process that stops anyway is dropped by the group after its session timeout.
-LEAVE_TIMEOUT_S = 30.0
+# for good. The group drops a member that stops anyway after its session timeout (10 s, streams/moderation/app.py),
+# so waiting longer than that gains nothing.
+LEAVE_TIMEOUT_S = 10.0
 STALL_CHECK_EVERY_S = 5.0  # how often the quiet partitions' ends are asked for (MODPIPE_FETCH_STALL_S > 0)
 STALL_CHECK_BUDGET_S = 1.0  # at most this long per check on the poll thread; the rest waits for the next
 END_TIMEOUT_S = 0.5  # one partition's end asked for at most this long
