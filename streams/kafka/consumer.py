@@ -171,12 +171,18 @@ class GroupConsumer:
         # close() may itself wait on the unanswered request; the new consumer does not wait for it (with
         # static membership the new member takes the instance id over, fencing the old one)
         self.consumer = None  # an answer reaching the old one now (or later) is not acted on
-        closer = threading.Thread(target=self._close_quietly, args=(old,), name="group-consumer-close", daemon=True)
-        closer.start()
-        closer.join(CLOSE_TIMEOUT_S)
+        self._close_within(old, CLOSE_TIMEOUT_S, "group-consumer-close")
         self._commands.clear()  # seeks were for partitions the old consumer no longer has
         self.consumer = self._subscribe()
         return self.consumer
+
+    @classmethod
+    def _close_within(cls, consumer: Consumer, timeout_s: float, name: str) -> bool:
+        """Close `consumer` on a thread of its own, waiting at most `timeout_s`; False if it has not finished."""
+        closer = threading.Thread(target=cls._close_quietly, args=(consumer,), name=name, daemon=True)
+        closer.start()
+        closer.join(timeout_s)
+        return not closer.is_alive()
 
     @staticmethod
     def _close_quietly(consumer: Consumer) -> None:
@@ -484,11 +490,7 @@ class GroupConsumer:
             self._thread.join(10)
         if self.consumer is None:
             return True
-        closer = threading.Thread(target=self._close_quietly, args=(self.consumer,), name="group-consumer-leave",
-                                  daemon=True)
-        closer.start()
-        closer.join(timeout_s)
-        if closer.is_alive():
+        if not self._close_within(self.consumer, timeout_s, "group-consumer-leave"):
             _log.warning("leaving the group did not finish: stopping without it (the group drops this member "
                          "after its session timeout)", extra={"seconds": timeout_s})
             return False
