@@ -108,7 +108,11 @@ def pipeline(settings: Settings, bootstrap: str, posts: list[dict], workers: int
                         bar.update(1)
         used = cpu.stop()
         profiles = profiler.stop() if profiler else None
-        written = state_written_bytes(metrics0, stack.scrape())
+        metrics1 = stack.scrape()
+        written = state_written_bytes(metrics0, metrics1)
+        writes = state_written_bytes(metrics0, metrics1, "modpipe_state_writes_total")
+        checkpoints = metrics1.get("modpipe_checkpoint_duration_seconds_count", 0) - metrics0.get(
+            "modpipe_checkpoint_duration_seconds_count", 0)
         consumer.close()
     if len(decided) != len(wanted):
         raise RuntimeError(f"{len(wanted) - len(decided)} posts got no decision")
@@ -121,6 +125,8 @@ def pipeline(settings: Settings, bootstrap: str, posts: list[dict], workers: int
             # every post produced at once: a checkpoint holds many posts of a key, so this is the least a
             # post costs the changelogs; paced posts share fewer writes (`modpipe bench` says how many)
             "state_bytes_per_post": {t: round(b / len(posts)) for t, b in written.items()},
+            "state_writes_per_post": {t: round(n / len(posts), 3) for t, n in writes.items()},
+            "checkpoints": int(checkpoints),
             "other_cores": used.get("other_cores"),
             **({"profiles": profiles} if profiles is not None else {})}
 

@@ -216,9 +216,11 @@ def _worker_metrics(before: dict[str, float], after: dict[str, float]) -> dict:
             "state_written_bytes": state_written_bytes(before, after)}
 
 
-def state_written_bytes(before: dict[str, float], after: dict[str, float]) -> dict[str, int]:
-    """Changelog bytes written per feature table between two scrapes (`modpipe_state_written_bytes_total`)."""
-    prefix = "modpipe_state_written_bytes_total{table="
+def state_written_bytes(before: dict[str, float], after: dict[str, float],
+                        counter: str = "modpipe_state_written_bytes_total") -> dict[str, int]:
+    """Changelog bytes written per feature table between two scrapes (`modpipe_state_written_bytes_total`; or
+    the records, `modpipe_state_writes_total`)."""
+    prefix = counter + "{table="
     return {k[len(prefix):-1]: int(v - before.get(k, 0.0)) for k, v in sorted(after.items()) if k.startswith(prefix)}
 
 def _stack_groups(stack) -> dict[str, int]:

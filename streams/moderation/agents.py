@@ -201,7 +201,8 @@ class Wiring:
 
     def dispatch(self, r: Round, items, origin) -> None:
         """Send items to their stages: applied here when this worker owns the partition (and what they
-        produce in turn), else bundled for the owner. `origin` is the input record they stem from."""
+        produce in turn), else bundled for the owner. `origin` is the input record they stem from (None: a
+        verdict's feedback, dead-lettered under the stage partition it was applied to)."""
         queue = collections.deque(items)
         local = self._local
         while queue:
@@ -217,7 +218,7 @@ class Wiring:
                 out = self.stages[stage].apply(item, event)
             except Exception as exc:  # noqa: BLE001 - one bad item must not stall the round
                 _log.exception("feature stage failed on an item", extra={"stage": stage})
-                self.dead_letter(origin, exc, r.pending, raw=orjson.dumps(item))
+                self.dead_letter(origin or event, exc, r.pending, raw=orjson.dumps(item))
                 continue
             r.local_hops[stage] += 1
             queue.extend(out.items)
@@ -228,16 +229,23 @@ class Wiring:
     def finish(self, r: Round) -> None:
         """End of a round: re-decisions, state changes to the next checkpoint, ready posts to the batcher,
         bundles out."""
-        while r.redecisions:  # a re-decision's feedback can reach the post table here and now
-            redecisions, r.redecisions = r.redecisions, []
-            items = self.publisher.redecide(self.decider, redecisions, r.pending)
-            self.dispatch(r, items, origin=r.events[0])
+        self._redecide(r)
         for post in r.ready:  # each holds the round's events until its decision is delivered
             post.source = r.pending
         r.pending.hold(len(r.ready))
         self.batcher.submit(r.ready)
         self.publisher.send_bundles(r.bundler, r.pending)
         r.pending.seal()
+        self._count_hops(r)
+
+    def _redecide(self, r: Round) -> None:
+        while r.redecisions:  # a re-decision's feedback can reach the post table here and now
+            redecisions, r.redecisions = r.redecisions, []
+            items = self.publisher.redecide(self.decider, redecisions, r.pending)
+            self.dispatch(r, items, origin=r.events[0] if r.events else None)
+
+    @staticmethod
+    def _count_hops(r: Round) -> None:
         for stage, n in r.local_hops.items():
             metrics.LOCAL_HOPS.labels(stage).inc(n)
         if r.resent:
@@ -300,13 +308,20 @@ class Wiring:
             metrics.TABLE_BYTES.labels(name).set(table.size_bytes)
 
     def feedback(self, items, pending: Pending) -> None:
-        """A batch's verdicts back to the tables: through the stage topics. (Not applied here even when this
-        worker owns the partition: the decision is already out, and the worker may be recovering a table
-        partition it was just given while Triton answered.)"""
-        bundler = self.bundler(pending)
-        for stage, pkey, item in items:
-            bundler.add(self.topics.stages[stage], pkey, item)
-        self.publisher.send_bundles(bundler, pending)
+        """A batch's verdicts back to the tables. Applied here and now when their epoch is still the open one
+        (its states are not written yet, so the tables' change goes into the same transaction as the decision)
+        and this worker owns the partition; otherwise through the stage topics, in a later transaction that
+        holds the bundle's offsets. (A partition changes hands only after every epoch is committed, at the
+        revocation: an open epoch's posts were applied to partitions this worker still owns.)"""
+        r = Round(pending, self.bundler(pending))
+        if self.local_hops and pending.epoch is not None and pending.epoch == self.open_epoch:
+            self.dispatch(r, items, origin=None)
+            self._redecide(r)
+        else:
+            for stage, pkey, item in items:
+                r.bundler.add(self.topics.stages[stage], pkey, item)
+        self.publisher.send_bundles(r.bundler, pending)
+        self._count_hops(r)
 
     def assigned(self, assigned) -> None:
         stage_topics = set(self.topics.stages.values())
