@@ -72,7 +72,8 @@ def plain_loop(settings: Settings, bootstrap: str, posts: list[dict]) -> float:
 
 def pipeline(settings: Settings, bootstrap: str, posts: list[dict], workers: int, progress: bool,
              broker_pid: int | None, local_hops: str, profile_dir: Path | None = None) -> dict:
-    """The feature path at saturation, text model off: decisions/s over the steady part, CPU per post.
+    """The feature path at saturation, text model off: decisions/s over the steady part, CPU per post (until the
+    workers have no input left: the verdicts' way back to the tables included).
     `profile_dir`: py-spy on each worker through the pass (it slows the pass it samples)."""
     from loadgen.bench.metering import CpuMeter
     from loadgen.bench.pipeline import saturation_rates, state_written_bytes
@@ -106,6 +107,12 @@ def pipeline(settings: Settings, bootstrap: str, posts: list[dict], workers: int
                     if pid in wanted and pid not in decided:
                         decided[pid] = msg.timestamp()[1] / 1000.0  # set by the worker when it published
                         bar.update(1)
+        # CPU until the workers are done with these posts, not at their last decision: their verdicts may still
+        # be on the way back to the tables through the stage topics (work the posts caused)
+        last_decision = time.time()
+        while (stack.group_lag() or 0) > 0 and time.time() - last_decision < 60:
+            time.sleep(0.1)
+        drain_s = time.time() - last_decision
         used = cpu.stop()
         profiles = profiler.stop() if profiler else None
         metrics1 = stack.scrape()
@@ -127,6 +134,7 @@ def pipeline(settings: Settings, bootstrap: str, posts: list[dict], workers: int
             "state_bytes_per_post": {t: round(b / len(posts)) for t, b in written.items()},
             "state_writes_per_post": {t: round(n / len(posts), 3) for t, n in writes.items()},
             "checkpoints": int(checkpoints),
+            "drain_after_last_decision_s": round(drain_s, 2),
             "other_cores": used.get("other_cores"),
             **({"profiles": profiles} if profiles is not None else {})}
 

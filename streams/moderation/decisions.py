@@ -144,6 +144,9 @@ class DecisionBatcher:
         self._room = asyncio.Event()  # set whenever the queue is back within its bytes
         self.max_bytes = memory.budget_bytes("decision_queue", memory.DEFAULT_WORKER_MEMORY_MB) \
             if max_bytes is None else max_bytes
+        # two rounds of full batches for every slot: Triton never waits for posts, and a post waits for at most
+        # that many batches (its epoch is then still open when its verdict comes back, wiring.feedback)
+        self.max_queued = max_batch * max_inflight * 2
         self._ready = asyncio.Event()
         self._more = asyncio.Event()
         self._slots = asyncio.Semaphore(max_inflight)
@@ -175,9 +178,15 @@ class DecisionBatcher:
         """The queue holds more bytes than its share (read on the consumer's thread: fetching pauses)."""
         return self.queued_bytes > self.max_bytes
 
+    @property
+    def full(self) -> bool:
+        """Past its bytes, or holding `max_queued` posts: enough for the next batches (read on the consumer's
+        thread too: fetching pauses)."""
+        return self.queued_bytes > self.max_bytes or len(self._queue) >= self.max_queued
+
     async def room(self) -> None:
-        """Until the queue is within its bytes (Triton batches take posts off it)."""
-        while self.over_budget:
+        """Until the queue is no longer `full` (Triton batches take posts off it)."""
+        while self.full:
             self._room.clear()
             await self._room.wait()
 
@@ -185,7 +194,7 @@ class DecisionBatcher:
         batch = [self._queue.popleft() for _ in range(n)]
         self.queued_bytes -= sum(self._sizes.popleft() for _ in range(n))
         metrics.BUFFER_BYTES.labels("decision_queue").set(self.queued_bytes)
-        if not self.over_budget:
+        if not self.full:
             self._room.set()
         return batch
 

@@ -111,8 +111,7 @@ class Runner:
     def _busy(self) -> bool:  # read on the consumer's thread
         in_transit = max(0, getattr(self.consumer, "handed_bytes", 0) - self.received_bytes)  # handed, not received
         return len(self._batches) >= MAX_QUEUED_BATCHES or self.fetched_bytes + in_transit > self.fetched_max_bytes or \
-            self.wiring.batcher.over_budget or \
-            self.wiring.batcher.queued >= self.settings.max_batch * self.settings.max_inflight * 2
+            self.wiring.batcher.full
 
     # -- rounds
     def pause_rounds(self) -> None:
@@ -150,7 +149,7 @@ class Runner:
                 await self._wake.wait()
                 continue
             await self._rounds_open.wait()
-            if self.wiring.batcher.over_budget:
+            if self.wiring.batcher.full:
                 # fetched records already past the pause would add their posts on top: they wait for room
                 await self.wiring.batcher.room()
                 continue
@@ -172,6 +171,11 @@ class Runner:
                     continue
                 handler = self.handlers[topic]
                 for i in range(0, len(records), ROUND_MAX):
+                    if i and self.wiring.batcher.full:  # a fetched batch of posts is many rounds: one at a time
+                        await self.wiring.batcher.room()
+                        await self._rounds_open.wait()
+                        if self._generation != generation:
+                            break  # revoked meanwhile: the rest is read again by the partitions' next owner
                     if i and self.wiring.checkpoint_full:  # a batch of bundles can touch tens of thousands of keys
                         self.checkpoint.processed()
                         while self.wiring.checkpoint_full and self._generation == generation:

@@ -11,7 +11,7 @@ from modpipe import schema
 from modpipe.decision.verdict import ThresholdDecider
 from modpipe.settings import Settings
 from streams.kafka.records import TP, Record
-from streams.moderation.agents import Wiring, make_handlers
+from streams.moderation.agents import PartitionEvent, Wiring, make_handlers
 from streams.moderation.app import create_pipeline
 from streams.moderation.bans import BanRegistry
 from streams.moderation.bundles import decode_bundle, partition_for
@@ -71,5 +71,44 @@ def test_items_go_to_the_owner_of_their_partition_and_follow_each_rebalance():
         bundled = _round(wiring, ingest, pipe, [dict(p, post_id=p["post_id"] + "c") for p in posts])
         assert sum(len(items) for (topic, _), items in bundled.items() if topic == user_topic) == len(posts)
         await wiring.batcher.close()
+
+    asyncio.run(run())
+
+
+def test_a_verdict_goes_back_to_the_tables_in_place_while_its_epoch_is_open_else_through_the_stage_topics():
+    settings = Settings.from_env({"MODPIPE_TEXT_MODEL": "off"})
+    pipe = create_pipeline(settings)
+    s, client = scorer("decide")
+    client.down = False  # every text 0.97: blocked, so the verdict goes to the user, ip and post tables
+    outbox = Outbox()
+    wiring = Wiring(pipe, settings, s, ThresholdDecider(), BanRegistry(settings, "unused:0", "bans"), outbox)
+    ingest = make_handlers(wiring, settings, s, ThresholdDecider())[pipe.topics.posts]
+    wiring.assigned([TP(t, p) for t in pipe.topics.stages.values() for p in range(pipe.partitions)])
+    rng = random.Random(11)
+    posts = [make_post(rng, f"fb-{i}", "win cash now", user_id=f"u{i}") for i in range(12)]
+    states = wiring.stages["post"].states["post"]
+
+    def decision_of(post_id):
+        event = PartitionEvent(pipe.topics.stages["post"], partition_for(post_id, pipe.partitions))
+        return states.state(post_id, event).decision
+
+    def fed_back():  # feedback items produced to the stage topics since the round
+        return [item for topic, _, value in outbox.records if topic in pipe.topics.stages.values()
+                for item in decode_bundle(value) if item["kind"] == "decision"]
+
+    async def run():
+        # the epoch stays open until the verdicts are in: applied here, nothing through Kafka
+        _round(wiring, ingest, pipe, posts[:6])
+        await asyncio.wait_for(wiring.idle(), 5.0)  # every round complete: its posts decided
+        assert all(decision_of(p["post_id"]) is not None for p in posts[:6])
+        assert fed_back() == []
+        # the epoch closes (a checkpoint wrote its states) before Triton answers: through the stage topics
+        _round(wiring, ingest, pipe, posts[6:])
+        wiring.switch()
+        await asyncio.wait_for(wiring.idle(), 5.0)
+        await wiring.batcher.close()
+        assert all(decision_of(p["post_id"]) is None for p in posts[6:])
+        assert {item["ctx"]["post_id"] for item in fed_back()} == {p["post_id"] for p in posts[6:]}
+        assert {item["to"][0][0] for item in fed_back()} == {"user", "ip", "post"}
 
     asyncio.run(run())

@@ -271,6 +271,33 @@ def test_the_decision_queue_counts_its_bytes_and_says_when_it_is_over():
     assert len({r["post_id"] for r in outbox.records if "verdict" in r}) == 20
 
 
+def test_the_decision_queue_is_full_at_two_rounds_of_batches_for_each_slot_whatever_their_bytes():
+    s, client = scorer("decide")
+    client.down = False
+    publisher = Publisher(Outbox(), TopicNames.from_settings(Settings.from_env({})),
+                          {"text_model": "test-v1", "decider": "thresholds-v1"})
+    batcher = DecisionBatcher(s, ThresholdDecider(), publisher, max_batch=4, max_wait_s=0.0, max_inflight=1,
+                              on_error=print, feedback=lambda items, pending: None, max_bytes=1 << 30)
+    posts = [ready_post(i) for i in range(8)]
+    source = Pending(epoch=None)
+    for p in posts:
+        p.source = source
+    source.hold(len(posts))
+    source.seal()
+
+    async def run():
+        batcher.submit(posts[:7])
+        assert not batcher.full
+        batcher.submit(posts[7:])
+        assert batcher.full and not batcher.over_budget  # 8 small posts: 2 x 4 x 1
+        await asyncio.wait_for(batcher.room(), 5)  # a batch of 4 taken off
+        assert not batcher.full and batcher.queued < 8
+        await batcher.close(grace_s=5.0)
+
+    asyncio.run(run())
+    assert batcher.queued == 0
+
+
 def test_the_worker_hands_freed_heap_pages_back_at_intervals(monkeypatch):
     from streams import worker
 

@@ -24,10 +24,20 @@ class FakeTable:
         self.dropped.append(partition)
 
 
+class FakeBatcher:
+    def __init__(self):
+        self.full = False  # the decision queue within its posts and bytes
+        self.emptied = asyncio.Event()  # set by the test: Triton batches took posts off
+
+    async def room(self):
+        await self.emptied.wait()
+        self.full = False
+
+
 class FakeWiring:
     def __init__(self):
         self.topics = SimpleNamespace(awaiting_text=AWAITING, stages={"user": USER})
-        self.batcher = SimpleNamespace(queued=0, over_budget=False)
+        self.batcher = FakeBatcher()
         self.checkpoint_full = None  # the open checkpoint's decoded states within their share
         self.room = asyncio.Event()  # set by the test: the checkpoint wrote the states
         self.pipe = SimpleNamespace(tables={"user": FakeTable(), "url": FakeTable()})
@@ -82,11 +92,31 @@ def test_without_the_freeze_guard_there_is_no_watch():
     assert make_runner().watch is None
 
 
-def test_fetching_pauses_while_the_decision_queue_is_over_its_bytes():
+def test_fetching_pauses_while_the_decision_queue_is_full():
     runner = make_runner()
     assert not runner._busy()
-    runner.wiring.batcher.over_budget = True  # few posts, but large ones
+    runner.wiring.batcher.full = True  # its posts or its bytes
     assert runner._busy()
+
+
+def test_a_fetched_batch_of_posts_starts_no_round_while_the_decision_queue_is_full():
+    calls: list[list[int]] = []
+
+    async def scenario():
+        r = make_runner({POSTS: None, USER: None, AWAITING: None})
+        # each round fills the queue (a round of posts adds up to ROUND_MAX of them)
+        r.handlers[POSTS] = lambda rs: (calls.append([x.offset for x in rs]), setattr(r.wiring.batcher, "full", True))
+        task = asyncio.get_running_loop().create_task(r._run())
+        r._deliver(records(POSTS, 0, range(2 * ROUND_MAX)))
+        await settle()
+        waiting = len(calls)
+        r.wiring.batcher.emptied.set()  # Triton took posts off
+        await settle()
+        task.cancel()
+        return waiting
+
+    assert asyncio.run(scenario()) == 1  # the batch's second round waited for room
+    assert calls == [list(range(ROUND_MAX)), list(range(ROUND_MAX, 2 * ROUND_MAX))]
 
 
 def test_fetching_pauses_while_the_fetched_records_are_over_their_bytes_and_resumes_as_rounds_take_them():
