@@ -7,8 +7,10 @@ makes `user_post_count` count the campaign, not the byte string.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
+import sys
 import unicodedata
 
 # A whitespace token that is a URL: scheme://, www., or a bare `name.tld` host (optionally with a path).
@@ -19,6 +21,14 @@ _PUNCT = "\"'()[]{}<>.,;:!?*"
 _DIGITS_RE = re.compile(r"\d+")
 
 
+@functools.cache
+def _format_chars() -> re.Pattern:
+    """A class of every format character (category Cf) of this Python's Unicode database: one C pass over a
+    text instead of a lookup per character (a 10,000-character text took milliseconds). Built once, ~0.1 s."""
+    chars = "".join(chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) == "Cf")
+    return re.compile(f"[{re.escape(chars)}]+")
+
+
 def normalise_text(text: str | None) -> str:
     if not text:
         return ""
@@ -26,8 +36,10 @@ def normalise_text(text: str | None) -> str:
     if not t.isascii():  # NFKC and format characters concern non-ASCII text only
         t = unicodedata.normalize("NFKC", t)
         # Format chars (zero-width space/joiners, bidi marks) are invisible: drop them before anything else.
-        t = "".join(ch for ch in t if unicodedata.category(ch) != "Cf")
-    tokens = ["<url>" if _URL_TOKEN_RE.match(tok.strip(_PUNCT)) else tok for tok in t.casefold().split()]
+        t = _format_chars().sub("", t)
+    # every URL form holds a "." or a ":": the other tokens skip the regex
+    tokens = ["<url>" if ("." in tok or ":" in tok) and _URL_TOKEN_RE.match(tok.strip(_PUNCT)) else tok
+              for tok in t.casefold().split()]
     return _DIGITS_RE.sub("0", " ".join(tokens))
 
 

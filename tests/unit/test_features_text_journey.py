@@ -152,3 +152,43 @@ def test_the_one_pass_journey_features_equal_their_definition(journey, text_leng
     got, want = journey_features(journey, text_length), _journey_by_definition(journey, text_length)
     assert list(got) == list(want) == list(JOURNEY_FEATURES)
     assert {k: (type(v), v) for k, v in got.items()} == {k: (type(v), v) for k, v in want.items()}
+
+
+def _reference_normalise(text):
+    """normalise_text as first written (a lookup per character, a regex per token): the fingerprints stored in
+    the tables were made with it, so a faster one must give the same text for every input."""
+    import unicodedata
+
+    from features.text import _DIGITS_RE, _PUNCT, _URL_TOKEN_RE
+
+    if not text:
+        return ""
+    t = text
+    if not t.isascii():
+        t = unicodedata.normalize("NFKC", t)
+        t = "".join(ch for ch in t if unicodedata.category(ch) != "Cf")
+    tokens = ["<url>" if _URL_TOKEN_RE.match(tok.strip(_PUNCT)) else tok for tok in t.casefold().split()]
+    return _DIGITS_RE.sub("0", " ".join(tokens))
+
+
+HOSTILE = ["", " ", "a\u200bb\u200c\u200dc\u2060\ufeff", "\u202eevil\u202c.com/x", "ＷＩＮ ｗｗｗ．ｅｖｉｌ．ｃｏｍ",
+           "visit www.x.io, now!", "(http://a.b/c?d=1)", "mailto:me", "x:y", "end.", "e.g. i.e.", "a..b", ".com",
+           "\u00ad\u061c soft\u00adhyphen", "ﬁne ß ΣΑΣ", "9.99 $ 1:30pm", "\U000e0001tag\U000e007f", "😀.ws/😀"]
+
+
+# pieces of links, punctuation and spacing: random text alone seldom makes a token that looks like a URL
+PIECES = ["www.", "http://", "s3+x.y-z://", "a", "bc", "x-1", ".", "..", ":", "/", "?", "#", "(", ")", ",", "!",
+          '"', "*", "-", "7", " ", "  ", "\n", "\u200b", "\u00a0", "Ｗ", "é", ".com", ".io", "ǅ", "\u2028"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=80) | st.sampled_from(HOSTILE)
+       | st.lists(st.sampled_from(PIECES), max_size=24).map("".join))
+def test_the_normalised_text_is_the_reference_one_for_any_text(text):
+    assert normalise_text(text) == _reference_normalise(text)
+
+
+def test_the_normalised_text_is_the_reference_one_on_the_held_out_corpus(model_build):
+    texts = [row["text"] for row in model_build.heldout()] + HOSTILE
+    assert len(texts) > 1000
+    assert [normalise_text(t) for t in texts] == [_reference_normalise(t) for t in texts]
