@@ -116,13 +116,15 @@ def static_features(post: dict) -> dict[str, Any]:
     return out
 
 
+_COUNT_SET = frozenset(COUNT_FEATURES)
+
+
 def assemble(post: dict, counts: dict[str, Any]) -> dict[str, Any]:
     """The decision record's features map: FEATURE_NAMES in order, missing counts as None.
 
     Unknown keys in `counts` raise ValueError: they mean the wiring and this module disagree."""
-    unknown = set(counts) - set(COUNT_FEATURES)
-    if unknown:
-        raise ValueError(f"unknown count features: {sorted(unknown)}")
+    if not _COUNT_SET.issuperset(counts):
+        raise ValueError(f"unknown count features: {sorted(set(counts) - _COUNT_SET)}")
     merged = static_features(post)
     merged.update(counts)
     return {name: merged.get(name) for name in FEATURE_NAMES}
