@@ -8,7 +8,8 @@ ingest-<kind>     reports, engagements, labels, bans -> decode + validate -> the
                   they update | posts.dlq (every worker also reads the ban log itself: bans.py)
 awaiting-text     posts decided during a text-model outage -> decided again with it (revision + 1)
 the post stage    hands ready posts to the `DecisionBatcher` -> Triton -> decisions, and the verdict
-                  back to the tables through features.post (and features.user / features.ip)
+                  back to the post table (and user / ip): in place while its epoch is open, else through
+                  the stage topics (`Wiring.feedback`)
 
 Where an item goes next: a stage's tables live on the partition of the item's key. When this worker
 owns that partition of the stage topic, the item is applied here and now, in the same round (no Kafka
