@@ -90,7 +90,7 @@ def brand_match(info: UrlInfo) -> BrandMatch:
     return _match(info.host_unicode or info.host, info.domain, info.tld or "")
 
 
-@memory.cached("brand_match")
+@memory.cached("brand_match", size=memory.record_entry_size)
 def _match(host_unicode: str, domain: str, tld: str) -> BrandMatch:
     if domain in _BRAND_SET:
         return BrandMatch(brand=domain, owned=True, edits=0)

@@ -91,7 +91,7 @@ def _invalid(raw: str, error: str, **kw) -> UrlInfo:
     return UrlInfo(raw=raw, valid=False, raw_length=len(raw), error=error, **kw)
 
 
-@memory.cached("url_parse")
+@memory.cached("url_parse", size=memory.record_entry_size)  # every new link of a post is a miss: sized cheaply
 def parse_url(url: str) -> UrlInfo:
     """Parse a link; never raises. Cached by bytes (modpipe/memory.py): spam repeats the same URLs, and a
     hostile link parses to ~110 KB."""

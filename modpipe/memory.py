@@ -171,6 +171,12 @@ def approx_size(obj: Any) -> int:
     return size
 
 
+def record_entry_size(key: Any, value: Any) -> int:
+    """A cache entry whose value is a record object (a dataclass instance) of JSON-like fields: at least
+    `deep_size` of both, with its fields measured by `approx_size` (a parsed link in ~1/10 of deep_size's time)."""
+    return approx_size(key) + _getsizeof(value) + approx_size(vars(value))
+
+
 def budget_bytes(use: str, worker_memory_mb: float) -> int:
     return int(SHARES[use] * worker_memory_mb * MIB)
 

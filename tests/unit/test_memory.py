@@ -77,6 +77,22 @@ def test_the_charge_covers_what_an_entry_allocates_and_not_much_more(url_cache, 
     assert growth <= charged <= 3 * growth, (growth / n, charged / n)
 
 
+@pytest.mark.parametrize("url", ["https://shop1.example.co.uk/a/b?q=1&x=1&utm_source=x", "http://bücher.de/katalog",
+                                 "http://[2001:db8::1]:8080/x", "http://0x7f.1/", "https://user@paypa1-secure.com",
+                                 "not a url", "https://xn--80ak6aa92e.com/", "https://a.b.c.d.example.org/p/q/r/s"])
+def test_a_parsed_link_and_its_brand_match_are_charged_at_least_what_they_hold(url):
+    from features.brands import _match, brand_match
+
+    info = parse_url(url)
+    charged = memory.record_entry_size(url, info)
+    assert deep_size(url) + deep_size(info) <= charged <= 2 * (deep_size(url) + deep_size(info))
+    if info.valid and not info.is_ip and info.domain:
+        key = (info.host_unicode or info.host, info.domain, info.tld or "")
+        match = brand_match(info)
+        assert _match(*key) is match
+        assert deep_size(key) + deep_size(match) <= memory.record_entry_size(key, match)
+
+
 def test_a_hostile_link_is_charged_about_110_kb():
     info = parse_url(emoji_link(1))
     assert info.valid and info.key.startswith("sha256:")
