@@ -248,6 +248,16 @@ class Outbox:
         pending.release()
 
 
+def _held_by_one_round(posts):
+    """The posts as one round hands them to the batcher: their source released as each is decided."""
+    source = Pending(epoch=None)
+    for p in posts:
+        p.source = source
+    source.hold(len(posts))
+    source.seal()
+    return posts
+
+
 def test_the_decision_queue_counts_its_bytes_and_says_when_it_is_over():
     s, client = scorer("decide")
     client.down = False
@@ -260,11 +270,7 @@ def test_the_decision_queue_counts_its_bytes_and_says_when_it_is_over():
     one = deep_size(posts[0].post) + deep_size(posts[0].features) + deep_size(posts[0].ctx)
     batcher = DecisionBatcher(s, ThresholdDecider(), publisher, max_batch=8, max_wait_s=0.0, max_inflight=1,
                               on_error=print, feedback=lambda items, pending: None, max_bytes=10 * one)
-    source = Pending(epoch=None)
-    for p in posts:
-        p.source = source
-    source.hold(len(posts))
-    source.seal()
+    _held_by_one_round(posts)
 
     async def run():
         batcher.submit(posts)
@@ -294,12 +300,7 @@ def test_the_decision_queue_is_full_at_two_rounds_of_batches_for_each_slot_whate
                           {"text_model": "test-v1", "decider": "thresholds-v1"})
     batcher = DecisionBatcher(s, ThresholdDecider(), publisher, max_batch=4, max_wait_s=0.0, max_inflight=1,
                               on_error=print, feedback=lambda items, pending: None, max_bytes=1 << 30)
-    posts = [ready_post(i) for i in range(8)]
-    source = Pending(epoch=None)
-    for p in posts:
-        p.source = source
-    source.hold(len(posts))
-    source.seal()
+    posts = _held_by_one_round([ready_post(i) for i in range(8)])
 
     async def run():
         batcher.submit(posts[:7])
