@@ -135,6 +135,8 @@ class Outbox:
         self.head_epoch = 0  # the epoch whose records go into the open transaction
         self._later: list[tuple[str, dict, Pending]] = []  # records of the next epoch, in produce order
         self.later_bytes = 0
+        # looked up once: set for every record held back (`labels()` takes a lock and builds its key)
+        self._next_epoch_bytes = metrics.BUFFER_BYTES.labels("next_epoch")
 
     def start(self, loop: asyncio.AbstractEventLoop, timeout: float = 60.0) -> Outbox:
         """Blocking when transactional: `init_transactions` fences an earlier producer with our id (aborting
@@ -179,7 +181,7 @@ class Outbox:
                 kwargs["key"] = bytes(memoryview(key))
             self._later.append((topic, kwargs, pending))
             self.later_bytes += len(value or b"") + len(key or b"")
-            metrics.BUFFER_BYTES.labels("next_epoch").set(self.later_bytes)
+            self._next_epoch_bytes.set(self.later_bytes)
             return
         self._produce(topic, kwargs)
 
@@ -189,7 +191,7 @@ class Outbox:
         self.head_epoch += 1
         later, self._later = self._later, []
         self.later_bytes = 0
-        metrics.BUFFER_BYTES.labels("next_epoch").set(0)
+        self._next_epoch_bytes.set(0)
         for topic, kwargs, pending in later:
             if self.doomed is not None:
                 pending.release(TransactionDoomed(self.doomed))

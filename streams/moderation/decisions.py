@@ -141,6 +141,7 @@ class DecisionBatcher:
         self._queue: collections.deque[ReadyPost] = collections.deque()
         self._sizes: collections.deque[int] = collections.deque()  # bytes of each queued post, in step
         self.queued_bytes = 0
+        self._queue_bytes = metrics.BUFFER_BYTES.labels("decision_queue")  # looked up once: set every round
         self._room = asyncio.Event()  # set whenever the queue is back within its bytes
         self.max_bytes = memory.budget_bytes("decision_queue", memory.DEFAULT_WORKER_MEMORY_MB) \
             if max_bytes is None else max_bytes
@@ -163,7 +164,7 @@ class DecisionBatcher:
             size = schema.post_size(p.post) + features_size(p.features) + memory.approx_size(p.ctx)
             self._sizes.append(size)
             self.queued_bytes += size
-        metrics.BUFFER_BYTES.labels("decision_queue").set(self.queued_bytes)
+        self._queue_bytes.set(self.queued_bytes)
         self._ready.set()
         self._more.set()
         if self._runner is None:
@@ -193,7 +194,7 @@ class DecisionBatcher:
     def _take(self, n: int) -> list[ReadyPost]:
         batch = [self._queue.popleft() for _ in range(n)]
         self.queued_bytes -= sum(self._sizes.popleft() for _ in range(n))
-        metrics.BUFFER_BYTES.labels("decision_queue").set(self.queued_bytes)
+        self._queue_bytes.set(self.queued_bytes)
         if not self.full:
             self._room.set()
         return batch

@@ -60,6 +60,7 @@ class Runner:
         # fetched records waiting for their rounds, in bytes: fetching pauses past the share (modpipe/memory.py)
         self._batch_bytes: collections.deque[int] = collections.deque()
         self.fetched_bytes = 0
+        self._fetched_bytes = metrics.BUFFER_BYTES.labels("fetched")  # looked up once: set every batch
         self.received_bytes = 0  # every batch's bytes as it arrived (written on the loop only)
         self.fetched_max_bytes = memory.budget_bytes("fetched", settings.worker_memory_mb)
         self._wake = asyncio.Event()
@@ -100,12 +101,12 @@ class Runner:
         self._batches.append(records)
         self._batch_bytes.append(size)
         self.fetched_bytes += size
-        metrics.BUFFER_BYTES.labels("fetched").set(self.fetched_bytes)
+        self._fetched_bytes.set(self.fetched_bytes)
         self._wake.set()
 
     def _next_batch(self) -> list[Record]:
         self.fetched_bytes -= self._batch_bytes.popleft()
-        metrics.BUFFER_BYTES.labels("fetched").set(self.fetched_bytes)
+        self._fetched_bytes.set(self.fetched_bytes)
         return self._batches.popleft()
 
     def _busy(self) -> bool:  # read on the consumer's thread
