@@ -142,7 +142,7 @@ class DecisionBatcher:
         self._sizes: collections.deque[int] = collections.deque()  # bytes of each queued post, in step
         self.queued_bytes = 0
         self._queue_bytes = metrics.BUFFER_BYTES.labels("decision_queue")  # looked up once: set every round
-        self._room = asyncio.Event()  # set whenever the queue is back within its bytes
+        self._room = asyncio.Event()  # set whenever the queue is no longer `full`
         self.max_bytes = memory.budget_bytes("decision_queue", memory.DEFAULT_WORKER_MEMORY_MB) \
             if max_bytes is None else max_bytes
         # two rounds of full batches for every slot: Triton never waits for posts, and a post waits for at most
