@@ -76,7 +76,7 @@ def pipeline(settings: Settings, bootstrap: str, posts: list[dict], workers: int
     workers have no input left: the verdicts' way back to the tables included).
     `profile_dir`: py-spy on each worker through the pass (it slows the pass it samples)."""
     from loadgen.bench.metering import CpuMeter
-    from loadgen.bench.pipeline import saturation_rates, state_written_bytes
+    from loadgen.bench.pipeline import per_table, saturation_rates, state_written_bytes
     from loadgen.bench.profiling import WorkerProfiler
 
     settings = dataclasses.replace(settings, local_hops=local_hops,
@@ -117,7 +117,7 @@ def pipeline(settings: Settings, bootstrap: str, posts: list[dict], workers: int
         profiles = profiler.stop() if profiler else None
         metrics1 = stack.scrape()
         written = state_written_bytes(metrics0, metrics1)
-        writes = state_written_bytes(metrics0, metrics1, "modpipe_state_writes_total")
+        writes = per_table(metrics0, metrics1, "modpipe_state_writes_total")
         checkpoints = metrics1.get("modpipe_checkpoint_duration_seconds_count", 0) - metrics0.get(
             "modpipe_checkpoint_duration_seconds_count", 0)
         consumer.close()

@@ -216,12 +216,15 @@ def _worker_metrics(before: dict[str, float], after: dict[str, float]) -> dict:
             "state_written_bytes": state_written_bytes(before, after)}
 
 
-def state_written_bytes(before: dict[str, float], after: dict[str, float],
-                        counter: str = "modpipe_state_written_bytes_total") -> dict[str, int]:
-    """Changelog bytes written per feature table between two scrapes (`modpipe_state_written_bytes_total`; or
-    the records, `modpipe_state_writes_total`)."""
+def per_table(before: dict[str, float], after: dict[str, float], counter: str) -> dict[str, int]:
+    """A `{table=...}` counter's growth per feature table between two scrapes."""
     prefix = counter + "{table="
     return {k[len(prefix):-1]: int(v - before.get(k, 0.0)) for k, v in sorted(after.items()) if k.startswith(prefix)}
+
+
+def state_written_bytes(before: dict[str, float], after: dict[str, float]) -> dict[str, int]:
+    """Changelog bytes written per feature table between two scrapes (`modpipe_state_written_bytes_total`)."""
+    return per_table(before, after, "modpipe_state_written_bytes_total")
 
 def _stack_groups(stack) -> dict[str, int]:
     groups = {w.name: w.process.pid for w in stack.workers if w.process.pid}

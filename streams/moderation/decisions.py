@@ -176,14 +176,14 @@ class DecisionBatcher:
 
     @property
     def over_budget(self) -> bool:
-        """The queue holds more bytes than its share (read on the consumer's thread: fetching pauses)."""
+        """The queue holds more bytes than its share."""
         return self.queued_bytes > self.max_bytes
 
     @property
     def full(self) -> bool:
-        """Past its bytes, or holding `max_queued` posts: enough for the next batches (read on the consumer's
+        """Over its bytes, or holding `max_queued` posts: enough for the next batches (read on the consumer's
         thread too: fetching pauses)."""
-        return self.queued_bytes > self.max_bytes or len(self._queue) >= self.max_queued
+        return self.over_budget or len(self._queue) >= self.max_queued
 
     async def room(self) -> None:
         """Until the queue is no longer `full` (Triton batches take posts off it)."""
