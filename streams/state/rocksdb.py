@@ -18,7 +18,8 @@ changelog's end and asks for the store to be cleared by hand; this restores it. 
 and the store write leaves the store behind the changelog: the tail read brings it level.
 
 Retention. Beside each key's row (`d` + key: write time + state) the store keeps a time index (`t` + write
-time + key), so `expired` reads the oldest keys first without a scan.
+time + key), so `expired` reads the oldest keys first without a scan, and a floor (at or below the oldest row's
+write time) answers a cutoff below it without an iterator: every checkpoint asks every partition of every table.
 
 A revoked partition's store is closed and kept on disk; the next assignment opens it again and reads only the
 changelog's tail.
@@ -44,6 +45,7 @@ _TS = struct.Struct(">Q")  # big-endian: the time index sorts by write time
 META_KEY = META + b"changelog"
 WRITE_BUFFER_BYTES = 4 * 1024 * 1024  # per partition store; all of them are charged to the shared cache
 RESTORE_CHUNK = 5_000  # changelog records applied to a store per write batch during a restore
+NO_ROWS_MS = 2**63 - 1  # the floor of a store without rows: any write lowers it
 
 
 class Resources:
@@ -85,6 +87,9 @@ class PartitionStore:
 
     def open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        # at or below the oldest row's write time (None: not known yet): `oldest` answers a cutoff below it
+        # without an iterator, which every checkpoint would otherwise open on every partition of every table
+        self.floor_ms: int | None = None
         self.db = rocksdict.Rdict(str(self.path), self.resources.options())
         meta = self.db.get(META_KEY)
         self.meta = orjson.loads(meta) if meta is not None else {"offset": None, "check": 0, "keys": 0, "bytes": 0}
@@ -114,6 +119,8 @@ class PartitionStore:
                     batch.delete(DATA + key)
                 continue
             data, at_ms = row
+            if self.floor_ms is not None and at_ms < self.floor_ms:
+                self.floor_ms = max(at_ms, 0)
             ts = _TS.pack(max(at_ms, 0))
             batch.put(DATA + key, ts + data)
             batch.put(TIME + ts + key, b"")
@@ -129,14 +136,19 @@ class PartitionStore:
     def oldest(self, limit: int | None = None, before_ms: int | None = None) -> list[tuple[int, bytes]]:
         """(written at ms, key) of the oldest keys, oldest first: at most `limit`, only those written at or
         before `before_ms`."""
+        if before_ms is not None and self.floor_ms is not None and before_ms < self.floor_ms:
+            return []
         out = []
         it = self.db.iter()
         it.seek(TIME)
+        first = True
         while it.valid():
             k = it.key()
             if not k.startswith(TIME):
                 break
             at_ms = _TS.unpack_from(k, 1)[0]
+            if first:  # the oldest row: nothing is older until a write brings one
+                self.floor_ms, first = at_ms, False
             if before_ms is not None and at_ms > before_ms:
                 break
             out.append((at_ms, k[9:]))
@@ -144,6 +156,8 @@ class PartitionStore:
                 break
             it.next()
         del it
+        if first:  # no rows at all
+            self.floor_ms = NO_ROWS_MS
         return out
 
     def items(self):
@@ -187,7 +201,7 @@ class RocksTable:
         self.partitions: dict[int, PartitionStore] = {}  # open stores: the partitions this worker owns
         # a checkpoint's writes until its transaction commits: partition -> key -> (state, at ms) or None
         self._staged: dict[int, dict[bytes, tuple[bytes, int] | None]] = {}
-        self._last: dict[int, tuple[int, int]] = {}  # partition -> (offset, check) of its last delivered record
+        self._last: dict[int, tuple[int, bytes, bytes | None]] = {}  # partition -> its last delivered record
         self._restoring: dict[int, dict[bytes, tuple[bytes, int] | None]] = {}
         self._restored_to: dict[int, tuple[int, int]] = {}
 
@@ -234,16 +248,17 @@ class RocksTable:
         """A changelog record of the open checkpoint was delivered at `offset`."""
         last = self._last.get(partition)
         if last is None or offset > last[0]:
-            self._last[partition] = (offset, record_check(key, value))
+            self._last[partition] = (offset, key, value)  # checked at the commit: only the last one is kept
 
     def committed(self) -> None:
         """The transaction holding the staged writes committed: they go to the stores, with the changelog
         position they reach."""
         for partition, rows in self._staged.items():
             store = self.partitions.get(partition)
-            if store is None:
+            if store is None or not rows and partition not in self._last:  # nothing of it in this checkpoint
                 continue
-            offset, check = self._last.get(partition, (None, 0))
+            last = self._last.get(partition)
+            offset, check = (None, 0) if last is None else (last[0], record_check(last[1], last[2]))
             store.write(rows, offset, check)
         self._staged.clear()
         self._last.clear()
@@ -255,8 +270,11 @@ class RocksTable:
         cutoff = self.clock() - self.retention_ms
         gone = []
         for partition, store in self.partitions.items():
+            due = store.oldest(before_ms=cutoff)
+            if not due:
+                continue
             staged = self._staged.setdefault(partition, {})
-            for _, key in store.oldest(before_ms=cutoff):
+            for _, key in due:
                 row = staged.get(key, False)
                 if row is None or (row is not False and row[1] > cutoff):
                     continue  # forgotten already, or written again in this checkpoint

@@ -104,6 +104,9 @@ class TableStates:
         self._dirty: dict[str, Any] = {}  # key -> last event that changed its state in this batch
         self._batch: dict[str, Any] = {}  # key -> state used in this batch (safe from eviction until flush)
         self.loads = 0  # states decoded from the table (cache misses)
+        # the gauges' labelled children looked up once (`labels()` takes a lock and builds its key), set every flush
+        self._gauges = [(held, metrics.TABLE_STATES.labels(table_name, held), metrics.TABLE_STATE_BYTES.labels(
+            table_name, held)) for held in ("batch", "cached")]
 
     def state(self, key: str, event):
         """The key's state: from this batch, else from the cache, else decoded from the table."""
@@ -163,9 +166,10 @@ class TableStates:
             self.state_bytes = decoded_bytes(encoded // written)
             while len(self._cache) > self.cached_max:
                 self._cache.popitem(last=False)
-        for held, n in (("batch", len(self._batch)), ("cached", len(self._cache))):
-            metrics.TABLE_STATES.labels(self.table_name, held).set(n)
-            metrics.TABLE_STATE_BYTES.labels(self.table_name, held).set(n * self.state_bytes)
+        for held, states, states_bytes in self._gauges:
+            n = len(self._batch) if held == "batch" else len(self._cache)
+            states.set(n)
+            states_bytes.set(n * self.state_bytes)
         self._batch.clear()
         self._ops.clear()
         self._dirty.clear()

@@ -91,3 +91,26 @@ def test_the_warm_up_post_is_a_valid_post():
     from streams.worker import WARM_UP_POST
 
     assert schema.decode_post(orjson.dumps(WARM_UP_POST))["post_id"] == "modpipe-warm-up"
+
+
+def test_the_warm_up_pays_the_feature_paths_one_off_costs_before_any_post():
+    """The first non-ASCII text builds the fingerprint's class of format characters (~0.1 s) and the first link
+    loads the suffix list: the warm-up does both, so that no post of the worker's first second waits for them."""
+    import types
+
+    from features import text
+    from modpipe.decision.verdict import ThresholdDecider
+    from streams.worker import WARM_UP_POST, warm_up
+
+    assert not WARM_UP_POST["text"].isascii() and WARM_UP_POST["url"]
+    text._format_chars.cache_clear()
+    decided = []
+
+    class Decider(ThresholdDecider):
+        def decide_many(self, features_list):
+            decided.extend(features_list)
+            return super().decide_many(features_list)
+
+    assert warm_up(types.SimpleNamespace(disabled=True), Decider(), timeout_s=1.0)
+    assert text._format_chars.cache_info().currsize == 1
+    assert decided and decided[0]["url_present"] is True

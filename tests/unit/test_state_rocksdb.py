@@ -135,3 +135,44 @@ def test_a_store_restored_from_scratch_keeps_the_record_ages(tmp_path, fake_cons
     assert t.expired() == [(0, "new")]
     t.committed()
     assert t.keys() == 1 and orjson.loads(t.partitions[0].get(encode_key("old"))[0]) == {"n": 4}
+
+
+def test_the_oldest_keys_answered_from_the_floor_are_those_a_scan_finds(tmp_path):
+    """`oldest` skips its iterator while the cutoff lies below the store's floor (at or below its oldest row):
+    through random writes, rewrites, deletions and cutoffs it answers what a full scan of the time index does."""
+    import random
+
+    rng = random.Random(7)
+    store = rocksdb.PartitionStore(tmp_path / "p", rocksdb.Resources(8 << 20))
+    skipped = 0
+    for _ in range(400):
+        rows = {}
+        for _ in range(rng.randrange(1, 4)):
+            key = encode_key(f"k{rng.randrange(30)}")
+            rows[key] = None if rng.random() < 0.2 else (b"{}", rng.randrange(0, 10_000))
+        store.write(rows, None, 0)
+        cutoff = rng.randrange(0, 10_000)
+        floor = store.floor_ms
+        answer = store.oldest(before_ms=cutoff)
+        skipped += floor is not None and cutoff < floor
+        store.floor_ms = None  # the reference: a scan from the first row
+        assert answer == store.oldest(before_ms=cutoff)
+    assert skipped > 10  # the floor did answer, not only the scans
+    store.close()
+
+
+def test_a_checkpoint_writes_only_the_stores_of_partitions_it_changed(tmp_path, monkeypatch):
+    clock = Clock()
+    t = table(tmp_path, retention_ms=1_000, clock=clock, name="post")
+    for p in range(4):
+        t.store(p)
+    writes = []
+    monkeypatch.setattr(rocksdb.PartitionStore, "write",
+                        lambda self, rows, offset, check: writes.append(self.path.name))
+    t.set("a", {"n": 1}, 2)
+    commit(t, 2, 7, "a", {"n": 1})
+    assert writes == ["2"]
+    writes.clear()
+    assert t.expired() == []  # nothing due: no partition is touched
+    t.committed()
+    assert writes == []
