@@ -35,7 +35,15 @@ import time
 from collections.abc import Callable, Coroutine
 
 import orjson
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from modpipe import log
 from modpipe.services.fetching import (
@@ -71,8 +79,13 @@ CLOSE_TIMEOUT_S = 10.0  # a consumer left for a new one is closed on a thread of
 # so waiting longer than that gains nothing.
 LEAVE_TIMEOUT_S = 10.0
 STALL_CHECK_EVERY_S = 5.0  # how often the quiet partitions' ends are asked for (MODPIPE_FETCH_STALL_S > 0)
-STALL_CHECK_BUDGET_S = 1.0  # at most this long per check on the poll thread; the rest waits for the next
-END_TIMEOUT_S = 0.5  # one partition's end asked for at most this long
+END_TIMEOUT_S = 0.5  # a committed offset asked for at most this long (a quiet partition that delivered nothing)
+# The quiet partitions' ends are asked in one request without waiting (`_ask_ends`): one after another on the poll
+# thread they held a worker's fetching for up to ~1.5 s every 15 s once its quiet partitions were due (reports,
+# labels, stage topics: ~36 of its ~40), and a post that came meanwhile waited as long.
+ENDS_TIMEOUT_S = 5.0
+ADMIN_CONFIG = ("bootstrap.servers", "security.", "sasl.", "ssl.", "client.id", "logger", "socket.",
+                "broker.address.family")  # what the ends' admin client takes of the consumer's settings
 # what a stalled partition's log line tells of librdkafka's view of it (its statistics, when they are on)
 PARTITION_STATS = ("fetch_state", "fetchq_cnt", "next_offset", "app_offset", "committed_offset", "ls_offset",
                    "hi_offset", "leader", "consumer_lag", "desired", "unknown")
@@ -114,6 +127,11 @@ class GroupConsumer:
         self.stall_watch = FetchWatch(stall_s) if stall_s > 0 else None
         self._stats: str | None = None
         self._stall_check_due = 0.0
+        # the quiet partitions' ends being asked (`_ask_ends`), with the assignment they were asked under: an
+        # answer from before a rebalance is dropped; asked through an admin client of its own, made at the first
+        self._ends_asked: tuple[int, dict] | None = None
+        self._admin: AdminClient | None = None
+        self._watch_generation = 0
         if self.stall_watch is not None:
             self.conf.update({"statistics.interval.ms": int(max(1.0, stall_s / 2) * 1000), "stats_cb": self._keep_stats})
         self.topics = topics
@@ -250,6 +268,7 @@ class GroupConsumer:
         self._group_metadata = consumer.consumer_group_metadata()
         self._call_on_loop(self.on_assigned, partitions)
         if self.stall_watch is not None:  # from now: a restore inside the callback is not a stall
+            self._watch_generation += 1
             self.stall_watch.assigned([TP(p.topic, p.partition) for p in partitions], self._committed,
                                       time.monotonic())
 
@@ -273,6 +292,7 @@ class GroupConsumer:
         self._call_on_loop(self.on_revoked, partitions)
         self._unassigned_since = time.monotonic()
         if self.stall_watch is not None:
+            self._watch_generation += 1
             self.stall_watch.revoked()
 
     def _lost_cb(self, consumer, partitions) -> None:
@@ -282,6 +302,7 @@ class GroupConsumer:
         self._call_on_loop(self.on_lost, partitions)
         self._unassigned_since = time.monotonic()
         if self.stall_watch is not None:
+            self._watch_generation += 1
             self.stall_watch.revoked()
 
     def _waiting_too_long(self, now: float) -> float | None:
@@ -431,31 +452,75 @@ class GroupConsumer:
         return {k: p.get(k) for k in PARTITION_STATS}
 
     def _watch_stalls(self, consumer: Consumer, held: bool) -> None:
-        """Every STALL_CHECK_EVERY_S: the quiet partitions' ends, and a seek for each one stalled (a failure for
-        one that stalls again). Partitions this consumer holds back itself (`held`: back-pressure) or that were
-        just assigned are not judged."""
+        """Every STALL_CHECK_EVERY_S: the quiet partitions' ends asked for without waiting (`_ask_ends`), and once
+        they are answered, a seek for each partition stalled (a failure for one that stalls again). Partitions
+        this consumer holds back itself (`held`: back-pressure) or that were just assigned are not judged."""
         watch, now = self.stall_watch, time.monotonic()
         if held or now - self._assigned_at < ASSIGNMENT_GRACE_S:
             watch.hold(now)
             return
+        if self._ends_asked is not None:
+            generation, futures = self._ends_asked
+            if not all(f.done() for f in futures.values()):
+                return
+            self._ends_asked = None
+            if generation != self._watch_generation:
+                return  # asked before a rebalance: the partitions and their positions have changed since
+            self._judge(consumer, futures)
+            return
         if now < self._stall_check_due:
             return
         self._stall_check_due = now + STALL_CHECK_EVERY_S
-        ends: dict[TP, int] = {}
-        for tp in watch.quiet(now):
-            if time.monotonic() - now > STALL_CHECK_BUDGET_S:
-                break
+        quiet = watch.quiet(now)
+        if quiet:
+            self._ends_asked = (self._watch_generation, self._ask_ends(quiet))
+
+    def _ask_ends(self, quiet: list[TP]) -> dict:
+        """Futures of each quiet partition's last stable offset (("end", tp)) and, for one that has delivered
+        nothing yet, of its log start (("start", tp)): one request a broker, answered on librdkafka's threads.
+        The poll thread never waits for them: asked one after another with `get_watermark_offsets` (a round trip
+        each, up to END_TIMEOUT_S) they held every partition's fetching for up to ~1.5 s."""
+        if self._admin is None:
+            self._admin = AdminClient({k: v for k, v in self.conf.items() if k.startswith(ADMIN_CONFIG)})
+        specs = {TopicPartition(tp.topic, tp.partition): OffsetSpec.latest() for tp in quiet}
+        starts = {TopicPartition(tp.topic, tp.partition): OffsetSpec.earliest() for tp in quiet
+                  if tp not in self.stall_watch.reached}
+        futures = {}
+        for kind, asked in (("end", specs), ("start", starts)):
+            if not asked:
+                continue
             try:
-                low, ends[tp] = consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition),
-                                                               timeout=END_TIMEOUT_S)
-                if tp not in watch.reached and self._committed.get(tp, 0) < 0:
-                    watch.start(tp, low)  # nothing committed: the consumer starts at the log's start
-                elif tp not in watch.reached:
-                    (c,) = consumer.committed([TopicPartition(tp.topic, tp.partition)], timeout=END_TIMEOUT_S)
-                    watch.start(tp, c.offset if c.offset >= 0 else low)
+                answers = self._admin.list_offsets(asked, isolation_level=IsolationLevel.READ_COMMITTED,
+                                                   request_timeout=ENDS_TIMEOUT_S)
             except KafkaException:
-                ends.pop(tp, None)  # asked again at the next check
-        for tp in watch.stalled(ends, now):
+                continue  # asked again at the next check
+            futures.update({(kind, TP(ctp.topic, ctp.partition)): f for ctp, f in answers.items()})
+        return futures
+
+    def _judge(self, consumer: Consumer, futures: dict) -> None:
+        """The ends are in: where a partition that has delivered nothing starts (its committed offset, else its log
+        start), then a seek for each stalled one. A partition not answered is asked again at a later check."""
+        watch = self.stall_watch
+        answered = {}
+        for key, f in futures.items():
+            try:
+                answered[key] = f.result().offset
+            except Exception:  # noqa: BLE001 - a timeout, a leader that moved: the next check asks again
+                continue
+        ends = {tp: offset for (kind, tp), offset in answered.items() if kind == "end"}
+        for tp in [tp for tp in ends if tp not in watch.reached]:
+            low = answered.get(("start", tp))
+            if low is not None and self._committed.get(tp, 0) < 0:
+                watch.start(tp, low)  # nothing committed: the consumer starts at the log's start
+                continue
+            try:
+                (c,) = consumer.committed([TopicPartition(tp.topic, tp.partition)], timeout=END_TIMEOUT_S)
+            except KafkaException:
+                ends.pop(tp)
+                continue
+            if c.offset >= 0 or low is not None:
+                watch.start(tp, c.offset if c.offset >= 0 else low)
+        for tp in watch.stalled(ends, time.monotonic()):
             self._kick(consumer, tp, ends[tp])
 
     def _kick(self, consumer: Consumer, tp: TP, end: int) -> None:

@@ -675,3 +675,45 @@ def test_leaving_the_group_says_so_when_the_close_returns(fake_consumer):
 
     assert asyncio.run(scenario()) is True
     assert ("close",) in fake_consumer[0].calls
+
+
+def test_the_quiet_partitions_ends_are_asked_without_waiting_and_a_stalled_one_is_sought_once_they_are_in():
+    """Each end is a broker round trip: asked on the poll thread one after another (`get_watermark_offsets`) they
+    held the fetching of every partition for up to ~1.5 s. They are asked in one request whose answers the poll
+    thread picks up at a later turn; the seek of a stalled partition then happens there."""
+    import concurrent.futures
+
+    gc = GroupConsumer({"bootstrap.servers": "b:9092", "group.id": "g"}, ["posts"], on_assigned=None,
+                       on_revoked=None, on_lost=None, stall_s=1.0)
+    stalled, idle = TP("reports", 0), TP("labels", 1)
+    now = time.monotonic()
+    gc._assigned_at = now - 100
+    gc.stall_watch.assigned([stalled, idle], {stalled: 5, idle: 7}, now - 100)  # both quiet for 100 s
+    answers, seeks = {}, []
+
+    class Admin:
+        def list_offsets(self, specs, isolation_level, request_timeout):
+            assert isolation_level == kc.IsolationLevel.READ_COMMITTED
+            for ctp in specs:
+                answers[TP(ctp.topic, ctp.partition)] = concurrent.futures.Future()
+            return {ctp: answers[TP(ctp.topic, ctp.partition)] for ctp in specs}
+
+    class Polled:
+        def get_watermark_offsets(self, tp, timeout):  # the poll thread waits for no broker
+            raise AssertionError("an end asked on the poll thread")
+
+        def resume(self, tps):
+            pass
+
+        def seek(self, ctp):
+            seeks.append((ctp.topic, ctp.partition, ctp.offset))
+
+    gc._admin, consumer = Admin(), Polled()
+    gc._watch_stalls(consumer, held=False)  # asks, and returns with the answers still out
+    assert set(answers) == {stalled, idle} and not seeks
+    gc._watch_stalls(consumer, held=False)
+    assert not seeks  # still out: the poll thread goes on fetching
+    answers[stalled].set_result(SimpleNamespace(offset=10))  # records past what it delivered (5)
+    answers[idle].set_result(SimpleNamespace(offset=7))  # at its end: idle, not stalled
+    gc._watch_stalls(consumer, held=False)
+    assert seeks == [("reports", 0, 5)]  # the stalled one, from where it stopped
