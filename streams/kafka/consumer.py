@@ -128,7 +128,7 @@ class GroupConsumer:
         self._stats: str | None = None
         self._stall_check_due = 0.0
         # the quiet partitions' ends being asked (`_ask_ends`), with the assignment they were asked under: an
-        # answer from before a rebalance is dropped; asked through an admin client of its own, made at the first
+        # answer from before a rebalance is dropped; asked through an admin client of its own, made at the first check
         self._ends_asked: tuple[int, dict] | None = None
         self._admin: AdminClient | None = None
         self._watch_generation = 0
@@ -456,6 +456,8 @@ class GroupConsumer:
         they are answered, a seek for each partition stalled (a failure for one that stalls again). Partitions
         this consumer holds back itself (`held`: back-pressure) or that were just assigned are not judged."""
         watch, now = self.stall_watch, time.monotonic()
+        if self._admin is not None:
+            self._admin.poll(0)  # its log lines (the `logger` it shares with the consumer), without waiting
         if held or now - self._assigned_at < ASSIGNMENT_GRACE_S:
             watch.hold(now)
             return

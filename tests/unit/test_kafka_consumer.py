@@ -692,6 +692,9 @@ def test_the_quiet_partitions_ends_are_asked_without_waiting_and_a_stalled_one_i
     answers, seeks = {}, []
 
     class Admin:
+        def poll(self, timeout):
+            assert timeout == 0
+
         def list_offsets(self, specs, isolation_level, request_timeout):
             assert isolation_level == kc.IsolationLevel.READ_COMMITTED
             for ctp in specs:
