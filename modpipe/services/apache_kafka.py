@@ -317,6 +317,14 @@ class KafkaCluster:
         md = self._admin().list_topics(topic, timeout=timeout)
         return md.topics[topic].partitions[partition].leader
 
+    def under_replicated(self, timeout: float = 5.0) -> int:
+        """Partitions (of every topic) without a leader or with a replica outside their in-sync set: a node
+        restarted a moment ago serves before it has caught up, and until it is back in every ISR the loss of
+        another node takes a partition below min.insync.replicas (or leaves it without a leader)."""
+        md = self._admin().list_topics(timeout=timeout)
+        return sum(p.leader < 0 or len(p.isrs) < len(p.replicas)
+                   for t in md.topics.values() for p in t.partitions.values())
+
     def group_coordinator(self, group: str) -> int:
         return self.leader_of("__consumer_offsets", coordinator_partition(group, OFFSETS_PARTITIONS))
 

@@ -13,6 +13,7 @@ import pytest
 
 from loadgen.chaos import (
     Fault,
+    Injector,
     TrafficGate,
     canonical,
     compare_tables,
@@ -156,3 +157,31 @@ def test_a_gate_without_faults_holds_nothing():
     gate = TrafficGate(threading.Event(), [])
     assert [e.offset_s for e in gate.events(SimpleNamespace(offset_s=o) for o in (0.0, 1.0, 2.0))] == [0.0, 1.0, 2.0]
     assert gate.held_s < 0.1
+
+
+def test_a_node_fault_waits_until_the_node_killed_before_is_back_in_sync():
+    """A node's process runs again a second after its kill and the cluster still lists it, long before it is in
+    every ISR: the next node fault waits for that too, else two of three nodes are down at once."""
+    polls: list[int] = []
+
+    class Cluster:
+        nodes = [SimpleNamespace(node_id=i, alive=lambda: True) for i in (1, 2, 3)]
+
+        def broker_ids(self):
+            return {1, 2, 3}
+
+        def under_replicated(self):
+            polls.append(1)
+            return max(0, 3 - len(polls))  # catching up for two looks
+
+        def transaction_coordinator(self, transactional_id):
+            assert len(polls) >= 3, "a role was looked up before the cluster had healed"
+            return 2
+
+    stack = SimpleNamespace(broker=Cluster(), supervise=lambda: [], settings=None)
+    injector = Injector(stack, producer=None, paused=threading.Event())
+    injector.transactional_id = lambda index: "app-worker-0-1"
+    injector.HEAL_WAIT_S = 10.0
+    started = time.monotonic()
+    assert injector._wait_for_nodes(Fault(1.0, "txn-coordinator", 0)) == 2
+    assert len(polls) == 3 and time.monotonic() - started < 5.0
