@@ -166,14 +166,12 @@ class Table:
         return {p: {k: orjson.loads(data) for k, (data, _) in rows.items()} for p, rows in self.partitions.items()}
 
 
-def _positions(consumer: Consumer, tps: list[tuple[str, int]], ends: dict[tuple[str, int], int]) -> list[dict]:
-    """Where the restore stands in each of `tps`: its position, the end it reads to, and the partition's end as
-    the consumer last heard it (behind `end` while an open transaction holds a read_committed reader)."""
+def _positions(consumer: Consumer, tps: list[tuple[str, int]]) -> list[dict]:
+    """Where the restore stands in each of `tps`: its position and the partition's log start and end."""
     out = []
     for tp in consumer.position([TopicPartition(t, p) for t, p in tps]):
-        out.append({"topic": tp.topic, "partition": tp.partition, "position": tp.offset,
-                    "end": ends.get((tp.topic, tp.partition)),
-                    "last_heard_end": consumer.get_watermark_offsets(tp, cached=True)[1]})
+        low, high = consumer.get_watermark_offsets(tp, cached=True)
+        out.append({"topic": tp.topic, "partition": tp.partition, "position": tp.offset, "low": low, "high": high})
     return out
 
 
@@ -264,16 +262,13 @@ def _read(conf: dict, starts: dict[tuple[str, int], int], on_message, deadline: 
     """Read each changelog partition from its start to its end, committed records only; `on_message(m)`
     returns True when it wants no more of the record's partition."""
     consumer = Consumer(conf)
-    # The end is the high watermark at the restore's start, asked by a read_uncommitted client: a
-    # read_committed one is answered with the last stable offset (ListOffsets takes the client's isolation
-    # level), which stops short of a transaction whose producer has committed (EndTxn answered) while its
-    # markers are not in the changelog yet: the previous owner's last checkpoint, when that owner or its
-    # transaction coordinator died a moment ago (chaos runs that killed both lost its states, tables unequal
-    # to features.offline). Read committed to the high watermark, a restore takes every transaction that
-    # ended before it started, waits for those still open (their producers' next incarnations, or
-    # transaction.timeout.ms, end them), and passes markers and aborted records.
-    ends_client = Consumer({**conf, "isolation.level": "read_uncommitted"})
     try:
+        # Read to the high watermark of the restore's start, not to the first end-of-partition event: under
+        # read_committed librdkafka reports that at the last stable offset, and on Apache Kafka a transaction
+        # that its producer has committed (EndTxn answered) may not have its marker in the changelog yet when
+        # the partition's next owner starts restoring. Stopping there lost the states of the previous owner's
+        # last checkpoint (three-worker chaos runs, tables unequal to features.offline). Positions pass a
+        # marker or an aborted transaction's records; an open transaction holds the restore until it ends.
         ends: dict[tuple[str, int], int] = {}  # asked inside the loop: a broker that does not answer is reported
         consumer.assign([TopicPartition(topic, p, offset) for (topic, p), offset in starts.items()])
         left = set(starts)
@@ -287,10 +282,10 @@ def _read(conf: dict, starts: dict[tuple[str, int], int], on_message, deadline: 
                 report_at += RESTORE_PROGRESS_S
                 _log.warning("changelog restore still reading", extra={
                     "seconds": round(time.monotonic() - started), "partitions_left": len(left),
-                    "behind": _positions(consumer, sorted(left)[:4], ends)})
+                    "behind": _positions(consumer, sorted(left)[:4])})
             for topic, p in [tp for tp in left if tp not in ends]:
                 try:
-                    ends[(topic, p)] = watermarks(ends_client, TopicPartition(topic, p), END_ASK_S,
+                    ends[(topic, p)] = watermarks(consumer, TopicPartition(topic, p), END_ASK_S,
                                                   topic_may_be_new=False)[1]
                 except KafkaException as exc:
                     if exc.args[0].fatal() or exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
@@ -320,4 +315,3 @@ def _read(conf: dict, starts: dict[tuple[str, int], int], on_message, deadline: 
                     consumer.pause([TopicPartition(*tp)])
     finally:
         consumer.close()
-        ends_client.close()

@@ -82,30 +82,6 @@ def test_a_store_ahead_of_the_committed_changelog_is_restored_from_the_start(boo
     assert table.partitions[0].offset == 1 and table.keys() == 2
 
 
-def test_a_restore_waits_for_a_transaction_still_open_and_takes_what_it_commits(bootstrap, changelog, settings,
-                                                                              tmp_path):
-    """The previous owner's last checkpoint, committed while its markers are not in the changelog yet (that
-    owner or its transaction coordinator killed a moment ago), stands where an open transaction does: past the
-    last stable offset. A restore that stopped there lost those states, and the records committed after it."""
-    write(bootstrap, changelog, {"u0": 0})
-    previous = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"t-{uuid.uuid4().hex[:8]}"})
-    previous.init_transactions(30)
-    previous.begin_transaction()
-    previous.produce(changelog, encode_value({"n": 1}), key=encode_key("u1"), partition=0)
-    assert previous.flush(30) == 0
-    write(bootstrap, changelog, {"u2": 2})  # another producer's transaction, committed behind the open one
-    table = user_table(tmp_path / "user", changelog)
-    restored: list = []
-    reader = threading.Thread(target=lambda: restored.append(restore([table], [0], settings, bootstrap)))
-    reader.start()
-    reader.join(3.0)
-    assert reader.is_alive(), "the restore ended while a transaction in its changelog was still open"
-    previous.commit_transaction(30)
-    reader.join(60)
-    assert restored == [3]
-    assert table.decoded() == {0: {"u0": {"n": 0}, "u1": {"n": 1}, "u2": {"n": 2}}}
-
-
 def wait_for(condition, timeout_s: float, what: str):
     deadline = time.monotonic() + timeout_s
     while not (value := condition()):

@@ -157,19 +157,17 @@ def record(topic, partition, key, value, at_ms=5, offset=0):
 @pytest.fixture
 def fake_consumer(monkeypatch):
     class FakeConsumer:
-        made: list = []  # the consumers that read (read_committed), in order
-        ends_clients: list = []  # those that only ask for partitions' ends (read_uncommitted)
+        made: list = []
 
         def __init__(self, conf):
             self.conf = conf
-            if not FakeConsumer.made and not FakeConsumer.ends_clients:  # one script for every consumer, in order
+            if not FakeConsumer.made:  # one script for every consumer a restore makes, in order
                 FakeConsumer.whole = list(FakeConsumer.script)
                 FakeConsumer.queue = collections.deque(FakeConsumer.script)
             self.script = FakeConsumer.queue
             self.assigned = None
             self.closed = False
-            reading = conf.get("isolation.level") != "read_uncommitted"
-            (FakeConsumer.made if reading else FakeConsumer.ends_clients).append(self)
+            FakeConsumer.made.append(self)
 
         def assign(self, tps):
             self.assigned = [(tp.topic, tp.partition, tp.offset) for tp in tps]
@@ -208,7 +206,6 @@ def fake_consumer(monkeypatch):
 
     FakeConsumer.script = []
     FakeConsumer.unseen = {}
-    FakeConsumer.made, FakeConsumer.ends_clients = [], []
     monkeypatch.setattr(tables, "Consumer", FakeConsumer)
     return FakeConsumer
 
@@ -235,10 +232,6 @@ def test_restore_replaces_the_partitions_with_what_their_changelogs_hold(fake_co
     assert consumer.conf["bootstrap.servers"] == "b:9092" and consumer.conf["enable.auto.commit"] is False
     assert sorted(consumer.assigned) == sorted((t, p, OFFSET_BEGINNING) for t in (uc, lc) for p in (1, 3))
     assert consumer.closed
-    # the ends come from a read_uncommitted client: a read_committed one is told the last stable offset, short of
-    # a committed transaction whose markers are not written yet
-    [ends] = fake_consumer.ends_clients
-    assert ends.assigned is None and ends.closed and ends.conf["bootstrap.servers"] == "b:9092"
 
 
 def test_nothing_to_restore_reads_nothing(fake_consumer):
