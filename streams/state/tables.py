@@ -263,12 +263,12 @@ def _read(conf: dict, starts: dict[tuple[str, int], int], on_message, deadline: 
     returns True when it wants no more of the record's partition."""
     consumer = Consumer(conf)
     try:
-        # Read to the high watermark of the restore's start, not to the first end-of-partition event: under
-        # read_committed librdkafka reports that at the last stable offset, and on Apache Kafka a transaction
-        # that its producer has committed (EndTxn answered) may not have its marker in the changelog yet when
-        # the partition's next owner starts restoring. Stopping there lost the states of the previous owner's
-        # last checkpoint (three-worker chaos runs, tables unequal to features.offline). Positions pass a
-        # marker or an aborted transaction's records; an open transaction holds the restore until it ends.
+        # Read to the end asked at the restore's start, not to the first end-of-partition event. Asked by this
+        # read_committed client, that end is the last stable offset (ListOffsets takes the client's isolation
+        # level): a checkpoint whose producer has committed while its markers are not in the changelog yet (the
+        # previous owner or its transaction coordinator just killed) is missed; the high watermark would take it
+        # but wait for every open transaction, a frozen zombie's included (docs/faults.md). Positions pass a
+        # marker or an aborted transaction's records.
         ends: dict[tuple[str, int], int] = {}  # asked inside the loop: a broker that does not answer is reported
         consumer.assign([TopicPartition(topic, p, offset) for (topic, p), offset in starts.items()])
         left = set(starts)
