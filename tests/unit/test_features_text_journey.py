@@ -192,3 +192,16 @@ def test_the_normalised_text_is_the_reference_one_on_the_held_out_corpus(model_b
     texts = [row["text"] for row in model_build.heldout()] + HOSTILE
     assert len(texts) > 1000
     assert [normalise_text(t) for t in texts] == [_reference_normalise(t) for t in texts]
+
+
+def test_every_format_character_and_only_those_is_dropped():
+    # the class is written as ranges of code points: each end of each range, and the characters beside it
+    import sys
+    import unicodedata
+
+    from features.text import _format_chars
+
+    pattern = _format_chars()
+    for c in range(sys.maxunicode + 1):
+        ch = chr(c)
+        assert bool(pattern.fullmatch(ch)) == (unicodedata.category(ch) == "Cf"), hex(c)
