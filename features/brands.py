@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 import unicodedata
 
-from features.lists import BRAND_DOMAINS
-from features.url import UrlInfo
+from modpipe.features.lists import BRAND_DOMAINS
+from modpipe.features.url import UrlInfo
 from modpipe import memory
 
 # Confusable letters (Cyrillic, Greek, Latin variants) and leetspeak digits, folded to one latin letter.

@@ -21,8 +21,8 @@ import ipaddress
 import json
 from typing import Any
 
-from features.text import text_fingerprint
-from features.url import parse_url, url_key
+from modpipe.features.text import text_fingerprint
+from modpipe.features.url import parse_url, url_key
 from modpipe import memory
 
 USER, URL, DOMAIN, IP, POST, BANS = "user", "url", "domain", "ip", "post", "bans"

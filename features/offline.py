@@ -1,13 +1,13 @@
 """Reference computation of every post's features over an ordered event list, without Kafka or the stream
 runtime's tables.
 
-The per-event logic is the streaming logic: `features.events` prepares and routes, `features.state`
-applies, `features.vector.assemble` builds the map. Only storage differs (dicts here, which never forget a
+The per-event logic is the streaming logic: `modpipe.features.events` prepares and routes, `modpipe.features.state`
+applies, `modpipe.features.vector.assemble` builds the map. Only storage differs (dicts here, which never forget a
 key: the streaming tables forget keys not written for their retention, streams/state/tables.py, so the two agree
 while no key goes unwritten that long). `apply_event` is storage-agnostic and can also drive a single-process
 pipeline.
 
-Events are (kind, raw_event) pairs, kind in features.events.EVENT_KINDS. A `decision` raw event is
+Events are (kind, raw_event) pairs, kind in modpipe.features.events.EVENT_KINDS. A `decision` raw event is
 {post_id, user_id, ip, spam, created_at?, revision?}; or pass `decide(post, features) -> bool | None` to feed a
 decision back right after each post, as the pipeline does.
 """
@@ -19,9 +19,9 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from features.events import BANS, PREPARE, normalize_ip, parse_ts, prepare_decision, routes
-from features.state import DEFAULT_LIMITS, Limits, ban_features, load_state, mark_post, new_state
-from features.vector import assemble
+from modpipe.features.events import BANS, PREPARE, normalize_ip, parse_ts, prepare_decision, routes
+from modpipe.features.state import DEFAULT_LIMITS, Limits, ban_features, load_state, mark_post, new_state
+from modpipe.features.vector import assemble
 
 
 class Store(Protocol):
@@ -34,7 +34,7 @@ def apply_event(kind: str, ctx: dict, store: Store) -> dict[str, Any]:
 
     Returns the merged `Update.features` (non-empty for posts: the table counts of `assemble`)."""
     if kind == "post":
-        ctx = dict(ctx)  # takes the re-send mark of its first table (features.state.mark_post)
+        ctx = dict(ctx)  # takes the re-send mark of its first table (modpipe.features.state.mark_post)
     queue = [(table, key, kind, ctx) for table, key in routes(kind, ctx)]
     counts: dict[str, Any] = {}
     while queue:

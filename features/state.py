@@ -35,7 +35,7 @@ import bisect
 import dataclasses
 from typing import Any
 
-from features.events import BANS, DOMAIN, IP, POST, URL, USER, post_ban_keys
+from modpipe.features.events import BANS, DOMAIN, IP, POST, URL, USER, post_ban_keys
 
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
@@ -323,7 +323,7 @@ class _State:
         self.limits = limits
 
     def apply(self, kind: str, ctx: dict) -> Update:
-        """Apply one prepared event (see features.events); kinds a table does not track are no-ops."""
+        """Apply one prepared event (see modpipe.features.events); kinds a table does not track are no-ops."""
         method = getattr(self, f"apply_{kind}", None)
         return method(ctx) if method else Update(False)
 
@@ -389,7 +389,7 @@ class UserState(_State):
 
 
 class UrlState(_State):
-    """Keyed by the URL count key (features.url.UrlInfo.key)."""
+    """Keyed by the URL count key (modpipe.features.url.UrlInfo.key)."""
     table = URL
 
     def __init__(self, limits: Limits = DEFAULT_LIMITS):
@@ -475,7 +475,7 @@ class DomainState(_State):
 
 
 class IpState(_State):
-    """Keyed by poster IP (features.events.normalize_ip)."""
+    """Keyed by poster IP (modpipe.features.events.normalize_ip)."""
     table = IP
 
     def __init__(self, limits: Limits = DEFAULT_LIMITS):
@@ -638,7 +638,7 @@ def _copy_snapshot(snapshot: dict | None) -> dict | None:
 
 
 class BanState(_State):
-    """Keyed by features.events.ban_key. The newest (ts, ban_id) action wins: replays are no-ops."""
+    """Keyed by modpipe.features.events.ban_key. The newest (ts, ban_id) action wins: replays are no-ops."""
     table = BANS
 
     def __init__(self, limits: Limits = DEFAULT_LIMITS):

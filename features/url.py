@@ -22,7 +22,7 @@ from urllib.parse import quote_from_bytes, unquote
 import idna
 from publicsuffixlist import PublicSuffixList
 
-from features.lists import SHORTENER_DOMAINS, TRACKING_PARAMS, TRACKING_PREFIXES
+from modpipe.features.lists import SHORTENER_DOMAINS, TRACKING_PARAMS, TRACKING_PREFIXES
 from modpipe import memory
 
 MAX_URL_CHARS = 8192  # beyond this we do not parse: no legitimate link is that long, and it bounds CPU

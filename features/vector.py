@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from features.brands import brand_match
-from features.events import parse_ts
-from features.journey import JOURNEY_FEATURES, journey_features
-from features.url import parse_url
+from modpipe.features.brands import brand_match
+from modpipe.features.events import parse_ts
+from modpipe.features.journey import JOURNEY_FEATURES, journey_features
+from modpipe.features.url import parse_url
 from modpipe import memory
 
 URL_STATIC = (

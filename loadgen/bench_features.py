@@ -16,14 +16,14 @@ from pathlib import Path
 import orjson
 from confluent_kafka import Consumer, Producer
 
-from loadgen.posts import make_post
-from loadgen.smoke import end_consumer
+from modpipe.loadgen.posts import make_post
+from modpipe.loadgen.smoke import end_consumer
 from modpipe import log, schema
 from modpipe.output import progress_bar
 from modpipe.services.broker import broker_pid, scratch_endpoint
 from modpipe.settings import Settings
-from streams.local.stack import LocalStack
-from streams.moderation.topics import ensure_topics
+from modpipe.streams.local.stack import LocalStack
+from modpipe.streams.moderation.topics import ensure_topics
 
 TEXTS = ["see you at lunch", "FREE entry! win cash now, text WIN to 80086", "meeting moved to 3pm",
          "check out my blog https://blog.example.org/post"]
@@ -75,9 +75,9 @@ def pipeline(settings: Settings, bootstrap: str, posts: list[dict], workers: int
     """The feature path at saturation, text model off: decisions/s over the steady part, CPU per post (until the
     workers have no input left: the verdicts' way back to the tables included).
     `profile_dir`: py-spy on each worker through the pass (it slows the pass it samples)."""
-    from loadgen.bench.metering import CpuMeter
-    from loadgen.bench.pipeline import per_table, saturation_rates, state_written_bytes
-    from loadgen.bench.profiling import WorkerProfiler
+    from modpipe.loadgen.bench.metering import CpuMeter
+    from modpipe.loadgen.bench.pipeline import per_table, saturation_rates, state_written_bytes
+    from modpipe.loadgen.bench.profiling import WorkerProfiler
 
     settings = dataclasses.replace(settings, local_hops=local_hops,
                                    topic_prefix=f"{settings.topic_prefix}{local_hops}.",
@@ -159,7 +159,7 @@ def run(settings: Settings, n_posts: int = 3000, workers: int = 1, progress: boo
               "broker_cpu_ms_per_post": ours["broker_cpu_ms_per_post"],
               "every_hop_through_kafka": {**paths["off"], "ratio_over_plain": round(paths["off"]["posts_per_s"] / plain, 4)},
               "local_hops": paths["on"]}
-    from loadgen.bench.report import capacity
+    from modpipe.loadgen.bench.report import capacity
 
     # the feature path alone (text model off): what a worker core and a broker core carry, and the workers a
     # machine of MACHINE_CORES cores would run for it (Triton's share comes from `modpipe bench`)

@@ -21,16 +21,16 @@ from pathlib import Path
 import orjson
 from confluent_kafka import Producer
 
-from loadgen.posts import make_post
-from loadgen.smoke import end_consumer
+from modpipe.loadgen.posts import make_post
+from modpipe.loadgen.smoke import end_consumer
 from modpipe import log, schema
 from modpipe.output import progress_bar
 from modpipe.services.broker import scratch_endpoint
 from modpipe.settings import Settings
-from streams.local.stack import LocalStack
-from streams.moderation.app import tables_dir
-from streams.moderation.topics import ensure_topics
-from streams.state.rocksdb import disk_bytes
+from modpipe.streams.local.stack import LocalStack
+from modpipe.streams.moderation.app import tables_dir
+from modpipe.streams.moderation.topics import ensure_topics
+from modpipe.streams.state.rocksdb import disk_bytes
 
 BACKENDS = ("rocksdb", "memory")
 TARGETS = {"rss_mib": 1024, "restore_s": 30.0, "posts_per_s_ratio": 0.8}
@@ -121,7 +121,7 @@ def one_pass(settings: Settings, backend: str, n: int, progress: bool, timeout_s
         consumer.close()
         if len(decided) != len(wanted):
             raise RuntimeError(f"{len(wanted) - len(decided)} of {n} posts got no decision in {timeout_s:.0f} s")
-        from loadgen.bench.pipeline import saturation_rates
+        from modpipe.loadgen.bench.pipeline import saturation_rates
 
         rates = saturation_rates(started, list(decided.values()))
         # idle: every decision's feedback applied to the tables too (it reaches them through the stage topics

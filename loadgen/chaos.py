@@ -31,7 +31,7 @@ Once the traffic is over and the stack has settled, the run reads back, from the
   seen beyond the committed ones (`aborted_decisions`: the outputs of transactions that a killed or fenced
   worker never committed, whose input was processed again) and the duplicates it would have counted;
 - every feature table's changelog (the tables' durable state, what a restarted worker recovers from), last
-  value per key, compared with `features.offline` over the same events and the decisions the pipeline
+  value per key, compared with `modpipe.features.offline` over the same events and the decisions the pipeline
   published (`compare_tables`).
 
 Why the final state and not each decision's features: feedback (decisions, labels) reaches the tables
@@ -57,7 +57,7 @@ from pathlib import Path
 
 import orjson
 
-from features.events import TABLES
+from modpipe.features.events import TABLES
 from modpipe import log
 from modpipe.services.group_lag import end_offsets
 from modpipe.settings import Settings
@@ -179,10 +179,10 @@ def compare_tables(streaming: dict[str, dict[str, dict]], offline: dict[str, dic
 
 
 def offline_tables(events: Iterable[tuple[str, dict]], decisions: Iterable[dict], posts: dict[str, dict]) -> dict:
-    """features.offline's tables over the run's events, then every decision the pipeline published (their
+    """modpipe.features.offline's tables over the run's events, then every decision the pipeline published (their
     order does not matter to the states they update: see the module docstring)."""
-    from features.events import PREPARE
-    from features.offline import DictStore, apply_event, prepare_decision_event
+    from modpipe.features.events import PREPARE
+    from modpipe.features.offline import DictStore, apply_event, prepare_decision_event
 
     store = DictStore()
     for kind, raw in events:
@@ -218,7 +218,7 @@ def read_all(settings: Settings, bootstrap: str, topics: list[str], isolation: s
 def changelog_topic(settings: Settings, table: str) -> str:
     """The changelog a table's states are written to (`<app id>-features-<table>-changelog`), by
     streams/state/tables.py's own naming."""
-    from streams.state import tables
+    from modpipe.streams.state import tables
 
     return tables.changelog_topic(settings.app_id, table)
 
@@ -271,10 +271,10 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
     """Run the traffic and the faults on an isolated local stack; returns the report."""
     import shutil
 
-    from loadgen.bench.runs import isolated_settings
-    from loadgen.measure import DecisionCollector
-    from loadgen.smoke import end_consumer
-    from loadgen.traffic import (
+    from modpipe.loadgen.bench.runs import isolated_settings
+    from modpipe.loadgen.measure import DecisionCollector
+    from modpipe.loadgen.smoke import end_consumer
+    from modpipe.loadgen.traffic import (
         ProduceStats,
         arrival_times,
         ensure_loadgen_topics,
@@ -283,8 +283,8 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
     )
     from modpipe.output import progress_bar
     from modpipe.textmodel.artifacts import resolve_model
-    from simulation.simulator import Simulation
-    from streams.local.stack import LocalStack, dump_stacks
+    from modpipe.simulation.simulator import Simulation
+    from modpipe.streams.local.stack import LocalStack, dump_stacks
 
     if settings.bootstrap_servers or settings.triton_url:
         raise ValueError("chaos kills the processes of the local stack: unset KAFKA_BOOTSTRAP_SERVERS and TRITON_URL")
@@ -625,7 +625,7 @@ def format_text(report: dict) -> str:
              f"aborted decision records ({d.get('at_least_once_duplicates', 0)} duplicate decisions in all)"]
     f = report.get("features")
     if f is not None:
-        lines.append("features equal features.offline: " + ("yes" if f["equal"] else "NO") + "  " +
+        lines.append("features equal modpipe.features.offline: " + ("yes" if f["equal"] else "NO") + "  " +
                      ", ".join(f"{t}: {v['keys']} keys, {v['differ']} differ, {v['only_streaming']}+"
                                f"{v['only_offline']} one-sided" for t, v in f["tables"].items()))
         for ex in f["examples"]:

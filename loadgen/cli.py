@@ -19,10 +19,10 @@ import time
 import uuid
 from pathlib import Path
 
-from loadgen.traffic import PATTERNS, arrival_times, planned_posts
+from modpipe.loadgen.traffic import PATTERNS, arrival_times, planned_posts
 from modpipe import log, output
 from modpipe.settings import Settings
-from simulation.simulator import SCENARIOS, Simulation
+from modpipe.simulation.simulator import SCENARIOS, Simulation
 
 _log = log.get(__name__)
 
@@ -33,9 +33,9 @@ def run_loadgen(settings: Settings, bootstrap: str, *, rate: float, duration_s: 
                 texts: list[dict] | None = None, lag_interval_s: float = 1.0, run_id: str | None = None,
                 process_groups=None) -> dict:
     """Produce the simulated traffic, wait for the decisions, return the report (`measure.summarize`)."""
-    from loadgen.measure import DecisionCollector, LagSampler, RssSampler, summarize
-    from loadgen.smoke import end_consumer
-    from loadgen.traffic import ProduceStats, ensure_loadgen_topics, make_producer, produce_events
+    from modpipe.loadgen.measure import DecisionCollector, LagSampler, RssSampler, summarize
+    from modpipe.loadgen.smoke import end_consumer
+    from modpipe.loadgen.traffic import ProduceStats, ensure_loadgen_topics, make_producer, produce_events
 
     if texts is None:
         from modpipe.textmodel.artifacts import resolve_model
@@ -106,7 +106,7 @@ def loadgen(settings: Settings, *, workers: int = 1, **kwargs) -> dict:
     """`run_loadgen` against running services (KAFKA_BOOTSTRAP_SERVERS), else on the embedded stack."""
     if settings.bootstrap_servers:
         return run_loadgen(settings, settings.bootstrap_servers, **kwargs)
-    from streams.local.stack import LocalStack
+    from modpipe.streams.local.stack import LocalStack
 
     with contextlib.ExitStack() as stack:
         local = stack.enter_context(LocalStack(settings, workers=workers))
@@ -115,7 +115,7 @@ def loadgen(settings: Settings, *, workers: int = 1, **kwargs) -> dict:
 
 
 def _loadgen(args: argparse.Namespace) -> int:
-    from loadgen.measure import format_table, plot
+    from modpipe.loadgen.measure import format_table, plot
 
     if args.plot:
         try:
@@ -176,7 +176,7 @@ coordinator, the group coordinator, or any) are SIGKILLed at seeded times over t
 `modpipe up` restarts each.
 Then, read back from the broker as a read_committed reader (the platform): posts sent / decided / lost,
 duplicate decisions (same post_id and revision) and those with another verdict, degraded decisions and their
-re-decisions, and whether every feature table (its changelog) equals features.offline over the same events;
+re-decisions, and whether every feature table (its changelog) equals modpipe.features.offline over the same events;
 and read_uncommitted, the decisions of aborted transactions an at-least-once reader would have seen on top.
 Exit 1 if a post was lost, a decision was seen twice or changed verdict, a degraded decision was not
 decided again, or a table differs. See loadgen/chaos.py.
@@ -184,8 +184,8 @@ decided again, or a table differs. See loadgen/chaos.py.
 
 
 def _bench_e2e(args: argparse.Namespace) -> int:
-    from loadgen.bench.report import format_text, write_markdown
-    from loadgen.bench.runs import BenchError, run
+    from modpipe.loadgen.bench.report import format_text, write_markdown
+    from modpipe.loadgen.bench.runs import BenchError, run
 
     settings = Settings.from_env()
     batches = [int(b) for b in args.ceiling_batch_sizes.split(",") if b.strip()]
@@ -208,8 +208,8 @@ def _bench_e2e(args: argparse.Namespace) -> int:
 
 def register_bench(sub: argparse._SubParsersAction) -> None:
     """`modpipe bench` with no target runs the end-to-end comparison; its targets stay as they are."""
-    from loadgen.bench.ceilings import DEFAULT_CEILING_BATCHES
-    from loadgen.bench.runs import DEFAULT_LOAD, DEFAULT_LOW_POSTS, DEFAULT_LOW_RATE, DEFAULT_POSTS
+    from modpipe.loadgen.bench.ceilings import DEFAULT_CEILING_BATCHES
+    from modpipe.loadgen.bench.runs import DEFAULT_LOAD, DEFAULT_LOW_POSTS, DEFAULT_LOW_RATE, DEFAULT_POSTS
     from modpipe.serving.cli import _bench_subparsers
 
     _bench_subparsers(sub).metavar = "[TARGET]"  # optional: no target = the end-to-end comparison
@@ -254,7 +254,7 @@ def register_bench(sub: argparse._SubParsersAction) -> None:
 
 
 def _smoke(args) -> int:
-    from loadgen.smoke import smoke
+    from modpipe.loadgen.smoke import smoke
 
     result = smoke(Settings.from_env(), args.posts, workers=args.workers, timeout_s=args.timeout,
                    progress=not args.json)
@@ -263,7 +263,7 @@ def _smoke(args) -> int:
 
 
 def _fuzz(args) -> int:
-    from loadgen.fuzz import fuzz
+    from modpipe.loadgen.fuzz import fuzz
 
     result = fuzz(Settings.from_env(), args.emoji_links or args.records, seed=args.seed, workers=args.workers,
                   timeout_s=args.timeout, progress=not args.json, emoji_links=bool(args.emoji_links),
@@ -275,7 +275,7 @@ def _fuzz(args) -> int:
 
 
 def _chaos(args) -> int:
-    from loadgen.chaos import format_text, run_chaos
+    from modpipe.loadgen.chaos import format_text, run_chaos
 
     # SIGTERM unwinds like Ctrl-C (modpipe.exits.Terminated): the stack's processes are stopped, none is left behind
     try:
@@ -294,7 +294,7 @@ def _chaos(args) -> int:
 
 
 def _demo(args) -> int:
-    from loadgen.demo import run_demo
+    from modpipe.loadgen.demo import run_demo
 
     return run_demo(Settings.from_env(), posts=args.posts, workers=args.workers, keep_running=args.keep_running)
 
@@ -319,7 +319,7 @@ def _on_broker(settings: Settings, kind: str) -> Settings:
 
 
 def _bench_features(args) -> int:
-    from loadgen.bench_features import run
+    from modpipe.loadgen.bench_features import run
 
     settings = Settings.from_env()
     reports = {kind: run(_on_broker(settings, kind), n_posts=args.posts, workers=args.workers, progress=not args.json,
@@ -331,7 +331,7 @@ def _bench_features(args) -> int:
 
 
 def _bench_state(args) -> int:
-    from loadgen.bench_state import BACKENDS, run
+    from modpipe.loadgen.bench_state import BACKENDS, run
 
     backends = tuple(b for b in args.backends.split(",") if b) if args.backends else BACKENDS
     bad = set(backends) - set(BACKENDS)
@@ -344,8 +344,8 @@ def _bench_state(args) -> int:
 
 
 def _bench_transport(args) -> int:
-    from loadgen.bench import transport
-    from loadgen.bench.transport_report import format_text
+    from modpipe.loadgen.bench import transport
+    from modpipe.loadgen.bench.transport_report import format_text
     from modpipe.services.broker import broker_pid, local_broker
     from modpipe.services.process import free_port
 
@@ -395,7 +395,7 @@ def register_clients(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
     p.set_defaults(func=_bench_features)
 
-    from loadgen import bench_state
+    from modpipe.loadgen import bench_state
 
     p = _bench_subparsers(sub).add_parser(
         "state", help="table state with N distinct users, links and IPs: memory, disk, bytes per key, restore "
@@ -408,7 +408,7 @@ def register_clients(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
     p.set_defaults(func=_bench_state)
 
-    from loadgen.bench import transport
+    from modpipe.loadgen.bench import transport
 
     p = _bench_subparsers(sub).add_parser(
         "transport", help="exactly-once delivery options (confluent/aiokafka, idempotent/transactional) side by "
@@ -483,7 +483,7 @@ def register_clients(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=600.0,
                    help="seconds to wait after the traffic for every decision and a quiet broker (default 600)")
     p.add_argument("--no-feature-check", action="store_true",
-                   help="skip the comparison of the feature tables with features.offline")
+                   help="skip the comparison of the feature tables with modpipe.features.offline")
     p.add_argument("--keep-state", action="store_true",
                    help="keep the run's broker data, tables and logs also when it passes (a failed run keeps them)")
     p.add_argument("--json", action="store_true", help="print one JSON object (no progress bars)")

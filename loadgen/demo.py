@@ -8,12 +8,12 @@ import time
 import orjson
 from confluent_kafka import Producer
 
-from loadgen.posts import labelled_posts, malformed_records
-from loadgen.smoke import end_consumer
+from modpipe.loadgen.posts import labelled_posts, malformed_records
+from modpipe.loadgen.smoke import end_consumer
 from modpipe import schema
 from modpipe.settings import Settings
 from modpipe.textmodel.artifacts import resolve_model
-from streams.local.stack import LocalStack, StatusLine
+from modpipe.streams.local.stack import LocalStack, StatusLine
 
 
 def _say(msg: str) -> None:

@@ -29,12 +29,12 @@ from collections.abc import Callable, Iterator
 import orjson
 from confluent_kafka import Producer
 
-from loadgen.posts import make_post
-from loadgen.smoke import end_consumer
+from modpipe.loadgen.posts import make_post
+from modpipe.loadgen.smoke import end_consumer
 from modpipe import schema
 from modpipe.output import progress_bar
 from modpipe.settings import Settings
-from streams.moderation.topics import TopicNames
+from modpipe.streams.moderation.topics import TopicNames
 
 KINDS = ("post", "report", "engagement", "label", "ban")
 DECODERS = {"post": schema.decode_post, "report": schema.decode_report, "engagement": schema.decode_engagement,
@@ -346,7 +346,7 @@ def fuzz(settings: Settings, n: int, *, seed: int = 0, workers: int = 1, timeout
     run = functools.partial(run_emoji_links, link_chars=link_chars) if emoji_links else run_fuzz
     if settings.bootstrap_servers:
         return run(settings, settings.bootstrap_servers, n, seed=seed, timeout_s=timeout_s, progress=progress)
-    from streams.local.stack import LocalStack
+    from modpipe.streams.local.stack import LocalStack
 
     with LocalStack(settings, workers=workers) as stack:
         if emoji_links:  # a worker still grows for a few seconds after it turns ready: measure from where it settles

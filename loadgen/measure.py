@@ -1,7 +1,7 @@
 """What a load run measured: decisions collected, consumer lag sampled, and the report computed from them.
 
 - `DecisionCollector`: a background thread on a group-less consumer positioned at the end of
-  `decisions` BEFORE anything is produced (`loadgen.smoke.end_consumer`), so it sees only this run.
+  `decisions` BEFORE anything is produced (`modpipe.loadgen.smoke.end_consumer`), so it sees only this run.
 - `LagSampler`: every `interval_s`, the committed offsets of group `settings.app_id` vs the high
   watermarks of `posts` (records produced but not yet processed).
 - `summarize`: throughput, end-to-end latency (each post's scheduled send time -> decision seen by a
@@ -23,7 +23,7 @@ from modpipe import log, schema
 from modpipe.services.fetching import START_GRACE_S, paced_fetches
 from modpipe.services.offsets import watermarks
 from modpipe.settings import Settings
-from simulation.metrics import binary_metrics, confusion, latency_summary, percentile, round_or_none
+from modpipe.simulation.metrics import binary_metrics, confusion, latency_summary, percentile, round_or_none
 
 _log = log.get(__name__)
 

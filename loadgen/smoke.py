@@ -15,14 +15,14 @@ import numpy as np
 import orjson
 from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
 
-from loadgen.posts import labelled_posts, malformed_records
+from modpipe.loadgen.posts import labelled_posts, malformed_records
 from modpipe import log, schema
 from modpipe.output import progress_bar
 from modpipe.services.fetching import PACED_CONSUMER_CONFIG
 from modpipe.services.offsets import watermarks
 from modpipe.settings import Settings
 from modpipe.textmodel.artifacts import resolve_model
-from streams.moderation.topics import TopicNames
+from modpipe.streams.moderation.topics import TopicNames
 
 _log = log.get(__name__)
 
@@ -119,7 +119,7 @@ def smoke(settings: Settings, n_posts: int, workers: int = 1, timeout_s: float =
           progress: bool = True) -> dict:
     if settings.bootstrap_servers:
         return run_smoke(settings, settings.bootstrap_servers, n_posts, timeout_s, progress)
-    from streams.local.stack import LocalStack
+    from modpipe.streams.local.stack import LocalStack
 
     with contextlib.ExitStack() as stack:
         local = stack.enter_context(LocalStack(settings, workers=workers))

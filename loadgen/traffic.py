@@ -27,7 +27,7 @@ import orjson
 
 from modpipe import log, schema
 from modpipe.settings import Settings
-from simulation.simulator import KIND_TOPICS, TRUTH_HEADER, Event
+from modpipe.simulation.simulator import KIND_TOPICS, TRUTH_HEADER, Event
 
 _log = log.get(__name__)
 
@@ -112,7 +112,7 @@ def ensure_loadgen_topics(settings: Settings, bootstrap: str, timeout: float = 3
         except Exception as exc:  # another creator won the race: fine
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise
-    from streams.moderation.topics import wait_for_leaders
+    from modpipe.streams.moderation.topics import wait_for_leaders
 
     wait_for_leaders(admin, missing, timeout)
     _log.info("loadgen topics created", extra={"topics": missing, "partitions": partitions})

@@ -15,14 +15,14 @@ COMMAND_MODULES = [
     "modpipe.serving.cli",       # triton | classify | bench model
     "modpipe.evaluation.cli",    # registers
     "modpipe.decision.cli",      # decision train | decision eval
-    "streams.cli",               # broker | topics | worker | up
-    "loadgen.cli",               # loadgen | smoke | demo | bench [features] | chaos | fuzz
-    "console.cli",               # console
+    "modpipe.streams.cli",               # broker | topics | worker | up
+    "modpipe.loadgen.cli",               # loadgen | smoke | demo | bench [features] | chaos | fuzz
+    "modpipe.console.cli",               # console
 ]
 
 # Commands that register only their own module: `modpipe worker` is what production runs, and its process
 # must not load the load generator, the simulation or training code just to parse its command line.
-LEAN_COMMANDS = {"worker": "streams.cli"}
+LEAN_COMMANDS = {"worker": "modpipe.streams.cli"}
 
 
 def effective_settings() -> dict[str, object]:

@@ -30,14 +30,14 @@ DEFAULT_WORKER_MEMORY_MB = 2048
 # the rest is the process (~400 MiB: Python, numpy, LightGBM, librdkafka) and, with
 # MODPIPE_STATE_BACKEND=memory, the tables.
 SHARES: dict[str, float] = {
-    "url_parse": 0.02,  # features.url.parse_url: parsed links (~2 KB each; a hostile one ~110 KB)
-    "brand_match": 0.005,  # features.brands: look-alike matches per host
+    "url_parse": 0.02,  # modpipe.features.url.parse_url: parsed links (~2 KB each; a hostile one ~110 KB)
+    "brand_match": 0.005,  # modpipe.features.brands: look-alike matches per host
     "ip_parse": 0.005,  # modpipe.schema.canonical_ip
-    "ip_normalize": 0.005,  # features.events.normalize_ip
+    "ip_normalize": 0.005,  # modpipe.features.events.normalize_ip
     "timestamp_parse": 0.005,  # modpipe.schema timestamps
-    "journey_step": 0.002,  # features.journey step names
-    "partition": 0.01,  # streams.moderation.bundles.partition_for
-    "text": 0.01,  # streams.moderation.scoring.TextCache: probabilities per model input
+    "journey_step": 0.002,  # modpipe.features.journey step names
+    "partition": 0.01,  # modpipe.streams.moderation.bundles.partition_for
+    "text": 0.01,  # modpipe.streams.moderation.scoring.TextCache: probabilities per model input
     "bundles": 0.02,  # one round's stage bundles before they are produced
     "fetched": 0.02,  # records fetched and waiting for their rounds (fetching pauses above it)
     "decision_queue": 0.03,  # ready posts waiting for a Triton batch (fetching pauses above it)
@@ -120,7 +120,7 @@ def _leaves_size(items: Any) -> int | None:
 
 # The most a JSON scalar of a decoded record or a feature map takes: an int below 2**90 (a 64-bit value, or a sum
 # of at most a thousand of them), a float, a bool or None. Schema-aware sizes (`schema.post_size`,
-# `features.vector.features_size`) charge each scalar field this much without looking at it.
+# `modpipe.features.vector.features_size`) charge each scalar field this much without looking at it.
 SCALAR_BOUND = _getsizeof(2 ** 89)
 
 

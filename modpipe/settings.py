@@ -77,6 +77,9 @@ SETTINGS_SPEC: dict[str, Spec] = {
     "triton_http_port": Spec("TRITON_HTTP_PORT", "8000", "HTTP port of the embedded Triton.", int),
     "triton_grpc_port": Spec("TRITON_GRPC_PORT", "8001", "gRPC port of the embedded Triton.", int),
     "triton_metrics_port": Spec("TRITON_METRICS_PORT", "8002", "Metrics port of the embedded Triton.", int),
+    "triton_repo_src": Spec("MODPIPE_TRITON_REPO_SRC", "",
+                            "Templates of the Triton model repository (configs, python-backend code). Empty: the ones "
+                            "installed with modpipe (`modpipe.triton_models`, the repository's triton_models/)."),
     "triton_model": Spec("MODPIPE_TRITON_MODEL", "spam_text", "Name of the text model in Triton."),
     "triton_variant": Spec("MODPIPE_TRITON_VARIANT", "cpu",
                            "spam_text variant the embedded Triton serves: `cpu` (ONNX Runtime) or `cuda` (PyTorch, "

@@ -24,7 +24,7 @@ import threading
 import time
 from datetime import datetime
 
-from loadgen.smoke import end_consumer
+from modpipe.loadgen.smoke import end_consumer
 from modpipe.services.fetching import paced_fetches
 from modpipe.settings import Settings
 

@@ -1,7 +1,7 @@
 """A seeded, deterministic simulation of social-platform traffic (pure: no Kafka, no clock, no I/O).
 
 `Simulation(texts, scenario, seed).events(arrivals)` turns post arrival offsets (seconds, from the rate
-control in `loadgen.traffic`) into time-ordered `Event`s: posts plus the side streams they cause
+control in `modpipe.loadgen.traffic`) into time-ordered `Event`s: posts plus the side streams they cause
 (reports, shares/comments, moderator labels, domain bans). Every payload has the shape that the
 `modpipe.schema` decoders accept; the ground truth of each event is a separate dict that the producer
 puts ONLY in the `modpipe-truth` Kafka header, never in the payload.
@@ -70,7 +70,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from features.lists import BRAND_DOMAINS, SHORTENER_DOMAINS
+from modpipe.features.lists import BRAND_DOMAINS, SHORTENER_DOMAINS
 from modpipe import schema
 from modpipe.textmodel.attacks import variant
 

@@ -32,7 +32,7 @@ def _broker(args) -> int:
 
 
 def _topics(args) -> int:
-    from streams.moderation.topics import TopicConfigError, TopicNames, ensure_topics
+    from modpipe.streams.moderation.topics import TopicConfigError, TopicNames, ensure_topics
 
     settings = Settings.from_env()
     try:
@@ -48,13 +48,13 @@ def _topics(args) -> int:
 
 
 def _worker(args) -> int:
-    from streams.worker import run_worker
+    from modpipe.streams.worker import run_worker
 
     return run_worker(Settings.from_env(), args.name)
 
 
 def _up(args) -> int:
-    from streams.local.stack import LocalStack, StatusLine
+    from modpipe.streams.local.stack import LocalStack, StatusLine
 
     settings = Settings.from_env()
     # SIGINT raises KeyboardInterrupt, SIGTERM exits.Terminated (as modpipe.cli.main sets them): BaseExceptions,

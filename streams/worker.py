@@ -13,23 +13,23 @@ import threading
 
 import orjson
 
-from features.events import prepare_post
-from features.vector import assemble
+from modpipe.features.events import prepare_post
+from modpipe.features.vector import assemble
 from modpipe import exits, log, schema
 from modpipe.decision.verdict import Decider, ThresholdDecider
 from modpipe.settings import Settings
 from modpipe.textmodel.artifacts import resolve_model
-from streams import metrics
-from streams.checkpointing import incarnations
-from streams.checkpointing.outbox import Outbox
-from streams.moderation.agents import Wiring, make_handlers
-from streams.moderation.app import consumer_config, create_pipeline
-from streams.moderation.bans import BanLogUnavailable, BanRegistry
-from streams.moderation.decisions import features_for
-from streams.moderation.scoring import TextScorer
-from streams.moderation.topics import ensure_topics
-from streams.runtime import health
-from streams.runtime.runner import Runner
+from modpipe.streams import metrics
+from modpipe.streams.checkpointing import incarnations
+from modpipe.streams.checkpointing.outbox import Outbox
+from modpipe.streams.moderation.agents import Wiring, make_handlers
+from modpipe.streams.moderation.app import consumer_config, create_pipeline
+from modpipe.streams.moderation.bans import BanLogUnavailable, BanRegistry
+from modpipe.streams.moderation.decisions import features_for
+from modpipe.streams.moderation.scoring import TextScorer
+from modpipe.streams.moderation.topics import ensure_topics
+from modpipe.streams.runtime import health
+from modpipe.streams.runtime.runner import Runner
 
 _log = log.get(__name__)
 

@@ -1,6 +1,6 @@
 """`modpipe bench` (no target): the end-to-end comparison, three paths in one run.
 
-On the same machine, in one run, on the same texts (posts of a seeded `simulation.simulator` simulation built
+On the same machine, in one run, on the same texts (posts of a seeded `modpipe.simulation.simulator` simulation built
 from the served build's held-out split):
 
 1. **pipeline**: modpipe end to end (broker -> ingest -> feature stages -> batching -> Triton ->

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from loadgen.bench.ceilings import (
+from modpipe.loadgen.bench.ceilings import (
     DEFAULT_CEILING_BATCHES,
     UNTRIMMED_PROBE,
     ceiling_pass,
@@ -21,14 +21,14 @@ from loadgen.bench.ceilings import (
     seed_pass,
     untrimmed_probe,
 )
-from loadgen.bench.metering import CpuMeter, loadavg_1m, machine_info, triton_server_info
-from loadgen.bench.pipeline import BenchError, DecisionLog, pipeline_passes
-from loadgen.bench.report import capacity, ratio, targets
+from modpipe.loadgen.bench.metering import CpuMeter, loadavg_1m, machine_info, triton_server_info
+from modpipe.loadgen.bench.pipeline import BenchError, DecisionLog, pipeline_passes
+from modpipe.loadgen.bench.report import capacity, ratio, targets
 from modpipe import log
 from modpipe.settings import Settings
 from modpipe.textmodel.artifacts import ModelBuild, resolve_model
 from modpipe.textmodel.tokenize import BatchTokenizer
-from simulation.simulator import Event, Simulation
+from modpipe.simulation.simulator import Event, Simulation
 
 _log = log.get(__name__)
 
@@ -73,7 +73,7 @@ def run(settings: Settings, n_posts: int = DEFAULT_POSTS, workers: int | None = 
     a long saturation pass would take longer than the pipeline). `profile_dir`: py-spy on every worker during
     the first saturation pass (loadgen/bench/profiling.py), raw stacks kept there."""
     from modpipe.output import progress_bar
-    from streams.local.stack import LocalStack
+    from modpipe.streams.local.stack import LocalStack
 
     if n_posts < 10:
         raise ValueError("--posts must be at least 10")

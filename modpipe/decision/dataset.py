@@ -1,7 +1,7 @@
 """Labelled decision data: load-generator traffic replayed through the very feature code the workers run.
 
 `replay(events, text_probabilities, feedback)` feeds a simulation's events, in event-time order, to
-`features.offline.compute` (features.events + features.state + features.vector: the functions the
+`modpipe.features.offline.compute` (modpipe.features.events + modpipe.features.state + modpipe.features.vector: the functions the
 stream workers' stages call, with dicts as storage) and records each post's feature map as of its decision,
 with the ground truth the load generator attached. The pipeline feeds its own `block` verdicts back
 into the tables (user_spam_posts, ip_spam_posts); the replay does the same through `feedback`, so a
@@ -22,11 +22,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from features.offline import compute
+from modpipe.features.offline import compute
 from modpipe import log
 from modpipe.decision.engine import shortcut
 from modpipe.textmodel.artifacts import ModelBuild
-from simulation.simulator import Event, Simulation
+from modpipe.simulation.simulator import Event, Simulation
 
 _log = log.get(__name__)
 

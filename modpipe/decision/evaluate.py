@@ -40,7 +40,7 @@ from modpipe.decision.train import feedback_of
 from modpipe.decision.verdict import Decider, ThresholdDecider
 from modpipe.settings import Settings
 from modpipe.textmodel.artifacts import ModelBuild
-from simulation.metrics import binary_metrics
+from modpipe.simulation.metrics import binary_metrics
 
 EVAL_SCENARIOS = ("mixed", "campaign_burst", "stealth_campaign", "hijacked_accounts", "human_spammers",
                   "obfuscated_campaign", "human_lures", "taken_over_lures", "link_lures", "business_commerce",

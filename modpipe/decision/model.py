@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from features.vector import NUMERIC_FEATURES, to_matrix, to_vector
+from modpipe.features.vector import NUMERIC_FEATURES, to_matrix, to_vector
 
 # Column order of the model's input: the text model's probability, then every numeric feature.
 DECISION_FEATURES: tuple[str, ...] = ("text_probability",) + NUMERIC_FEATURES

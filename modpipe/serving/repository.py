@@ -26,7 +26,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-import modpipe
+from modpipe import triton_models
 from modpipe.serving import charhead
 from modpipe.textmodel import lexical
 from modpipe.textmodel.artifacts import TORCH_DIR, TORCH_FILES, ModelBuild
@@ -50,9 +50,9 @@ class RepositoryError(RuntimeError):
 
 
 def source_dir() -> Path:
-    """`triton_models/` of the source checkout (works for editable installs), or $MODPIPE_TRITON_REPO_SRC."""
+    """The templates installed with modpipe (`modpipe.triton_models`), or $MODPIPE_TRITON_REPO_SRC."""
     override = os.environ.get(REPO_SRC_ENV, "")
-    path = Path(override).expanduser() if override else Path(modpipe.__file__).resolve().parents[1] / "triton_models"
+    path = Path(override).expanduser() if override else triton_models.ROOT
     if not (path / "common").is_dir():
         raise RepositoryError(f"Triton model templates not found at {path}; set {REPO_SRC_ENV} to the "
                               "`triton_models` directory of a modpipe checkout")

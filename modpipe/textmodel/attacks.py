@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 
-from features.obfuscation import LEET, LEET_SYMBOLS, lookalikes_of
+from modpipe.features.obfuscation import LEET, LEET_SYMBOLS, lookalikes_of
 from modpipe.textmodel.data import Example
 
 FORMS = ("leet", "lookalike", "spaced", "invisible", "synonym", "punctuation")

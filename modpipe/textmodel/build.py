@@ -152,10 +152,10 @@ def batch_shift(onnx_path: Path, tok: BatchTokenizer, texts: list[str]) -> float
 def source_hash() -> str:
     """sha256 over this package's Python sources and the hostile-text tables tokenizer.json is built from
     (name + content), so code changes make a new build."""
-    import features.obfuscation
+    import modpipe.features.obfuscation
 
     h = hashlib.sha256()
-    for p in sorted(Path(__file__).parent.glob("*.py")) + [Path(features.obfuscation.__file__)]:
+    for p in sorted(Path(__file__).parent.glob("*.py")) + [Path(modpipe.features.obfuscation.__file__)]:
         h.update(p.name.encode())
         h.update(p.read_bytes())
     return h.hexdigest()

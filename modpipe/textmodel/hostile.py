@@ -4,7 +4,7 @@ tokenizer.json is the one tokenizer that training, the client `BatchTokenizer` a
 model all load, so a rule placed here is applied identically in the three places by construction. In order,
 before the punctuation-run rule (tokenize.py) and BERT's own normalizer (lowercase, accents stripped):
 
-1. invisible characters removed (`features.obfuscation.INVISIBLE_RANGES`): "f\u200br\u200bee" -> "free";
+1. invisible characters removed (`modpipe.features.obfuscation.INVISIBLE_RANGES`): "f\u200br\u200bee" -> "free";
 2. NFKC: fullwidth and mathematical letters become ASCII ("ｆｒｅｅ", "𝐟𝐫𝐞𝐞");
 3. look-alikes folded to the ASCII character of the same UTS #39 skeleton (Cyrillic "frее" -> "free"),
    one regex character class per target;
@@ -24,7 +24,7 @@ import re
 
 from tokenizers import Regex, Tokenizer, normalizers
 
-from features.obfuscation import INVISIBLE_RANGES, LEET, SPACED_SEPARATORS, confusable_to_ascii
+from modpipe.features.obfuscation import INVISIBLE_RANGES, LEET, SPACED_SEPARATORS, confusable_to_ascii
 
 # The separator in a run of >= 3 one-letter words joined by that same separator: either a one-letter word
 # and the separator come before the letter to its left, or the separator and a one-letter word follow the

@@ -49,9 +49,9 @@ import time
 from collections.abc import Callable
 
 from modpipe import log
-from streams import metrics
-from streams.checkpointing.outbox import Pending
-from streams.waiting import wait_at_most
+from modpipe.streams import metrics
+from modpipe.streams.checkpointing.outbox import Pending
+from modpipe.streams.waiting import wait_at_most
 
 _log = log.get(__name__)
 

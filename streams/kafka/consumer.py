@@ -54,9 +54,9 @@ from modpipe.services.fetching import (
     fetch_window,
     resume_now,
 )
-from streams import metrics
-from streams.kafka.records import TP, Record, records_bytes
-from streams.kafka.stalls import FetchWatch
+from modpipe.streams import metrics
+from modpipe.streams.kafka.records import TP, Record, records_bytes
+from modpipe.streams.kafka.stalls import FetchWatch
 
 _log = log.get(__name__)
 

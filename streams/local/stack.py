@@ -26,8 +26,8 @@ from modpipe import log
 from modpipe.services.broker import local_broker, tuned_for
 from modpipe.services.process import ManagedProcess, ServiceError, free_port, port_free
 from modpipe.settings import Settings
-from streams.moderation.topics import TopicNames, ensure_topics
-from streams.runtime.health import READY_PATH
+from modpipe.streams.moderation.topics import TopicNames, ensure_topics
+from modpipe.streams.runtime.health import READY_PATH
 
 _log = log.get(__name__)
 

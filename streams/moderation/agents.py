@@ -36,23 +36,23 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from features import events as fe
-from features.state import DEFAULT_LIMITS
+from modpipe.features import events as fe
+from modpipe.features.state import DEFAULT_LIMITS
 from modpipe import log, memory, schema
 from modpipe.decision.verdict import Decider
 from modpipe.settings import Settings
-from streams import metrics
-from streams.checkpointing.checkpoint import Epochs
-from streams.checkpointing.outbox import Outbox, Pending
-from streams.kafka.records import TP
-from streams.moderation.app import Pipeline
-from streams.moderation.bans import BanRegistry
-from streams.moderation.bundles import Bundler, decode_bundle, partition_for
-from streams.moderation.dead_letters import event_timestamp_ms, send_dead_letter
-from streams.moderation.decisions import DecisionBatcher, Publisher
-from streams.moderation.scoring import TextModelUnavailable, TextScorer
-from streams.moderation.stages import ReadyPost, Redecision, Stage, event_items, post_item
-from streams.state.table_states import ChangelogWriter
+from modpipe.streams import metrics
+from modpipe.streams.checkpointing.checkpoint import Epochs
+from modpipe.streams.checkpointing.outbox import Outbox, Pending
+from modpipe.streams.kafka.records import TP
+from modpipe.streams.moderation.app import Pipeline
+from modpipe.streams.moderation.bans import BanRegistry
+from modpipe.streams.moderation.bundles import Bundler, decode_bundle, partition_for
+from modpipe.streams.moderation.dead_letters import event_timestamp_ms, send_dead_letter
+from modpipe.streams.moderation.decisions import DecisionBatcher, Publisher
+from modpipe.streams.moderation.scoring import TextModelUnavailable, TextScorer
+from modpipe.streams.moderation.stages import ReadyPost, Redecision, Stage, event_items, post_item
+from modpipe.streams.state.table_states import ChangelogWriter
 
 _log = log.get(__name__)
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from features.events import POST, TABLES
+from modpipe.features.events import POST, TABLES
 from modpipe import memory
 from modpipe.settings import Settings
-from streams.moderation.topics import TopicNames
-from streams.state import rocksdb
-from streams.state.tables import Table, make_tables
+from modpipe.streams.moderation.topics import TopicNames
+from modpipe.streams.state import rocksdb
+from modpipe.streams.state.tables import Table, make_tables
 
 
 @dataclass

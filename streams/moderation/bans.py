@@ -21,11 +21,11 @@ from collections.abc import Callable
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
-from features import events as fe
-from features.state import DEFAULT_LIMITS, load_state
+from modpipe.features import events as fe
+from modpipe.features.state import DEFAULT_LIMITS, load_state
 from modpipe import log, schema
 from modpipe.settings import Settings
-from streams import metrics
+from modpipe.streams import metrics
 
 _log = log.get(__name__)
 

@@ -26,7 +26,7 @@ from collections.abc import Callable
 import orjson
 
 from modpipe import memory
-from streams import metrics
+from modpipe.streams import metrics
 
 MAX_BUNDLE_BYTES = 512 * 1024  # well under Kafka's default 1 MB record limit
 

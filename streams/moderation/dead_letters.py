@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from modpipe import log, schema
-from streams import metrics
-from streams.checkpointing.outbox import Outbox, Pending
+from modpipe.streams import metrics
+from modpipe.streams.checkpointing.outbox import Outbox, Pending
 
 _log = log.get(__name__)
 

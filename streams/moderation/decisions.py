@@ -26,17 +26,17 @@ import asyncio
 import collections
 from collections.abc import Callable, Sequence
 
-from features.vector import features_size
+from modpipe.features.vector import features_size
 from modpipe import log, memory, schema
 from modpipe.decision.engine import cascade, shortcut
 from modpipe.decision.verdict import Decider, without_text_model
-from streams import metrics
-from streams.checkpointing.outbox import Outbox, Pending
-from streams.moderation.bundles import Bundler
-from streams.moderation.scoring import TextModelUnavailable, TextScorer
-from streams.moderation.stages import ReadyPost, Redecision, decision_items
-from streams.moderation.topics import TopicNames
-from streams.waiting import wait_at_most
+from modpipe.streams import metrics
+from modpipe.streams.checkpointing.outbox import Outbox, Pending
+from modpipe.streams.moderation.bundles import Bundler
+from modpipe.streams.moderation.scoring import TextModelUnavailable, TextScorer
+from modpipe.streams.moderation.stages import ReadyPost, Redecision, decision_items
+from modpipe.streams.moderation.topics import TopicNames
+from modpipe.streams.waiting import wait_at_most
 
 _log = log.get(__name__)
 

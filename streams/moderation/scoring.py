@@ -30,7 +30,7 @@ from modpipe import log, memory
 from modpipe.serving.charhead import CharHead
 from modpipe.textmodel.artifacts import ModelBuild
 from modpipe.textmodel.tokenize import BatchTokenizer
-from streams import metrics
+from modpipe.streams import metrics
 
 _log = log.get(__name__)
 

@@ -1,8 +1,8 @@
 """The feature stages as plain classes: items in, table states updated, items out. No Kafka here.
 
-A post walks its route of stages (features.events.STAGES): user -> link (url + domain) -> ip -> post.
+A post walks its route of stages (modpipe.features.events.STAGES): user -> link (url + domain) -> ip -> post.
 At each stage it updates that stage's tables and collects their share of its features (`counts`);
-the post stage adds the bans and assembles the feature map (features.vector), and the post is ready
+the post stage adds the bans and assembles the feature map (modpipe.features.vector), and the post is ready
 for the text model and the decision. Side events (reports, engagements, labels, decisions, bans) go
 straight to the stages of the tables they update; states may ask for follow-ups on other tables (a
 label reaches the ip table through the post table, a ban the posts of its domain) and the post table
@@ -20,10 +20,10 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from features import events as fe
-from features.state import RESENT, Limits, ban_features, mark_post
-from features.vector import assemble
-from streams.state.table_states import TableStates
+from modpipe.features import events as fe
+from modpipe.features.state import RESENT, Limits, ban_features, mark_post
+from modpipe.features.vector import assemble
+from modpipe.streams.state.table_states import TableStates
 
 
 @dataclasses.dataclass
@@ -41,7 +41,7 @@ class Redecision:
     """The post table asked to decide a post again from its stored snapshot."""
     post_id: str
     ctx: dict  # post_id, user_id, ip, ts: where the verdict is fed back
-    request: dict  # features.state.PostState.redecision()
+    request: dict  # modpipe.features.state.PostState.redecision()
 
 
 @dataclasses.dataclass

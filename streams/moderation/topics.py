@@ -8,7 +8,7 @@
     bans ──▶ read in full by every worker (streams/moderation/bans.py), and to features.link (re-decisions)
     posts decided without the text model (an outage) ──▶ posts.awaiting-text ──▶ decided again (revision + 1)
 
-Stage topics (`features.<stage>`, stages in features.events.STAGES) carry bundles: one record per
+Stage topics (`features.<stage>`, stages in modpipe.features.events.STAGES) carry bundles: one record per
 destination partition per round (streams/moderation/bundles.py), placed by the key their tables count (user_id,
 registrable domain, ip, post_id), so each table is co-partitioned with the topics that update it. A
 post visits only the stages whose key it has. Names get MODPIPE_TOPIC_PREFIX in front; dead letters of
@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from features.events import STAGES, TABLES
+from modpipe.features.events import STAGES, TABLES
 from modpipe import log
 from modpipe.settings import Settings
-from streams.state.tables import changelog_topic
+from modpipe.streams.state.tables import changelog_topic
 
 _log = log.get(__name__)
 

@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from streams import metrics
+from modpipe.streams import metrics
 
 Check = Callable[[], bool]
 READY_PATH, LIVE_PATH = "/readyz", "/livez"

@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable, Iterable
 
 from modpipe import log
-from streams import metrics
-from streams.kafka.records import TP
+from modpipe.streams import metrics
+from modpipe.streams.kafka.records import TP
 
 _log = log.get(__name__)
 

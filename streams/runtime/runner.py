@@ -18,16 +18,16 @@ from __future__ import annotations
 import asyncio
 import collections
 
-from features import events as fe
+from modpipe.features import events as fe
 from modpipe import log, memory
 from modpipe.settings import Settings
-from streams import metrics
-from streams.checkpointing.checkpoint import Checkpointer, FreezeWatch
-from streams.kafka.consumer import GroupConsumer
-from streams.kafka.records import TP, Record, records_bytes
-from streams.runtime.purge import PurgePlan, Purger
-from streams.state import tables
-from streams.waiting import wait_at_most
+from modpipe.streams import metrics
+from modpipe.streams.checkpointing.checkpoint import Checkpointer, FreezeWatch
+from modpipe.streams.kafka.consumer import GroupConsumer
+from modpipe.streams.kafka.records import TP, Record, records_bytes
+from modpipe.streams.runtime.purge import PurgePlan, Purger
+from modpipe.streams.state import tables
+from modpipe.streams.waiting import wait_at_most
 
 _log = log.get(__name__)
 

@@ -34,9 +34,9 @@ from pathlib import Path
 import orjson
 import rocksdict
 
-from features.events import TABLES
+from modpipe.features.events import TABLES
 from modpipe import log
-from streams.state.tables import _wall_ms, changelog_topic, encode_key, encode_value, record_check
+from modpipe.streams.state.tables import _wall_ms, changelog_topic, encode_key, encode_value, record_check
 
 _log = log.get(__name__)
 

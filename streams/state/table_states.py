@@ -29,10 +29,10 @@ import collections
 from collections.abc import Callable
 from typing import Any
 
-from features.state import Limits, load_state
+from modpipe.features.state import Limits, load_state
 from modpipe import log
-from streams import metrics
-from streams.state.tables import Table, encode_key
+from modpipe.streams import metrics
+from modpipe.streams.state.tables import Table, encode_key
 
 _log = log.get(__name__)
 

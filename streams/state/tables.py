@@ -10,7 +10,7 @@ again after a crash is counted once, from the state as it was when that input's 
 States are written once per changed key per checkpoint (`streams/state/table_states.py`): into this store and, as a
 changelog record in the open transaction, to the changelog partition of the same number. The records are
 what faust wrote (the key and the state as JSON, changelog `<app id>-features-<table>-changelog`), so
-`modpipe chaos` and `features.offline` read them the same way.
+`modpipe chaos` and `modpipe.features.offline` read them the same way.
 
 Memory. A state is held as the very bytes of its changelog record, not as the decoded dict: a post's state (its
 decision snapshot included) is ~2 KB of JSON, and 120,000 of them took ~1.6 KB of memory each as bytes against
@@ -42,11 +42,11 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from features.events import TABLES
+from modpipe.features.events import TABLES
 from modpipe import log, schema
 from modpipe.services.offsets import watermarks
 from modpipe.settings import Settings
-from streams import metrics
+from modpipe.streams import metrics
 
 _log = log.get(__name__)
 RESTORE_PROGRESS_S = 15.0  # a restore still reading after this long says where it stands, and again after each

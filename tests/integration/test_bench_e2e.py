@@ -9,8 +9,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from loadgen.bench.report import TARGETS, format_markdown, format_text, write_markdown
-from loadgen.bench.runs import run
+from modpipe.loadgen.bench.report import TARGETS, format_markdown, format_text, write_markdown
+from modpipe.loadgen.bench.runs import run
 
 pytestmark = pytest.mark.integration
 
@@ -137,9 +137,9 @@ def test_release_deletes_only_what_was_committed_and_read(bootstrap, tmp_path):
     past them, and never a changelog (the tables' state)."""
     from confluent_kafka import Consumer, Producer, TopicPartition
 
-    from loadgen.bench.pipeline import release_consumed
+    from modpipe.loadgen.bench.pipeline import release_consumed
     from modpipe.settings import Settings
-    from streams.moderation.topics import TopicNames, ensure_topics
+    from modpipe.streams.moderation.topics import TopicNames, ensure_topics
 
     tag = tmp_path.name[-8:].replace("-", "_")
     settings = Settings.from_env(state_dir=tmp_path / "state", bootstrap_servers=bootstrap, topic_prefix=f"r{tag}.",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from loadgen import bench_features
+from modpipe.loadgen import bench_features
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ import uuid
 import orjson
 import pytest
 
-from loadgen import bench_state
+from modpipe.loadgen import bench_state
 from modpipe.services.process import free_port
 from modpipe.settings import Settings
 

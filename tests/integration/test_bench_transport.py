@@ -8,8 +8,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from loadgen.bench.transport import run
-from loadgen.bench.transport_report import format_text
+from modpipe.loadgen.bench.transport import run
+from modpipe.loadgen.bench.transport_report import format_text
 
 pytestmark = pytest.mark.integration
 

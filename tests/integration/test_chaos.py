@@ -67,7 +67,7 @@ def test_a_transaction_left_open_is_reported_as_holding_readers_back(bootstrap, 
 
     from confluent_kafka import Producer
 
-    from loadgen.chaos import held_back
+    from modpipe.loadgen.chaos import held_back
     from modpipe.settings import Settings
     from tests.fixtures.kafka import create_topics
 

@@ -14,13 +14,13 @@ import orjson
 import pytest
 from confluent_kafka import Producer
 
-from console.audit import AuditLog
-from console.auth import Accounts
-from console.follower import Follower, LabelPublisher
-from console.index import DecisionIndex
-from console.server import ConsoleConfig, serve
-from loadgen.posts import make_post
-from loadgen.smoke import end_consumer
+from modpipe.console.audit import AuditLog
+from modpipe.console.auth import Accounts
+from modpipe.console.follower import Follower, LabelPublisher
+from modpipe.console.index import DecisionIndex
+from modpipe.console.server import ConsoleConfig, serve
+from modpipe.loadgen.posts import make_post
+from modpipe.loadgen.smoke import end_consumer
 from modpipe import schema
 
 pytestmark = pytest.mark.integration

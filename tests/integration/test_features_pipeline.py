@@ -10,10 +10,10 @@ import orjson
 import pytest
 from confluent_kafka import Producer
 
-from features.offline import compute
-from features.vector import FEATURE_NAMES
-from loadgen.posts import make_post
-from loadgen.smoke import end_consumer
+from modpipe.features.offline import compute
+from modpipe.features.vector import FEATURE_NAMES
+from modpipe.loadgen.posts import make_post
+from modpipe.loadgen.smoke import end_consumer
 from modpipe import schema
 
 pytestmark = pytest.mark.integration
@@ -137,7 +137,7 @@ def run_script(s: Script) -> None:
 
 
 def assert_matches_offline(s: Script, replayed_before: str | None = None) -> None:
-    """Every feature of every first decision equals features.offline over the same events.
+    """Every feature of every first decision equals modpipe.features.offline over the same events.
 
     Every decision of a post is fed back. A replayed post is decided again, and the second verdict can
     differ from the first (e.g. its IP was banned in between: the cascade blocks it), so offline feeds

@@ -15,8 +15,8 @@ import uuid
 import pytest
 from confluent_kafka import Producer, TopicPartition
 
-from streams import metrics
-from streams.kafka.consumer import GroupConsumer
+from modpipe.streams import metrics
+from modpipe.streams.kafka.consumer import GroupConsumer
 from tests.fixtures.kafka import create_topics
 
 pytestmark = pytest.mark.integration

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadgen.fuzz import run_fuzz, worker_rss_mib
+from modpipe.loadgen.fuzz import run_fuzz, worker_rss_mib
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from loadgen.chaos import read_all
+from modpipe.loadgen.chaos import read_all
 from modpipe.settings import Settings
 from tests.fixtures.kafka import create_topics
 from tests.fixtures.waiting import wait_for
@@ -37,7 +37,7 @@ ZOMBIE = """
 import asyncio, json, os, sys
 from confluent_kafka import Consumer, KafkaException
 from modpipe.settings import Settings
-from streams.checkpointing.outbox import Outbox, Pending
+from modpipe.streams.checkpointing.outbox import Outbox, Pending
 
 bootstrap, group, source, out, woke, txn_id = sys.argv[1:7]
 SESSION_MS = int(sys.argv[7])

@@ -19,8 +19,8 @@ import uuid
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from streams.kafka.consumer import GroupConsumer
-from streams.kafka.records import TP
+from modpipe.streams.kafka.consumer import GroupConsumer
+from modpipe.streams.kafka.records import TP
 from tests.fixtures.kafka import create_topics
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,7 @@ import uuid
 import pytest
 from confluent_kafka import Producer
 
-from streams.kafka.consumer import ASSIGNMENT_GRACE_S, GroupConsumer
+from modpipe.streams.kafka.consumer import ASSIGNMENT_GRACE_S, GroupConsumer
 from tests.fixtures.kafka import create_topics
 
 pytestmark = pytest.mark.integration

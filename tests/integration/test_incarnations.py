@@ -14,8 +14,8 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from modpipe.settings import Settings
-from streams.checkpointing import incarnations
-from streams.moderation.topics import TopicNames, ensure_topics
+from modpipe.streams.checkpointing import incarnations
+from modpipe.streams.moderation.topics import TopicNames, ensure_topics
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from loadgen.traffic import make_producer
+from modpipe.loadgen.traffic import make_producer
 from modpipe.settings import Settings
 from tests.fixtures.kafka import create_topics
 

@@ -9,9 +9,9 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from loadgen.cli import run_loadgen
-from loadgen.measure import format_table
-from simulation.simulator import TRUTH_HEADER
+from modpipe.loadgen.cli import run_loadgen
+from modpipe.loadgen.measure import format_table
+from modpipe.simulation.simulator import TRUTH_HEADER
 
 pytestmark = pytest.mark.integration
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from loadgen.chaos import compare_tables, count_decisions, offline_tables, streaming_tables
-from streams.local.stack import LocalStack
+from modpipe.loadgen.chaos import compare_tables, count_decisions, offline_tables, streaming_tables
+from modpipe.streams.local.stack import LocalStack
 from tests.fixtures.waiting import wait_for
 from tests.integration.test_commit_stall import decisions, offsets, posts_round, produce_plainly, wait_decided
 
@@ -68,7 +68,7 @@ def test_committed_stage_records_are_purged_and_nothing_else(local_stack, pipeli
     made = decisions(settings, stack.bootstrap, stack.topics.decisions)
     counts = count_decisions(made, {p["post_id"] for p in sent})
     assert counts["lost"] == 0 and counts["duplicate_decisions"] == 0, counts
-    # every table as features.offline computes it from the same posts and decisions
+    # every table as modpipe.features.offline computes it from the same posts and decisions
     tables = compare_tables(streaming_tables(settings, stack.bootstrap),
                             offline_tables([("post", p) for p in sent], made, {p["post_id"]: p for p in sent}))
     assert tables["equal"], tables

@@ -12,12 +12,12 @@ import uuid
 import pytest
 from confluent_kafka import Producer
 
-from loadgen.chaos import streaming_tables
-from loadgen.smoke import end_consumer
+from modpipe.loadgen.chaos import streaming_tables
+from modpipe.loadgen.smoke import end_consumer
 from modpipe.settings import Settings
-from streams.moderation.app import tables_dir
-from streams.state import rocksdb
-from streams.state.tables import encode_key, encode_value, record_check, restore
+from modpipe.streams.moderation.app import tables_dir
+from modpipe.streams.state import rocksdb
+from modpipe.streams.state.tables import encode_key, encode_value, record_check, restore
 from tests.fixtures.kafka import create_topics
 from tests.integration.test_streaming import collect_decisions, produce_posts
 

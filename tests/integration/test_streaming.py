@@ -13,10 +13,10 @@ import orjson
 import pytest
 from confluent_kafka import Producer
 
-from loadgen.posts import make_post
-from loadgen.smoke import end_consumer, run_smoke
+from modpipe.loadgen.posts import make_post
+from modpipe.loadgen.smoke import end_consumer, run_smoke
 from modpipe import schema
-from streams.moderation.topics import TopicConfigError, TopicNames, ensure_topics
+from modpipe.streams.moderation.topics import TopicConfigError, TopicNames, ensure_topics
 from tests.fixtures.kafka import supervised
 
 pytestmark = pytest.mark.integration

@@ -10,10 +10,10 @@ import time
 import pytest
 from confluent_kafka import Producer
 
-from loadgen.chaos import streaming_tables
-from loadgen.smoke import end_consumer
-from streams.state import tables as tables_module
-from streams.state.tables import Table, encode_key, encode_value, restore
+from modpipe.loadgen.chaos import streaming_tables
+from modpipe.loadgen.smoke import end_consumer
+from modpipe.streams.state import tables as tables_module
+from modpipe.streams.state.tables import Table, encode_key, encode_value, restore
 from tests.fixtures.kafka import create_topics, start_broker
 from tests.integration.test_streaming import collect_decisions, produce_posts
 
@@ -99,7 +99,7 @@ def test_a_restore_that_cannot_reach_the_end_says_where_it_stands_and_gives_up(p
         assert producer.flush(30) == 0
         broker.signal(signal.SIGSTOP)
         user = Table("user", topic)
-        with caplog.at_level("WARNING", logger="streams.state.tables"), \
+        with caplog.at_level("WARNING", logger="modpipe.streams.state.tables"), \
                 pytest.raises(TimeoutError, match="not read to their end"):
             restore([user], [0], pipeline_settings, broker.bootstrap, timeout_s=2.5)
         reports = [r for r in caplog.records if r.getMessage() == "changelog restore still reading"]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from modpipe.decision.verdict import verdict_for
-from streams.moderation.scoring import TextScorer
+from modpipe.streams.moderation.scoring import TextScorer
 
 pytestmark = pytest.mark.integration
 

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from loadgen.smoke import end_consumer
+from modpipe.loadgen.smoke import end_consumer
 from modpipe.services.process import free_port
 from modpipe.serving.server import TritonServer
-from streams.local.stack import LocalStack
+from modpipe.streams.local.stack import LocalStack
 from tests.integration.test_streaming import collect_decisions, produce_posts
 
 pytestmark = pytest.mark.integration

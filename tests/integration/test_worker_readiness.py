@@ -12,10 +12,10 @@ import orjson
 import pytest
 from confluent_kafka import Producer
 
-from loadgen.posts import make_post
-from loadgen.smoke import end_consumer
+from modpipe.loadgen.posts import make_post
+from modpipe.loadgen.smoke import end_consumer
 from modpipe import schema
-from streams.moderation.topics import ensure_topics
+from modpipe.streams.moderation.topics import ensure_topics
 
 pytestmark = pytest.mark.integration
 

@@ -35,13 +35,13 @@ import orjson
 import pytest
 from confluent_kafka import Producer
 
-from loadgen.chaos import read_all
-from loadgen.posts import make_post
+from modpipe.loadgen.chaos import read_all
+from modpipe.loadgen.posts import make_post
 from modpipe import schema
 from modpipe.services.group_lag import uncommitted_input
 from modpipe.settings import Settings
-from streams.local.stack import LocalStack
-from streams.moderation.app import consumer_config, create_pipeline
+from modpipe.streams.local.stack import LocalStack
+from modpipe.streams.moderation.app import consumer_config, create_pipeline
 from tests.fixtures.waiting import wait_for
 
 pytestmark = pytest.mark.integration

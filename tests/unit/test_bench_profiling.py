@@ -7,7 +7,7 @@ import sys
 import textwrap
 import time
 
-from loadgen.bench.profiling import WorkerProfiler, frame_name, summarize
+from modpipe.loadgen.bench.profiling import WorkerProfiler, frame_name, summarize
 
 LOOP = ("thread (7): MainThread;<module> (modpipe/__main__.py:5);BaseEventLoop.run_forever (asyncio/base_events.py:608);"
         "BaseEventLoop._run_once (asyncio/base_events.py:1936)")

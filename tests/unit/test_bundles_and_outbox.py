@@ -1,4 +1,4 @@
-"""streams.moderation.bundles (Kafka's murmur2, placing items, one record per partition) and streams.checkpointing.outbox (`Pending`:
+"""modpipe.streams.moderation.bundles (Kafka's murmur2, placing items, one record per partition) and modpipe.streams.checkpointing.outbox (`Pending`:
 complete only after every delivery; the transactional `Outbox`), without a broker. The partitioner check
 against librdkafka uses librdkafka's own in-process mock cluster (`test.mock.num.brokers`), no broker."""
 
@@ -14,10 +14,10 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from modpipe.settings import Settings
-from streams.checkpointing import outbox
-from streams.checkpointing.outbox import DeliveryFailed, Outbox, Pending, TransactionDoomed
-from streams.moderation import bundles
-from streams.moderation.bundles import Bundler, decode_bundle, murmur2, partition_for
+from modpipe.streams.checkpointing import outbox
+from modpipe.streams.checkpointing.outbox import DeliveryFailed, Outbox, Pending, TransactionDoomed
+from modpipe.streams.moderation import bundles
+from modpipe.streams.moderation.bundles import Bundler, decode_bundle, murmur2, partition_for
 
 # Apache Kafka's UtilsTest.testMurmur2 (clients/src/test/java/org/apache/kafka/common/utils/UtilsTest.java),
 # checked against aiokafka's murmur2 (which returns the same 32 bits unsigned) before it was replaced.

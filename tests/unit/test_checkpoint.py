@@ -1,4 +1,4 @@
-"""streams.checkpointing.checkpoint without a broker: FreezeWatch on a fake clock, and the Checkpointer's steps (the order
+"""modpipe.streams.checkpointing.checkpoint without a broker: FreezeWatch on a fake clock, and the Checkpointer's steps (the order
 documented at the top of streams/checkpointing/checkpoint.py) against fake runner, wiring, outbox and consumer."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from streams.checkpointing.checkpoint import Checkpointer, Epochs, FreezeWatch, Frozen
+from modpipe.streams.checkpointing.checkpoint import Checkpointer, Epochs, FreezeWatch, Frozen
 
 
 class Clock:

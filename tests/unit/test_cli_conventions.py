@@ -102,7 +102,7 @@ def test_any_command_exits_128_plus_the_signal(sig, status, ignore_sigint):
 # loop and its signal handling (the supervisor's `except Exception` guards must let the signal through).
 UP_WITH_A_FAKE_STACK = """
     import sys
-    import streams.local.stack
+    import modpipe.streams.local.stack
     from modpipe import cli
 
     class Stack:
@@ -121,7 +121,7 @@ UP_WITH_A_FAKE_STACK = """
         def render(self, stack):
             return "posts 0/s"
 
-    streams.local.stack.LocalStack, streams.local.stack.StatusLine = Stack, StatusLine
+    modpipe.streams.local.stack.LocalStack, modpipe.streams.local.stack.StatusLine = Stack, StatusLine
     sys.exit(cli.main(["up", "--interval", "0.05"]))
 """
 
@@ -249,7 +249,7 @@ def test_config_prints_json_or_env_lines(capsys, monkeypatch):
 
 
 def test_topics_prints_json_or_a_table(capsys, monkeypatch):
-    import streams.moderation.topics
+    import modpipe.streams.moderation.topics
 
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:1")
     monkeypatch.setenv("MODPIPE_PARTITIONS", "3")
@@ -257,10 +257,10 @@ def test_topics_prints_json_or_a_table(capsys, monkeypatch):
 
     def ensure(settings, bootstrap):
         nonlocal names
-        names = streams.moderation.topics.TopicNames.from_settings(settings).all()
+        names = modpipe.streams.moderation.topics.TopicNames.from_settings(settings).all()
         return {names[0]}
 
-    monkeypatch.setattr(streams.moderation.topics, "ensure_topics", ensure)
+    monkeypatch.setattr(modpipe.streams.moderation.topics, "ensure_topics", ensure)
     rc, out = _run(capsys, ["topics", "--json"])
     rows = json.loads(out)
     assert rc == 0 and [r["topic"] for r in rows] == list(names)
@@ -271,7 +271,7 @@ def test_topics_prints_json_or_a_table(capsys, monkeypatch):
 
 
 def test_list_moderators_prints_json_or_a_table(capsys, monkeypatch, tmp_path):
-    from console.auth import Accounts
+    from modpipe.console.auth import Accounts
 
     path = tmp_path / "accounts.json"
     monkeypatch.setenv("MODPIPE_CONSOLE_ACCOUNTS", str(path))
@@ -291,9 +291,9 @@ REPORT = {"sent": 200, "decided": 199, "lost": 1, "p99_ms": 41.25, "dlq_reasons_
 
 
 @pytest.mark.parametrize("argv, module, function", [
-    (["smoke", "--posts", "5"], "loadgen.smoke", "smoke"),
-    (["fuzz", "--records", "5"], "loadgen.fuzz", "fuzz"),
-    (["bench", "features", "--posts", "5", "--brokers", "kafka"], "loadgen.bench_features", "run"),
+    (["smoke", "--posts", "5"], "modpipe.loadgen.smoke", "smoke"),
+    (["fuzz", "--records", "5"], "modpipe.loadgen.fuzz", "fuzz"),
+    (["bench", "features", "--posts", "5", "--brokers", "kafka"], "modpipe.loadgen.bench_features", "run"),
 ])
 def test_reports_are_json_with_json_and_a_rendering_without(capsys, monkeypatch, argv, module, function):
     import importlib

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from console.audit import AuditLog
-from console.auth import Accounts, LoginThrottle, ProxyIdentity
-from console.index import DecisionIndex
-from console.server import ConsoleConfig, ConsoleError, serve
+from modpipe.console.audit import AuditLog
+from modpipe.console.auth import Accounts, LoginThrottle, ProxyIdentity
+from modpipe.console.index import DecisionIndex
+from modpipe.console.server import ConsoleConfig, ConsoleError, serve
 from modpipe.settings import SETTINGS_SPEC
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from console.follower import Follower
-from console.index import DecisionIndex
+from modpipe.console.follower import Follower
+from modpipe.console.index import DecisionIndex
 from modpipe.settings import Settings
 
 

@@ -14,10 +14,10 @@ import time
 import argon2
 import pytest
 
-from console.audit import AuditLog
-from console.auth import Accounts, LoginThrottle, ProxyIdentity, Sessions
-from console.index import LIST_TEXT, MAX_LIST, DecisionIndex
-from console.server import ConsoleConfig, serve
+from modpipe.console.audit import AuditLog
+from modpipe.console.auth import Accounts, LoginThrottle, ProxyIdentity, Sessions
+from modpipe.console.index import LIST_TEXT, MAX_LIST, DecisionIndex
+from modpipe.console.server import ConsoleConfig, serve
 from modpipe.log import JsonFormatter, TextFormatter
 from tests.unit.test_console import Clock, Console, decision
 
@@ -150,8 +150,8 @@ def test_making_a_session_does_not_walk_the_live_ones():
 @pytest.mark.parametrize("formatter", [TextFormatter(), JsonFormatter()], ids=["text", "json"])
 def test_a_sign_in_name_cannot_forge_a_log_line(start, caplog, formatter):
     c = start()
-    forged = "x\n12:00:00 INFO    console.server: console sign-in [moderator=root role=moderator]\x1b[2K"
-    with caplog.at_level(logging.INFO, logger="console.server"):
+    forged = "x\n12:00:00 INFO    modpipe.console.server: console sign-in [moderator=root role=moderator]\x1b[2K"
+    with caplog.at_level(logging.INFO, logger="modpipe.console.server"):
         assert c.call("/api/login", {"name": forged, "password": "wrong password"})[0] == 401
     failed = [r for r in caplog.records if r.getMessage() == "console sign-in failed"]
     assert failed
@@ -256,7 +256,7 @@ def test_health_and_refusals_answer_while_every_handler_thread_is_busy(tmp_path)
     import concurrent.futures
     import threading
 
-    from console.server import HANDLER_THREADS
+    from modpipe.console.server import HANDLER_THREADS
 
     accounts = Accounts(tmp_path / "accounts.json", FAST_HASHER)
     accounts.add("ann", PASSWORD)

@@ -12,10 +12,10 @@ import urllib.request
 
 import pytest
 
-from console.audit import AuditLog
-from console.auth import Accounts
-from console.index import DecisionIndex
-from console.server import ConsoleConfig, serve
+from modpipe.console.audit import AuditLog
+from modpipe.console.auth import Accounts
+from modpipe.console.index import DecisionIndex
+from modpipe.console.server import ConsoleConfig, serve
 
 PASSWORD = "correct horse battery"
 

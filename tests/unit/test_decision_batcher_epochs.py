@@ -10,9 +10,9 @@ import orjson
 
 from modpipe.decision.verdict import ThresholdDecider
 from modpipe.settings import Settings
-from streams.checkpointing.outbox import Pending
-from streams.moderation.decisions import DecisionBatcher, Publisher
-from streams.moderation.topics import TopicNames
+from modpipe.streams.checkpointing.outbox import Pending
+from modpipe.streams.moderation.decisions import DecisionBatcher, Publisher
+from modpipe.streams.moderation.topics import TopicNames
 from tests.unit.test_text_model_outage import ready_post, scorer
 
 

@@ -20,7 +20,8 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("modpipe", "streams", "features", "simulation", "loadgen", "console")  # what pyproject installs
+# what pyproject installs: one import package, modpipe, from these folders (its package-dir)
+FOLDERS = tuple(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values())
 
 # Runtime dependencies the packages use without an import statement that names them.
 USED_WITHOUT_IMPORT = {
@@ -66,6 +67,9 @@ def test_numpy_2_is_allowed_and_the_tested_set_keeps_1_26_for_the_embedded_trito
     (numpy,) = [r for where, r in requirements() if where == "dependencies" and r.name == "numpy"]
     assert numpy.specifier.contains("2.1.0") and numpy.specifier.contains("1.26.4")
     assert pins()["numpy"].startswith("1.")
+    # the local stack's extra carries the bound, so `pip install modpipe[local]` gets a numpy its Triton reads
+    (local,) = [r for where, r in requirements() if where == "[local]" and r.name == "numpy"]
+    assert not local.specifier.contains("2.0.0") and local.specifier.contains(pins()["numpy"])
 
 
 def modules_used(source: str) -> set[str]:
@@ -86,8 +90,8 @@ def distributions_used() -> dict[str, set[str]]:
     """Installed distribution -> the package files that use it."""
     providers = packages_distributions()
     used: dict[str, set[str]] = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
+    for folder in FOLDERS:
+        for path in sorted((ROOT / folder).rglob("*.py")):
             for name in modules_used(path.read_text()):
                 for dist in providers.get(name, ()):
                     used.setdefault(canonicalize_name(dist), set()).add(str(path.relative_to(ROOT)))
@@ -103,7 +107,7 @@ def test_every_runtime_dependency_is_used_by_the_packages():
     used = distributions_used()
     unused = [str(req) for where, req in requirements() if where == "dependencies"
               and canonicalize_name(req.name) not in used and req.name not in USED_WITHOUT_IMPORT]
-    assert not unused, f"runtime dependencies nothing under {PACKAGES} uses: move them to the extra that needs them"
+    assert not unused, f"runtime dependencies nothing under {FOLDERS} uses: move them to the extra that needs them"
 
 
 def test_the_packages_use_no_dev_only_dependency():

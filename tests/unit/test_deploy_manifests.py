@@ -295,8 +295,8 @@ def test_worker_identity_state_and_probes(target):
     # incarnations (each start fences the one before: streams/checkpointing/incarnations.py).
     name_var = next(v for v in c["env"] if v["name"] == "MODPIPE_WORKER_NAME")
     assert name_var["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
-    from streams.checkpointing.incarnations import transactional_id
-    from streams.moderation.app import consumer_config
+    from modpipe.streams.checkpointing.incarnations import transactional_id
+    from modpipe.streams.moderation.app import consumer_config
     assert transactional_id(settings, "modpipe-worker-0", 3) == f"{settings.app_id}-modpipe-worker-0-3"
     assert consumer_config(settings, "kafka:9092", "modpipe-worker-0")["group.instance.id"] == \
         f"{settings.app_id}-modpipe-worker-0"
@@ -316,7 +316,7 @@ def test_worker_identity_state_and_probes(target):
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports["metrics"] == settings.metrics_port
     # Probes are the worker's own (streams/runtime/health.py): alive, and ready only once the ban log is read.
-    from streams.runtime.health import LIVE_PATH, READY_PATH
+    from modpipe.streams.runtime.health import LIVE_PATH, READY_PATH
     paths = {"startupProbe": LIVE_PATH, "readinessProbe": READY_PATH, "livenessProbe": LIVE_PATH}
     for probe, path in paths.items():
         assert c[probe]["httpGet"] == {"path": path, "port": "metrics"}
@@ -490,16 +490,16 @@ def known_metric_series() -> set[str]:
     """Every series name streams/metrics.py exposes (counter _total/_created, histogram _bucket/_sum/...)."""
     from prometheus_client.metrics import MetricWrapperBase
 
-    import streams.metrics
+    import modpipe.streams.metrics
 
     suffixes = {"counter": ("_total", "_created"), "gauge": ("",), "histogram": ("_bucket", "_count", "_sum", "_created"),
                 "summary": ("", "_count", "_sum", "_created"), "info": ("_info",), "enum": ("",)}
     names = set()
-    for value in vars(streams.metrics).values():
+    for value in vars(modpipe.streams.metrics).values():
         if isinstance(value, MetricWrapperBase):
             for metric in value.describe():
                 names.update(metric.name + s for s in suffixes[metric.type])
-    assert names, "no collectors found in streams.metrics"
+    assert names, "no collectors found in modpipe.streams.metrics"
     return names
 
 

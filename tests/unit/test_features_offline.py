@@ -1,4 +1,4 @@
-"""End-to-end counts: features.offline against a brute-force recount, re-delivery and JSON round trips."""
+"""End-to-end counts: modpipe.features.offline against a brute-force recount, re-delivery and JSON round trips."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from features.events import normalize_ip, parse_ts
-from features.offline import DictStore, apply_event, compute
-from features.state import DAY_MS, HOUR_MS
-from features.text import text_fingerprint
-from features.url import parse_url
-from features.vector import (
+from modpipe.features.events import normalize_ip, parse_ts
+from modpipe.features.offline import DictStore, apply_event, compute
+from modpipe.features.state import DAY_MS, HOUR_MS
+from modpipe.features.text import text_fingerprint
+from modpipe.features.url import parse_url
+from modpipe.features.vector import (
     COUNT_FEATURES,
     FEATURE_NAMES,
     NUMERIC_FEATURES,
@@ -249,7 +249,7 @@ def test_decide_callback_feeds_back():
 
 def test_apply_event_returns_table_counts():
     store = DictStore(roundtrip=True)
-    from features.events import prepare_post
+    from modpipe.features.events import prepare_post
 
     ctx = prepare_post({"post_id": "p", "user_id": "u", "ip": "1.1.1.1", "url": "http://a.com", "text": "x",
                         "created_at": iso(T0)})
@@ -317,7 +317,7 @@ def test_numeric_vector():
 
 
 def test_a_first_ham_decision_goes_to_the_post_table_only():
-    from features.events import IP, POST, USER, prepare_decision, routes
+    from modpipe.features.events import IP, POST, USER, prepare_decision, routes
 
     ctx = {"post_id": "p1", "user_id": "u1", "ip": "10.0.0.1", "ts": 1}
     assert routes("decision", prepare_decision(ctx, False, revision=1)) == [(POST, "p1")]
@@ -330,6 +330,6 @@ def test_a_first_ham_decision_goes_to_the_post_table_only():
 def test_text_obfuscation_shares_are_not_decision_features():
     """Measured side by side and left out (docs/decision-engine.md, "Obfuscated texts"): they did not help the decision model
     on obfuscating campaigns; adding them back needs that measurement again."""
-    from features.obfuscation import OBFUSCATION_FEATURES
+    from modpipe.features.obfuscation import OBFUSCATION_FEATURES
 
     assert not set(OBFUSCATION_FEATURES) & set(FEATURE_NAMES)

@@ -1,4 +1,4 @@
-"""Table-state primitives (features.state): idempotence, exactness within limits, JSON round trip."""
+"""Table-state primitives (modpipe.features.state): idempotence, exactness within limits, JSON round trip."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from features.events import prepare_ban, prepare_label, prepare_post, prepare_report
-from features.state import (
+from modpipe.features.events import prepare_ban, prepare_label, prepare_post, prepare_report
+from modpipe.features.state import (
     DAY_MS,
     HOUR_MS,
     BanState,
@@ -218,8 +218,8 @@ def test_limits_are_respected_by_table_states():
 
 def _decided(pid="p1", report_count=0, domain_banned=False):
     """A post table holding the post and the snapshot of its first decision."""
-    from features.events import POST, prepare_decision
-    from features.offline import DictStore, apply_event
+    from modpipe.features.events import POST, prepare_decision
+    from modpipe.features.offline import DictStore, apply_event
 
     store = DictStore()
     ctx = post(pid, url="http://login.evil.com/x")
@@ -257,7 +257,7 @@ def test_reports_during_an_outage_never_share_a_revision_with_the_text_models_re
     """A degraded decision (revision 1) is decided again from posts.awaiting-text with revision 2 once Triton
     answers; reports crossing the threshold re-decide it from the snapshot. Whichever reaches the post state first,
     the two re-decisions carry different revisions (the chaos test once saw revision 2 published twice)."""
-    from features.events import prepare_decision
+    from modpipe.features.events import prepare_decision
 
     store, state = _decided()
     state.snapshot["degraded"] = True
@@ -275,8 +275,8 @@ def test_reports_during_an_outage_never_share_a_revision_with_the_text_models_re
 
 
 def test_threshold_already_reached_when_the_decision_arrives():
-    from features.events import POST, prepare_decision
-    from features.offline import DictStore, apply_event
+    from modpipe.features.events import POST, prepare_decision
+    from modpipe.features.offline import DictStore, apply_event
 
     store = DictStore()
     ctx = post("p2")
@@ -292,8 +292,8 @@ def test_threshold_already_reached_when_the_decision_arrives():
 
 
 def test_a_later_domain_ban_reaches_the_posts_it_covers():
-    from features.events import DOMAIN, POST
-    from features.offline import apply_event
+    from modpipe.features.events import DOMAIN, POST
+    from modpipe.features.offline import apply_event
 
     store, _ = _decided("p1")
     other = post("p3", url="http://www.evil.com/y")
@@ -311,8 +311,8 @@ def test_a_later_domain_ban_reaches_the_posts_it_covers():
 
 
 def test_a_post_decided_with_its_domain_already_banned_is_not_redecided():
-    from features.events import POST
-    from features.offline import apply_event
+    from modpipe.features.events import POST
+    from modpipe.features.offline import apply_event
 
     store, _ = _decided("p1", domain_banned=True)
     apply_event("ban", prepare_ban({"ban_id": "b1", "kind": "domain", "value": "evil.com", "action": "ban",

@@ -1,12 +1,12 @@
-"""Text fingerprint (features.text) and journey features (features.journey)."""
+"""Text fingerprint (modpipe.features.text) and journey features (modpipe.features.journey)."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from features.journey import JOURNEY_FEATURES, journey_features
-from features.text import normalise_text, text_fingerprint
+from modpipe.features.journey import JOURNEY_FEATURES, journey_features
+from modpipe.features.text import normalise_text, text_fingerprint
 
 
 def test_same_text_variants_share_a_fingerprint():
@@ -101,7 +101,7 @@ def test_long_unbroken_text_is_not_quadratic():
 def _journey_by_definition(journey, text_length=None):
     """The journey features as their docstring defines them, step list by step list (the reference the one-pass
     `journey_features` must equal)."""
-    from features.journey import MAX_HUMAN_CPS, MIN_TYPING_MS, _kind, _ms
+    from modpipe.features.journey import MAX_HUMAN_CPS, MIN_TYPING_MS, _kind, _ms
 
     if not isinstance(journey, list):
         return dict.fromkeys(JOURNEY_FEATURES)
@@ -159,7 +159,7 @@ def _reference_normalise(text):
     the tables were made with it, so a faster one must give the same text for every input."""
     import unicodedata
 
-    from features.text import _DIGITS_RE, _PUNCT, _URL_TOKEN_RE
+    from modpipe.features.text import _DIGITS_RE, _PUNCT, _URL_TOKEN_RE
 
     if not text:
         return ""
@@ -199,7 +199,7 @@ def test_every_format_character_and_only_those_is_dropped():
     import sys
     import unicodedata
 
-    from features.text import _format_chars
+    from modpipe.features.text import _format_chars
 
     pattern = _format_chars()
     for c in range(sys.maxunicode + 1):

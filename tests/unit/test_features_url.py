@@ -1,4 +1,4 @@
-"""URL parsing, canonicalisation and brand lookalikes (features.url, features.brands)."""
+"""URL parsing, canonicalisation and brand lookalikes (modpipe.features.url, modpipe.features.brands)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from features.brands import brand_match, levenshtein, skeleton
-from features.url import MAX_KEY_CHARS, MAX_URL_CHARS, parse_url, url_key
+from modpipe.features.brands import brand_match, levenshtein, skeleton
+from modpipe.features.url import MAX_KEY_CHARS, MAX_URL_CHARS, parse_url, url_key
 
 CASES = [
     # raw, canonical, domain, tld, subdomain_count

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from features.vector import to_matrix, to_vector
+from modpipe.features.vector import to_matrix, to_vector
 
 NAMES = ("a", "b", "c", "d", "e")
 VALUE = st.one_of(st.none(), st.booleans(), st.integers(-(2 ** 70), 2 ** 70), st.floats(allow_nan=True, allow_infinity=True),

@@ -10,9 +10,9 @@ import pytest
 
 from modpipe.services.process import free_port
 from modpipe.settings import Settings
-from streams import metrics
-from streams.moderation import bans as bans_module
-from streams.runtime import health
+from modpipe.streams import metrics
+from modpipe.streams.moderation import bans as bans_module
+from modpipe.streams.runtime import health
 
 
 def _get(port: int, path: str) -> tuple[int, bytes]:
@@ -88,7 +88,7 @@ def test_the_warm_up_post_is_a_valid_post():
     import orjson
 
     from modpipe import schema
-    from streams.worker import WARM_UP_POST
+    from modpipe.streams.worker import WARM_UP_POST
 
     assert schema.decode_post(orjson.dumps(WARM_UP_POST))["post_id"] == "modpipe-warm-up"
 
@@ -98,9 +98,9 @@ def test_the_warm_up_pays_the_feature_paths_one_off_costs_before_any_post():
     loads the suffix list: the warm-up does both, so that no post of the worker's first second waits for them."""
     import types
 
-    from features import text
+    from modpipe.features import text
     from modpipe.decision.verdict import ThresholdDecider
-    from streams.worker import WARM_UP_POST, warm_up
+    from modpipe.streams.worker import WARM_UP_POST, warm_up
 
     assert not WARM_UP_POST["text"].isascii() and WARM_UP_POST["url"]
     text._format_chars.cache_clear()

@@ -1,4 +1,4 @@
-"""streams.kafka.consumer without a broker: the empty-fetch backoff, the configuration every worker consumer
+"""modpipe.streams.kafka.consumer without a broker: the empty-fetch backoff, the configuration every worker consumer
 gets, and the poll thread against a fake confluent-kafka Consumer (records to the loop, rebalance callbacks
 run on the loop, pauses, seeks, a fatal error)."""
 
@@ -13,9 +13,9 @@ from types import SimpleNamespace
 import pytest
 from confluent_kafka import KafkaError
 
-from streams.kafka import consumer as kc
-from streams.kafka.consumer import EMPTY_BACKOFF_MAX_S, EMPTY_BACKOFF_S, GroupConsumer, empty_backoff
-from streams.kafka.records import TP, Record
+from modpipe.streams.kafka import consumer as kc
+from modpipe.streams.kafka.consumer import EMPTY_BACKOFF_MAX_S, EMPTY_BACKOFF_S, GroupConsumer, empty_backoff
+from modpipe.streams.kafka.records import TP, Record
 
 
 def test_no_backoff_after_a_fetch_that_brought_records():
@@ -495,7 +495,7 @@ def test_a_consumer_without_an_assignment_says_so_until_it_gets_one(fake_consume
         await loop.run_in_executor(None, gc.close)
         return seen, len(warned())
 
-    with caplog.at_level("WARNING", logger="streams.kafka.consumer"):
+    with caplog.at_level("WARNING", logger="modpipe.streams.kafka.consumer"):
         seen, after = asyncio.run(scenario())
     assert seen >= 2 and after == seen
     assert len(fake_consumer) == 1  # warned, never replaced

@@ -11,34 +11,41 @@ from pathlib import Path
 
 import pytest
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("modpipe", "features", "simulation", "streams", "console", "loadgen")
+# Import package -> its folder in the repository: pyproject's package-dir (one import namespace, `modpipe`).
+PACKAGES = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
 
 # The layer order, bottom first. A module may import its own layer and the layers below it, never above.
 # A module takes the highest layer with a pattern that matches it, so `modpipe.decision.cli` is a command.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("foundation", ("modpipe", "modpipe.settings", "modpipe.log", "modpipe.memory", "modpipe.schema",
-                    "modpipe.schemas", "modpipe.configdoc", "modpipe.exits", "modpipe.output")),
-    ("feature logic", ("features", "features.*")),
+                    "modpipe.schemas", "modpipe.configdoc", "modpipe.exits", "modpipe.output",
+                    "modpipe.triton_models")),
+    ("feature logic", ("modpipe.features", "modpipe.features.*")),
     ("services", ("modpipe.services", "modpipe.services.*")),
     ("text model", ("modpipe.textmodel", "modpipe.textmodel.*")),
     ("serving", ("modpipe.serving", "modpipe.serving.*")),
     ("evaluation", ("modpipe.evaluation", "modpipe.evaluation.*")),
-    ("simulation", ("simulation", "simulation.*")),
+    ("simulation", ("modpipe.simulation", "modpipe.simulation.*")),
     ("decision", ("modpipe.decision", "modpipe.decision.*")),
-    ("streams", ("streams", "streams.*")),
-    ("console", ("console", "console.*")),
-    ("load generator", ("loadgen", "loadgen.*")),
+    ("streams", ("modpipe.streams", "modpipe.streams.*")),
+    ("console", ("modpipe.console", "modpipe.console.*")),
+    ("load generator", ("modpipe.loadgen", "modpipe.loadgen.*")),
     ("commands", ("*.cli", "*.__main__")),
 )
 
 # Inside `streams`: the general runtime never imports the moderation wiring nor the local stack. The wiring
 # (moderation/) builds on the runtime; worker.py, cli.py and the local stack put the two together.
-STREAMS_RUNTIME = ("streams", "streams.metrics", "streams.waiting", "streams.kafka", "streams.kafka.*",
-                   "streams.state", "streams.state.*", "streams.checkpointing", "streams.checkpointing.*",
-                   "streams.runtime", "streams.runtime.*")
-STREAMS_WIRING = ("streams.moderation", "streams.moderation.*", "streams.local", "streams.local.*",
-                  "streams.worker", "streams.cli")
+STREAMS_RUNTIME = ("modpipe.streams", "modpipe.streams.metrics", "modpipe.streams.waiting", "modpipe.streams.kafka", "modpipe.streams.kafka.*",
+                   "modpipe.streams.state", "modpipe.streams.state.*", "modpipe.streams.checkpointing", "modpipe.streams.checkpointing.*",
+                   "modpipe.streams.runtime", "modpipe.streams.runtime.*")
+STREAMS_WIRING = ("modpipe.streams.moderation", "modpipe.streams.moderation.*", "modpipe.streams.local", "modpipe.streams.local.*",
+                  "modpipe.streams.worker", "modpipe.streams.cli")
 # (runtime module, wiring module) -> why that import is allowed anyway. None today.
 RUNTIME_IMPORTS_OF_WIRING: dict[tuple[str, str], str] = {}
 
@@ -55,10 +62,13 @@ class Edge:
 
 def module_files(root: Path = ROOT) -> dict[str, Path]:
     out = {}
-    for package in PACKAGES:
-        for path in sorted((root / package).rglob("*.py")):
-            parts = path.relative_to(root).with_suffix("").parts
-            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    for package, folder in PACKAGES.items():
+        for path in sorted((root / folder).rglob("*.py")):
+            parts = path.relative_to(root / folder).with_suffix("").parts
+            if not all(part.isidentifier() for part in parts):
+                continue  # not importable: a Triton model's python-backend code (triton_models/*/*/1/model.py)
+            name = ".".join((package, *(parts[:-1] if parts[-1] == "__init__" else parts)))
+            out[name] = path
     return out
 
 
@@ -185,8 +195,8 @@ def graph() -> list[Edge]:
 def test_the_graph_is_read_from_the_source(graph):
     pairs = {(e.source, e.target) for e in graph}
     # a module-level import, a function-local one and a `from package import module`
-    assert ("streams.worker", "streams.moderation.agents") in pairs
-    assert ("streams.worker", "modpipe.decision.store") in pairs
+    assert ("modpipe.streams.worker", "modpipe.streams.moderation.agents") in pairs
+    assert ("modpipe.streams.worker", "modpipe.decision.store") in pairs
     assert ("modpipe.decision.evaluate", "modpipe.decision.dataset") in pairs
 
 
@@ -211,7 +221,7 @@ def test_no_modules_import_each_other_in_a_circle(graph):
 
 
 def test_every_streams_module_is_runtime_or_wiring():
-    unplaced = [m for m in module_files() if m.partition(".")[0] == "streams"
+    unplaced = [m for m in module_files() if m.startswith(("modpipe.streams.", "modpipe.streams"))
                 and _matches(m, STREAMS_RUNTIME) == _matches(m, STREAMS_WIRING)]
     assert not unplaced, f"put these in STREAMS_RUNTIME or STREAMS_WIRING ({__file__}): {unplaced}"
 
@@ -230,18 +240,21 @@ def test_the_runtime_exceptions_are_still_imports(graph):
 # ------------------------------------------------------------------------------------------------ the checker
 
 def test_the_checker_names_a_backwards_arrow_and_a_circle(tmp_path):
-    for name, body in {"features/__init__.py": "", "features/a.py": "from loadgen import b\n",
+    for name, body in {"features/__init__.py": "", "features/a.py": "from modpipe.loadgen import b\n",
                        "loadgen/__init__.py": "", "loadgen/b.py": "from . import c\n",
-                       "loadgen/c.py": "import loadgen.b\nimport os\n"}.items():
+                       "loadgen/c.py": "import modpipe.loadgen.b\nimport os\n"}.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(body)
     edges = import_graph(tmp_path)
-    assert {(e.source, e.target) for e in edges} == {("features.a", "loadgen.b"), ("loadgen.b", "loadgen.c"),
-                                                    ("loadgen.c", "loadgen.b")}
+    assert {(e.source, e.target) for e in edges} == {
+        ("modpipe.features.a", "modpipe.loadgen.b"), ("modpipe.loadgen.b", "modpipe.loadgen.c"),
+        ("modpipe.loadgen.c", "modpipe.loadgen.b")}
     bad = upward(edges)
-    assert len(bad) == 1 and bad[0].startswith("features.a -> loadgen.b (") and "features/a.py:1" in bad[0]
+    assert len(bad) == 1 and bad[0].startswith("modpipe.features.a -> modpipe.loadgen.b (")
+    assert "features/a.py:1" in bad[0]
     [circle] = cycles(edges)
-    assert [(e.source, e.target) for e in circle] == [("loadgen.b", "loadgen.c"), ("loadgen.c", "loadgen.b")]
+    assert [(e.source, e.target) for e in circle] == [("modpipe.loadgen.b", "modpipe.loadgen.c"),
+                                                      ("modpipe.loadgen.c", "modpipe.loadgen.b")]
 
 
 def test_a_module_takes_the_highest_layer_that_matches():
@@ -254,12 +267,12 @@ def test_a_module_takes_the_highest_layer_that_matches():
 
 def test_the_checker_names_the_runtime_importing_the_wiring(tmp_path):
     for name, body in {"streams/__init__.py": "", "streams/runtime/__init__.py": "",
-                       "streams/runtime/runner.py": "from streams.moderation import agents\n",
+                       "streams/runtime/runner.py": "from modpipe.streams.moderation import agents\n",
                        "streams/moderation/__init__.py": "",
-                       "streams/moderation/agents.py": "from streams.runtime.runner import x\n",
-                       "streams/worker.py": "import streams.moderation.agents\nimport streams.runtime.runner\n"}.items():
+                       "streams/moderation/agents.py": "from modpipe.streams.runtime.runner import x\n",
+                       "streams/worker.py": "import modpipe.streams.moderation.agents\nimport modpipe.streams.runtime.runner\n"}.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(body)
     bad = runtime_into_wiring(import_graph(tmp_path))
-    assert len(bad) == 1 and bad[0].startswith("streams.runtime.runner -> streams.moderation.agents (")
+    assert len(bad) == 1 and bad[0].startswith("modpipe.streams.runtime.runner -> modpipe.streams.moderation.agents (")
     assert "streams/runtime/runner.py:1" in bad[0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from loadgen.bench.metering import group_cpu_seconds
+from modpipe.loadgen.bench.metering import group_cpu_seconds
 
 
 def test_group_cpu_seconds_of_our_own_group():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadgen.bench.pipeline import saturation_rates, where_the_tail_sits
+from modpipe.loadgen.bench.pipeline import saturation_rates, where_the_tail_sits
 
 
 def test_saturation_rates_count_an_interval_not_batches():

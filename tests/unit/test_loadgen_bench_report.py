@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from loadgen.bench import report
-from loadgen.bench.report import TARGETS, capacity, load_offered, ratio, targets
+from modpipe.loadgen.bench import report
+from modpipe.loadgen.bench.report import TARGETS, capacity, load_offered, ratio, targets
 
 
 def test_ratios_and_targets():
@@ -43,8 +43,8 @@ def test_capacity_per_worker_core_beside_one_gpu():
     assert capacity(None)["worker_cores_per_gpu"] is None
 
 def test_a_latency_pass_says_where_its_time_went():
-    from loadgen.bench.pipeline import _worker_metrics
-    from loadgen.bench.report import _latency_parts
+    from modpipe.loadgen.bench.pipeline import _worker_metrics
+    from modpipe.loadgen.bench.report import _latency_parts
 
     before = {"modpipe_checkpoint_duration_seconds_count": 10.0, "modpipe_checkpoint_duration_seconds_sum": 0.1,
               "modpipe_batch_size_posts_count": 4.0, "modpipe_batch_size_posts_sum": 4.0,
@@ -121,7 +121,7 @@ def test_the_table_gives_latency_from_the_schedule_and_from_produce():
 
 
 def test_capacity_per_core_of_each_process_and_what_a_gpu_machine_of_n_cores_runs():
-    from loadgen.bench.report import capacity_line
+    from modpipe.loadgen.bench.report import capacity_line
 
     c = capacity(0.5, gpu_texts_per_s=18_000, cpu_ms_per_post={"workers": 0.5, "triton": 0.3, "broker": 0.4},
                  machine_cores=16)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from loadgen.bench.runs import bench_posts
+from modpipe.loadgen.bench.runs import bench_posts
 
 
 def test_bench_posts_give_the_same_texts_under_another_run_id():

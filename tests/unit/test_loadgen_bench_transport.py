@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from loadgen.bench.transport import _Epoch, _Pacer
-from loadgen.bench.transport_report import (
+from modpipe.loadgen.bench.transport import _Epoch, _Pacer
+from modpipe.loadgen.bench.transport_report import (
     BASELINE,
     add_ratios,
     checks_ok,

@@ -1,5 +1,5 @@
 """`modpipe chaos`'s pure parts: the fault plan, decision accounting, and the final-state comparison of the
-feature tables with features.offline (including that it is blind to arrival order and not blind to a count)."""
+feature tables with modpipe.features.offline (including that it is blind to arrival order and not blind to a count)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from loadgen.chaos import (
+from modpipe.loadgen.chaos import (
     Fault,
     Injector,
     TrafficGate,
@@ -21,7 +21,7 @@ from loadgen.chaos import (
     fault_plan,
     offline_tables,
 )
-from simulation.simulator import simulate
+from modpipe.simulation.simulator import simulate
 from tests.unit.test_simulation_simulator import TEXTS
 
 

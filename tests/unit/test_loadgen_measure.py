@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from loadgen.measure import (
+from modpipe.loadgen.measure import (
     Decided,
     DecisionCollector,
     format_table,
@@ -83,7 +83,7 @@ def test_summarize():
 
 
 def test_rss_summary_reports_growth_after_warmup_per_process_group():
-    from loadgen.measure import rss_summary
+    from modpipe.loadgen.measure import rss_summary
 
     samples = [(100.0 + 10 * i, {"worker-0": 200.0 + (50 if i < 2 else 0) + i, "triton": 900.0}) for i in range(12)]
     out = rss_summary(samples, t0=100.0)
@@ -98,7 +98,7 @@ def test_rss_summary_reports_growth_after_warmup_per_process_group():
 def test_group_rss_counts_this_process_group():
     import os
 
-    from loadgen.measure import group_rss_mib
+    from modpipe.loadgen.measure import group_rss_mib
 
     assert group_rss_mib(os.getpgid(0)) > 10  # this test process alone holds more than 10 MiB
     assert group_rss_mib(2 ** 22 + 12345) == 0  # no such group

@@ -7,14 +7,14 @@ import statistics
 import orjson
 import pytest
 
-from loadgen.traffic import (
+from modpipe.loadgen.traffic import (
     BURST_PERIOD_S,
     arrival_times,
     planned_posts,
     produce_events,
 )
 from modpipe.settings import Settings
-from simulation.simulator import TRUTH_HEADER, simulate
+from modpipe.simulation.simulator import TRUTH_HEADER, simulate
 from tests.unit.test_simulation_simulator import TEXTS
 
 
@@ -129,7 +129,7 @@ def _posts_at(rate: float, n: int):
 
 @pytest.mark.parametrize("cost_s", [0.004, 0.025])  # under and over the 10 ms between posts
 def test_latency_from_the_schedule_shows_the_queue_a_slow_producer_hides(cost_s):
-    from loadgen.measure import Decided, summarize
+    from modpipe.loadgen.measure import Decided, summarize
 
     rate, n, pipeline_s = 100.0, 100, 0.05
     events = _posts_at(rate, n)

@@ -15,17 +15,17 @@ import orjson
 import pytest
 from prometheus_client import REGISTRY
 
-from features.url import parse_url
+from modpipe.features.url import parse_url
 from modpipe import memory, schema
 from modpipe.decision.verdict import ThresholdDecider
 from modpipe.memory import ENTRY_OVERHEAD, ByteLRU, deep_size
 from modpipe.settings import Settings, SettingsError
-from streams import metrics
-from streams.checkpointing.outbox import Pending
-from streams.moderation.bundles import Bundler, decode_bundle
-from streams.moderation.decisions import DecisionBatcher, Publisher
-from streams.moderation.scoring import TextCache
-from streams.moderation.topics import TopicNames
+from modpipe.streams import metrics
+from modpipe.streams.checkpointing.outbox import Pending
+from modpipe.streams.moderation.bundles import Bundler, decode_bundle
+from modpipe.streams.moderation.decisions import DecisionBatcher, Publisher
+from modpipe.streams.moderation.scoring import TextCache
+from modpipe.streams.moderation.topics import TopicNames
 from tests.unit.test_text_model_outage import ready_post, scorer
 
 EMOJI = [chr(c) for c in range(0x1F600, 0x1F650)]
@@ -81,7 +81,7 @@ def test_the_charge_covers_what_an_entry_allocates_and_not_much_more(url_cache, 
                                  "http://[2001:db8::1]:8080/x", "http://0x7f.1/", "https://user@paypa1-secure.com",
                                  "not a url", "https://xn--80ak6aa92e.com/", "https://a.b.c.d.example.org/p/q/r/s"])
 def test_a_parsed_link_and_its_brand_match_are_charged_at_least_what_they_hold(url):
-    from features.brands import _match, brand_match
+    from modpipe.features.brands import _match, brand_match
 
     info = parse_url(url)
     charged = memory.record_entry_size(url, info)
@@ -316,7 +316,7 @@ def test_the_decision_queue_is_full_at_two_rounds_of_batches_for_each_slot_whate
 
 
 def test_the_worker_hands_freed_heap_pages_back_at_intervals(monkeypatch):
-    from streams import worker
+    from modpipe.streams import worker
 
     calls = []
     monkeypatch.setattr(worker.ctypes, "CDLL", lambda name: SimpleNamespace(malloc_trim=calls.append))
@@ -332,7 +332,7 @@ def test_the_worker_hands_freed_heap_pages_back_at_intervals(monkeypatch):
 
 
 def test_without_glibc_the_worker_does_not_trim(monkeypatch):
-    from streams import worker
+    from modpipe.streams import worker
 
     def no_libc(name):
         raise OSError(name)
@@ -362,7 +362,7 @@ def test_approx_size_counts_a_shared_object_each_time_so_never_less_than_deep_si
 
 
 def test_approx_size_of_a_queued_post_is_within_a_fifth_of_deep_size():
-    from features.vector import FEATURE_NAMES
+    from modpipe.features.vector import FEATURE_NAMES
 
     post = ready_post(3)
     post.post["text"] = emoji_link(1, 3000)
@@ -379,7 +379,7 @@ def test_approx_size_hands_other_objects_to_deep_size():
 
 
 def test_a_cache_hit_moves_the_entry_to_the_recent_end_and_counts_it():
-    from features import journey
+    from modpipe.features import journey
 
     calls = []
 
@@ -405,7 +405,7 @@ def _decoded_posts() -> list[dict]:
     link, a thousand steps of 64-bit durations, wide step names)."""
     import random
 
-    from loadgen.posts import make_post
+    from modpipe.loadgen.posts import make_post
 
     rng = random.Random(5)
     raw = [make_post(rng, f"p{i}", text, user_id=f"u{i}") for i, text in
@@ -434,8 +434,8 @@ def test_a_post_of_another_shape_is_walked():
 
 
 def test_a_feature_maps_size_from_its_strings_is_never_less_than_walking_it_and_close_to_it():
-    from features.state import ban_features
-    from features.vector import FEATURE_NAMES, assemble, features_size
+    from modpipe.features.state import ban_features
+    from modpipe.features.vector import FEATURE_NAMES, assemble, features_size
 
     for post in _decoded_posts():
         counts = {"user_posts": 2 ** 63, "url_post_count": 3, **ban_features({"domain": None, "ip": post["ip"]},
@@ -449,7 +449,7 @@ def test_a_feature_maps_size_from_its_strings_is_never_less_than_walking_it_and_
 
 
 def test_a_partition_entry_is_charged_from_its_keys_length_never_less_than_walking_it():
-    from streams.moderation.bundles import _entry_size, partition_for
+    from modpipe.streams.moderation.bundles import _entry_size, partition_for
 
     for key in ("u1", "bench-abcdef-123456", "é" * 50, "😀" * 40, "x" * 300):
         for partitions in (4, 16, 2 ** 40):

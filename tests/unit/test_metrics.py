@@ -1,10 +1,10 @@
-"""streams.metrics: the cgroup memory limit a worker exports beside its resident memory."""
+"""modpipe.streams.metrics: the cgroup memory limit a worker exports beside its resident memory."""
 
 from __future__ import annotations
 
 import math
 
-from streams.metrics import cgroup_memory_limit
+from modpipe.streams.metrics import cgroup_memory_limit
 
 
 def test_cgroup_v2_limit_and_no_limit(tmp_path):

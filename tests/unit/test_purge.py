@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import threading
 
-from streams import metrics
-from streams.kafka.records import TP
-from streams.runtime.purge import PurgePlan, Purger
+from modpipe.streams import metrics
+from modpipe.streams.kafka.records import TP
+from modpipe.streams.runtime.purge import PurgePlan, Purger
 
 
 class Clock:

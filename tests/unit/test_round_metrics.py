@@ -8,15 +8,15 @@ import random
 
 from prometheus_client import REGISTRY
 
-from loadgen.posts import make_post
+from modpipe.loadgen.posts import make_post
 from modpipe import schema
 from modpipe.decision.verdict import ThresholdDecider
 from modpipe.settings import Settings
-from streams.kafka.records import TP, Record
-from streams.moderation import agents
-from streams.moderation.agents import Wiring, make_handlers
-from streams.moderation.app import create_pipeline
-from streams.moderation.bans import BanRegistry
+from modpipe.streams.kafka.records import TP, Record
+from modpipe.streams.moderation import agents
+from modpipe.streams.moderation.agents import Wiring, make_handlers
+from modpipe.streams.moderation.app import create_pipeline
+from modpipe.streams.moderation.bans import BanRegistry
 from tests.unit.test_text_model_outage import scorer
 
 

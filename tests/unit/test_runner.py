@@ -1,4 +1,4 @@
-"""streams.runtime.runner without a broker: a Runner built on a fake wiring (its GroupConsumer is never started), its
+"""modpipe.streams.runtime.runner without a broker: a Runner built on a fake wiring (its GroupConsumer is never started), its
 offsets bookkeeping (`_done`, `take_offsets`), the records dropped after a seek back (`_fresh`), the rounds
 loops driven directly, and the rebalance callbacks."""
 
@@ -8,10 +8,10 @@ import asyncio
 from types import SimpleNamespace
 
 from modpipe.settings import Settings
-from streams import metrics
-from streams.kafka.records import TP, Record
-from streams.runtime import runner as runner_module
-from streams.runtime.runner import ROUND_MAX, Runner
+from modpipe.streams import metrics
+from modpipe.streams.kafka.records import TP, Record
+from modpipe.streams.runtime import runner as runner_module
+from modpipe.streams.runtime.runner import ROUND_MAX, Runner
 
 POSTS, AWAITING, USER = "posts", "awaiting-text", "features.user"
 
@@ -132,7 +132,7 @@ def test_fetching_pauses_while_the_fetched_records_are_over_their_bytes_and_resu
 
 
 def test_fetching_pauses_for_batches_handed_over_that_the_busy_loop_has_not_received_yet():
-    from streams.kafka.records import records_bytes
+    from modpipe.streams.kafka.records import records_bytes
 
     runner = make_runner(env={"MODPIPE_WORKER_MEMORY_MB": "256"})  # 2 %: ~5 MiB
     batch = [Record(POSTS, 0, o, b"k", b"x" * 1_000_000) for o in range(6)]
@@ -422,7 +422,7 @@ def test_the_assigned_partitions_gauge_drops_at_a_revocation_and_counts_only_res
 def test_a_transaction_outlasts_the_checkpoints_longest_wait_for_triton():
     """Apache Kafka aborts a transaction open past transaction.timeout.ms; a checkpoint waits inside it for a
     Triton request (MODPIPE_TRITON_TIMEOUT_S) and then an outage (MODPIPE_TEXT_MODEL_OUTAGE_S)."""
-    from streams.worker import TRANSACTION_TIMEOUT_MAX_S, transaction_timeout_s
+    from modpipe.streams.worker import TRANSACTION_TIMEOUT_MAX_S, transaction_timeout_s
 
     default = Settings.from_env({})
     assert transaction_timeout_s(default) >= default.triton_timeout_s + default.text_model_outage_s + 30

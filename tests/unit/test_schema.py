@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadgen.posts import make_post, malformed_records
+from modpipe.loadgen.posts import make_post, malformed_records
 from modpipe import schema
 from modpipe.decision.verdict import ThresholdDecider
 
@@ -140,7 +140,7 @@ JSON_VALUES = st.recursive(
 
 
 def _valid_of(kind: str) -> dict:
-    from loadgen.fuzz import valid_record
+    from modpipe.loadgen.fuzz import valid_record
 
     return valid_record(kind, random.Random(0), 0, "prop")
 
@@ -152,7 +152,7 @@ def test_any_json_value_in_any_field_is_decoded_or_refused_with_a_reason(kind, d
     """The decoders' contract, for every input topic: a record is returned valid or refused with
     InvalidMessage and a known reason, whatever JSON sits in whichever field (schema_version included:
     fuzzing found `{"schema_version": {}}` raising TypeError)."""
-    from loadgen.fuzz import DECODERS
+    from modpipe.loadgen.fuzz import DECODERS
 
     record = _valid_of(kind)
     field = data.draw(st.sampled_from([*record, "schema_version", "unexpected"]))

@@ -4,7 +4,7 @@ import pytest
 
 from modpipe.decision.verdict import ThresholdDecider, verdict_for
 from modpipe.settings import RECEIVE_MESSAGE_MAX_BYTES, Settings, SettingsError
-from streams.local.stack import histogram_quantile
+from modpipe.streams.local.stack import histogram_quantile
 
 
 def test_defaults_and_overrides():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simulation.metrics import binary_metrics, confusion, latency_summary, percentile
+from modpipe.simulation.metrics import binary_metrics, confusion, latency_summary, percentile
 
 
 @pytest.mark.parametrize("values", [[5.0], [1.0, 2.0], [3.0, 1.0, 2.0, 10.0], list(np.random.default_rng(0).random(101))])

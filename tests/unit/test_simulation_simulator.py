@@ -7,13 +7,13 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from features.brands import brand_match
-from features.events import parse_ts
-from features.journey import journey_features
-from features.lists import SHORTENER_DOMAINS
-from features.url import parse_url
+from modpipe.features.brands import brand_match
+from modpipe.features.events import parse_ts
+from modpipe.features.journey import journey_features
+from modpipe.features.lists import SHORTENER_DOMAINS
+from modpipe.features.url import parse_url
 from modpipe import schema
-from simulation.simulator import KIND_TOPICS, SCENARIOS, Simulation, simulate, split_texts
+from modpipe.simulation.simulator import KIND_TOPICS, SCENARIOS, Simulation, simulate, split_texts
 
 # Labelled texts shaped like heldout.jsonl (label 1/0, as the build writes; "spam"/"ham" also accepted).
 SPAM = [f"WINNER!! You have won a {i}000 prize. Call 0906{i:04d} now to claim, T&C apply" for i in range(12)]
@@ -221,7 +221,7 @@ def test_hijacked_accounts_look_legitimate_but_post_campaign_links():
 
 
 def test_human_spammers_behave_like_people_and_post_spam_texts():
-    from features.journey import journey_features
+    from modpipe.features.journey import journey_features
 
     spam, legit = spam_and_legit_posts("human_spammers", seed=5)
 
@@ -240,7 +240,7 @@ def test_human_spammers_behave_like_people_and_post_spam_texts():
 
 
 def test_obfuscated_campaign_disguises_one_campaigns_texts_deterministically():
-    from features.obfuscation import obfuscation_features
+    from modpipe.features.obfuscation import obfuscation_features
 
     events = simulate(TEXTS, 3000, "obfuscated_campaign", seed=7)
     again = simulate(TEXTS, 3000, "obfuscated_campaign", seed=7)

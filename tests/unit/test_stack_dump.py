@@ -16,7 +16,7 @@ import pytest
 
 from modpipe import log
 from modpipe.services.process import ServiceError
-from streams.local.stack import dump_stacks
+from modpipe.streams.local.stack import dump_stacks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -153,7 +153,7 @@ class NeverReady(FakeProcess):
 
 def test_a_stack_whose_workers_are_not_ready_asks_them_for_their_stacks_before_it_gives_up(monkeypatch):
     from modpipe.settings import Settings
-    from streams.local import stack as stack_module
+    from modpipe.streams.local import stack as stack_module
 
     monkeypatch.setattr(stack_module.time, "sleep", lambda s: None)
     stack = stack_module.LocalStack(Settings.from_env({}), workers=2)
@@ -181,7 +181,7 @@ hung_in_shutdown()
 
 def test_a_worker_that_does_not_stop_in_time_writes_its_stacks_before_it_is_killed(tmp_path):
     from modpipe.services.process import ManagedProcess
-    from streams.local.stack import WorkerProcess
+    from modpipe.streams.local.stack import WorkerProcess
 
     log_path = tmp_path / "worker.log"
     proc = ManagedProcess("deaf", [sys.executable, "-c", DEAF_TO_SIGTERM], log_path, cwd=ROOT).start()

@@ -3,7 +3,7 @@
 import socket
 
 from modpipe.services.process import free_port, port_free
-from streams.local.stack import worker_port
+from modpipe.streams.local.stack import worker_port
 
 
 def test_worker_port_is_base_plus_index_when_free():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streams.local.stack import LocalStack, Restarts
+from modpipe.streams.local.stack import LocalStack, Restarts
 
 
 def test_backoff_doubles_per_death_in_a_row_up_to_the_cap():

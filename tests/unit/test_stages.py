@@ -1,5 +1,5 @@
-"""streams.moderation.stages without Kafka: the chain of stages (user -> link -> ip -> post) with items passed
-through an in-memory queue computes exactly what features.offline computes, and a failed item leaves
+"""modpipe.streams.moderation.stages without Kafka: the chain of stages (user -> link -> ip -> post) with items passed
+through an in-memory queue computes exactly what modpipe.features.offline computes, and a failed item leaves
 no trace."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from features import events as fe
-from features.offline import compute, prepare_decision_event
-from features.state import DEFAULT_LIMITS, RESENT, Limits, load_state
-from streams.moderation.stages import Stage, decision_items, event_items, post_item
+from modpipe.features import events as fe
+from modpipe.features.offline import compute, prepare_decision_event
+from modpipe.features.state import DEFAULT_LIMITS, RESENT, Limits, load_state
+from modpipe.streams.moderation.stages import Stage, decision_items, event_items, post_item
 from tests.unit.test_features_offline import make_events, with_redeliveries
 
 
@@ -184,7 +184,7 @@ def test_a_failed_item_leaves_no_trace_and_sends_nothing():
 
 def test_a_post_held_back_behind_more_posts_than_the_id_window_still_counts_once():
     """Two users post from one ip; the ip-stage hop of u1's post stands still while u2's posts (more than
-    the tables remember ids of) go through, then arrives. The ip table counts it, as features.offline does,
+    the tables remember ids of) go through, then arrives. The ip table counts it, as modpipe.features.offline does,
     and a re-send of it, which the user table tells apart, is counted nowhere."""
     limits = Limits(dedup_ids=4)
 

@@ -1,8 +1,8 @@
-"""streams.kafka.stalls: which assigned partitions have records to give and gave none for `stall_s`."""
+"""modpipe.streams.kafka.stalls: which assigned partitions have records to give and gave none for `stall_s`."""
 
 from __future__ import annotations
 
-from streams.kafka.stalls import FetchWatch
+from modpipe.streams.kafka.stalls import FetchWatch
 
 
 def test_a_partition_behind_its_end_and_quiet_for_stall_s_is_stalled():

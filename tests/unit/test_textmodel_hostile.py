@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from features.obfuscation import (
+from modpipe.features.obfuscation import (
     OBFUSCATION_FEATURES,
     confusable_to_ascii,
     is_invisible,

@@ -1,4 +1,4 @@
-"""streams.waiting.wait_at_most: a bounded wait whose caller's cancellation is never lost."""
+"""modpipe.streams.waiting.wait_at_most: a bounded wait whose caller's cancellation is never lost."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from streams.waiting import _wait_at_most_by_wait, wait_at_most
+from modpipe.streams.waiting import _wait_at_most_by_wait, wait_at_most
 
 
 @pytest.mark.parametrize("wait", [wait_at_most, _wait_at_most_by_wait])
