@@ -342,6 +342,7 @@ class Settings:
     triton_http_port: int
     triton_grpc_port: int
     triton_metrics_port: int
+    triton_repo_src: str
     triton_model: str
     triton_variant: str
     text_model: str
