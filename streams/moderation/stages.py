@@ -5,10 +5,10 @@ At each stage it updates that stage's tables and collects their share of its fea
 the post stage adds the bans and assembles the feature map (modpipe.features.vector), and the post is ready
 for the text model and the decision, unless the post table already held its id (a re-send). A post its first
 table cannot tell new from re-sent (dated at or below the ids it keeps) visits the post table first and comes
-back with the answer (`_ask_post_table`; modpipe.features.state.count_post). Side events (reports, engagements, labels, decisions, bans) go
-straight to the stages of the tables they update; states may ask for follow-ups on other tables (a
-label reaches the ip table through the post table, a ban the posts of its domain) and the post table
-may ask for a re-decision.
+back with the answer (`_ask_post_table`; modpipe.features.state.count_post). Side events (reports, engagements,
+labels, decisions, bans) go straight to the stages of the tables they update; states may ask for follow-ups on
+other tables (a label reaches the ip table through the post table, a ban the posts of its domain) and the post
+table may ask for a re-decision.
 
 Each `Stage` applies items with `TableStates` (one write per changed key per batch) and collects what
 they produce; an item's outputs are kept only if the whole item succeeded (a failed item leaves no
