@@ -103,8 +103,11 @@ class Stage:
         """Apply one item under `event` (the record it came in); raises after undoing its table changes."""
         out = StageOutputs()
         kind, ctx = item["kind"], item["ctx"]
-        # a post's visit to the post table that asks whether its id is new (its first table could not tell)
+        # a post on its way to the post table, to ask whether its id is new (its first table could not tell)
         check = kind == "post" and item.get("check", False)
+        if check and self.name != "post":
+            self._forward_post(item, out, None)  # passing through: nothing applied before the answer
+            return out
         done = []  # (states, key, op, changed): recorded once the whole item succeeded
         marks = kind == "post" and RESENT not in ctx  # this stage judges the post: its first table or the check
         new = None  # at the post table, the end of a post's route: whether the post gets its decision
@@ -154,20 +157,24 @@ class Stage:
 
     def _ask_post_table(self, item: dict, out: StageOutputs) -> None:
         """The post's first table cannot tell whether it is new (dated at or below the ids it keeps): the post goes
-        to the post table, which keeps every post by id, and comes back to this hop with the answer."""
+        to the post table, which keeps every post by id, and comes back to this hop with the answer. It goes there
+        along its own route, applying nothing on the way: a copy of it ahead on that route (the original, judged
+        new by this table's ids and not yet at the post table) stays ahead, each hop being one partition in order."""
         ctx = item["ctx"]
-        (stage, pkey, targets), = fe.hops([(fe.POST, ctx["post_id"])], ctx)
         table, key = item["to"][0]
         here = [self.name, fe.partition_key(table, key, ctx), item["to"]]
-        out.items.append((stage, pkey, {**item, "to": [list(t) for t in targets], "check": True,
-                                        "route": [here, *item["route"]]}))
+        route = [list(hop) for hop in item["route"]]  # ends with the post stage's hop
+        stage, pkey, targets = route[0]
+        out.items.append((stage, pkey, {**item, "to": targets, "check": True,
+                                        "route": [*route[1:], here, *item["route"]]}))
         out.checked += 1
 
     def _forward_post(self, item: dict, out: StageOutputs, new: bool | None) -> None:
         if item["route"]:
             stage, pkey, targets = item["route"].pop(0)
             forward = {**item, "to": targets}
-            forward.pop("check", None)
+            if self.name == "post":
+                forward.pop("check", None)  # answered: the post walks its route again, counted
             out.items.append((stage, pkey, forward))
             return
         ctx = item["ctx"]

@@ -298,3 +298,30 @@ def test_a_backdated_post_and_its_resend_in_flight_together_are_decided_once():
     user = load_state(fe.USER, h.tables[fe.USER]["busy"])
     assert user.posts.count == 301 and user.texts.get(fe.prepare_post(old)["text_fp"]) == 1
     assert load_state(fe.POST, h.tables[fe.POST]["back-1h"]).info is not None
+
+
+def test_a_resend_asking_the_post_table_stays_behind_its_original():
+    """The ip partition stands still while an account posts past the ids its user table keeps, and then sends its
+    first post again: the re-send is below the ids, so it asks the post table, along the post's own route. It
+    reaches the post table behind the original (the held partition keeps its order), which the post table knows
+    by then: the re-send counts nowhere and is not decided."""
+    limits = Limits(dedup_ids=4)
+
+    def post(i: int) -> dict:
+        return {"post_id": f"p{i}", "user_id": "u", "ip": "10.0.0.9", "url": "http://a.com/x", "text": f"t{i}",
+                "created_at": f"2026-01-01T00:{i:02d}:00Z"}
+
+    events = [("post", post(i)) for i in range(6)] + [("post", post(0))]
+    h = Harness(limits=limits)
+    h.hold = lambda stage, item: stage == "ip"  # everything that reaches the ip partition waits, in order
+    for kind, raw in events:
+        h.send(kind, raw)
+    assert h.checked == 1 and not h.decided
+    h.hold = lambda stage, item: False
+    h.queue.extend(h.held)
+    h.settle()
+    assert h.decided == {f"p{i}": 1 for i in range(6)} and h.resent == 1
+    offline = compute(events, limits=limits)
+    for table, key in ((fe.USER, "u"), (fe.URL, "a.com/x"), (fe.DOMAIN, "a.com"), (fe.IP, "10.0.0.9")):
+        assert load_state(table, h.tables[table][key]).posts.count == 6, table
+        assert h.tables[table][key] == offline.store.dump()[table][key], table
