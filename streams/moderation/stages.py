@@ -4,8 +4,8 @@ A post walks its route of stages (modpipe.features.events.STAGES): user -> link 
 At each stage it updates that stage's tables and collects their share of its features (`counts`);
 the post stage adds the bans and assembles the feature map (modpipe.features.vector), and the post is ready
 for the text model and the decision, unless the post table already held its id (a re-send). A post its first
-table cannot tell new from re-sent (dated at or below the ids it keeps) visits the post table first and comes
-back with the answer (`_ask_post_table`; modpipe.features.state.count_post). Side events (reports, engagements,
+table cannot tell new from re-sent (dated at or below the ids it keeps) goes along its route to the post table
+first, applying nothing, and walks it again with the answer (`_ask_post_table`; modpipe.features.state.count_post). Side events (reports, engagements,
 labels, decisions, bans) go straight to the stages of the tables they update; states may ask for follow-ups on
 other tables (a label reaches the ip table through the post table, a ban the posts of its domain) and the post
 table may ask for a re-decision.
