@@ -20,9 +20,10 @@ import uuid
 from pathlib import Path
 
 from modpipe.loadgen.traffic import PATTERNS, arrival_times, planned_posts
+from modpipe.simulation.simulator import SCENARIOS, Simulation
+
 from modpipe import log, output
 from modpipe.settings import Settings
-from modpipe.simulation.simulator import SCENARIOS, Simulation
 
 _log = log.get(__name__)
 
@@ -210,6 +211,7 @@ def register_bench(sub: argparse._SubParsersAction) -> None:
     """`modpipe bench` with no target runs the end-to-end comparison; its targets stay as they are."""
     from modpipe.loadgen.bench.ceilings import DEFAULT_CEILING_BATCHES
     from modpipe.loadgen.bench.runs import DEFAULT_LOAD, DEFAULT_LOW_POSTS, DEFAULT_LOW_RATE, DEFAULT_POSTS
+
     from modpipe.serving.cli import _bench_subparsers
 
     _bench_subparsers(sub).metavar = "[TARGET]"  # optional: no target = the end-to-end comparison
@@ -346,6 +348,7 @@ def _bench_state(args) -> int:
 def _bench_transport(args) -> int:
     from modpipe.loadgen.bench import transport
     from modpipe.loadgen.bench.transport_report import format_text
+
     from modpipe.services.broker import broker_pid, local_broker
     from modpipe.services.process import free_port
 

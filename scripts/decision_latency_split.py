@@ -25,6 +25,7 @@ import time
 from datetime import datetime
 
 from modpipe.loadgen.smoke import end_consumer
+
 from modpipe.services.fetching import paced_fetches
 from modpipe.settings import Settings
 

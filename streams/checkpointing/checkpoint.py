@@ -48,10 +48,11 @@ import threading
 import time
 from collections.abc import Callable
 
-from modpipe import log
 from modpipe.streams import metrics
 from modpipe.streams.checkpointing.outbox import Pending
 from modpipe.streams.waiting import wait_at_most
+
+from modpipe import log
 
 _log = log.get(__name__)
 

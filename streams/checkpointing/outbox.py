@@ -44,10 +44,10 @@ import time
 from collections.abc import Callable
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+from modpipe.streams import metrics
 
 from modpipe import log, memory
 from modpipe.settings import Settings
-from modpipe.streams import metrics
 
 _log = log.get(__name__)
 TXN_RETRY_S = 0.25  # between two tries of a transaction request librdkafka calls retriable

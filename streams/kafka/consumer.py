@@ -44,6 +44,9 @@ from confluent_kafka import (
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec
+from modpipe.streams import metrics
+from modpipe.streams.kafka.records import TP, Record, records_bytes
+from modpipe.streams.kafka.stalls import FetchWatch
 
 from modpipe import log
 from modpipe.services.fetching import (
@@ -54,9 +57,6 @@ from modpipe.services.fetching import (
     fetch_window,
     resume_now,
 )
-from modpipe.streams import metrics
-from modpipe.streams.kafka.records import TP, Record, records_bytes
-from modpipe.streams.kafka.stalls import FetchWatch
 
 _log = log.get(__name__)
 

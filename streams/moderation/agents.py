@@ -35,12 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import orjson
-
 from modpipe.features import events as fe
 from modpipe.features.state import DEFAULT_LIMITS
-from modpipe import log, memory, schema
-from modpipe.decision.verdict import Decider
-from modpipe.settings import Settings
 from modpipe.streams import metrics
 from modpipe.streams.checkpointing.checkpoint import Epochs
 from modpipe.streams.checkpointing.outbox import Outbox, Pending
@@ -53,6 +49,10 @@ from modpipe.streams.moderation.decisions import DecisionBatcher, Publisher
 from modpipe.streams.moderation.scoring import TextModelUnavailable, TextScorer
 from modpipe.streams.moderation.stages import ReadyPost, Redecision, Stage, event_items, post_item
 from modpipe.streams.state.table_states import ChangelogWriter
+
+from modpipe import log, memory, schema
+from modpipe.decision.verdict import Decider
+from modpipe.settings import Settings
 
 _log = log.get(__name__)
 

@@ -19,8 +19,6 @@ import asyncio
 import collections
 
 from modpipe.features import events as fe
-from modpipe import log, memory
-from modpipe.settings import Settings
 from modpipe.streams import metrics
 from modpipe.streams.checkpointing.checkpoint import Checkpointer, FreezeWatch
 from modpipe.streams.kafka.consumer import GroupConsumer
@@ -28,6 +26,9 @@ from modpipe.streams.kafka.records import TP, Record, records_bytes
 from modpipe.streams.runtime.purge import PurgePlan, Purger
 from modpipe.streams.state import tables
 from modpipe.streams.waiting import wait_at_most
+
+from modpipe import log, memory
+from modpipe.settings import Settings
 
 _log = log.get(__name__)
 

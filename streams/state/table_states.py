@@ -30,9 +30,10 @@ from collections.abc import Callable
 from typing import Any
 
 from modpipe.features.state import Limits, load_state
-from modpipe import log
 from modpipe.streams import metrics
 from modpipe.streams.state.tables import Table, encode_key
+
+from modpipe import log
 
 _log = log.get(__name__)
 

@@ -41,12 +41,12 @@ from confluent_kafka import (
     KafkaException,
     TopicPartition,
 )
-
 from modpipe.features.events import TABLES
+from modpipe.streams import metrics
+
 from modpipe import log, schema
 from modpipe.services.offsets import watermarks
 from modpipe.settings import Settings
-from modpipe.streams import metrics
 
 _log = log.get(__name__)
 RESTORE_PROGRESS_S = 15.0  # a restore still reading after this long says where it stands, and again after each

@@ -11,13 +11,13 @@ import uuid
 
 import pytest
 from confluent_kafka import Producer
-
 from modpipe.loadgen.chaos import streaming_tables
 from modpipe.loadgen.smoke import end_consumer
-from modpipe.settings import Settings
 from modpipe.streams.moderation.app import tables_dir
 from modpipe.streams.state import rocksdb
 from modpipe.streams.state.tables import encode_key, encode_value, record_check, restore
+
+from modpipe.settings import Settings
 from tests.fixtures.kafka import create_topics
 from tests.integration.test_streaming import collect_decisions, produce_posts
 

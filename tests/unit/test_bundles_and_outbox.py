@@ -12,12 +12,12 @@ import time
 import orjson
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
-
-from modpipe.settings import Settings
 from modpipe.streams.checkpointing import outbox
 from modpipe.streams.checkpointing.outbox import DeliveryFailed, Outbox, Pending, TransactionDoomed
 from modpipe.streams.moderation import bundles
 from modpipe.streams.moderation.bundles import Bundler, decode_bundle, murmur2, partition_for
+
+from modpipe.settings import Settings
 
 # Apache Kafka's UtilsTest.testMurmur2 (clients/src/test/java/org/apache/kafka/common/utils/UtilsTest.java),
 # checked against aiokafka's murmur2 (which returns the same 32 bits unsigned) before it was replaced.

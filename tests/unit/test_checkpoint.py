@@ -7,7 +7,6 @@ import asyncio
 import time
 
 import pytest
-
 from modpipe.streams.checkpointing.checkpoint import Checkpointer, Epochs, FreezeWatch, Frozen
 
 

@@ -488,9 +488,8 @@ def test_dockerfiles_dependency_step_lists_exactly_the_runtime_requirements(tmp_
 
 def known_metric_series() -> set[str]:
     """Every series name streams/metrics.py exposes (counter _total/_created, histogram _bucket/_sum/...)."""
-    from prometheus_client.metrics import MetricWrapperBase
-
     import modpipe.streams.metrics
+    from prometheus_client.metrics import MetricWrapperBase
 
     suffixes = {"counter": ("_total", "_created"), "gauge": ("",), "histogram": ("_bucket", "_count", "_sum", "_created"),
                 "summary": ("", "_count", "_sum", "_created"), "info": ("_info",), "enum": ("",)}

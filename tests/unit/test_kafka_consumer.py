@@ -12,7 +12,6 @@ from types import SimpleNamespace
 
 import pytest
 from confluent_kafka import KafkaError
-
 from modpipe.streams.kafka import consumer as kc
 from modpipe.streams.kafka.consumer import EMPTY_BACKOFF_MAX_S, EMPTY_BACKOFF_S, GroupConsumer, empty_backoff
 from modpipe.streams.kafka.records import TP, Record

@@ -7,11 +7,12 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from modpipe.settings import Settings
 from modpipe.streams import metrics
 from modpipe.streams.kafka.records import TP, Record
 from modpipe.streams.runtime import runner as runner_module
 from modpipe.streams.runtime.runner import ROUND_MAX, Runner
+
+from modpipe.settings import Settings
 
 POSTS, AWAITING, USER = "posts", "awaiting-text", "features.user"
 

@@ -16,11 +16,18 @@ from confluent_kafka import (
     KafkaException,
     TopicPartition,
 )
-
 from modpipe.features.events import TABLES
-from modpipe.settings import Settings
 from modpipe.streams.state import tables
-from modpipe.streams.state.tables import Table, changelog_topic, encode_key, encode_value, make_tables, restore
+from modpipe.streams.state.tables import (
+    Table,
+    changelog_topic,
+    encode_key,
+    encode_value,
+    make_tables,
+    restore,
+)
+
+from modpipe.settings import Settings
 
 
 def test_changelog_names_and_records_are_what_the_readers_expect():
