@@ -21,8 +21,8 @@ import time
 from datetime import datetime
 
 import orjson
-
 from modpipe.loadgen.smoke import end_consumer
+
 from modpipe.services.fetching import paced_fetches
 from modpipe.settings import Settings
 
