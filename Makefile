@@ -66,7 +66,7 @@ docs: setup
 rules:
 	$(PYTHON) scripts/prometheusrule.py
 
-# Issue #5's end-to-end comparison: pipeline vs seed vs in-process ONNX Runtime ceiling, one run, same texts.
+# The end-to-end comparison: pipeline vs seed vs in-process ONNX Runtime ceiling, one run, same texts.
 # Prints the table and writes it as markdown to $MODPIPE_STATE_DIR/bench/e2e.md (`bench model|features`: parts).
 bench: model
 	$(BIN)/modpipe bench
