@@ -10,12 +10,14 @@ the *event id* and applying an event twice equals applying it once.
 Exactness vs memory (documented per structure; defaults in `Limits`):
 
 * `DedupCounter` keeps the ids of the `dedup_ids` most recent events (ordered by (event time, id)) and a
-  high-water mark = the largest evicted (time, id). An event at or below the mark is taken as already
-  counted. Re-deliveries are therefore never double counted (exact); a genuinely new event is missed
-  only if it arrives behind `dedup_ids` newer events of the same key. For posts only the first table on a
-  post's route judges by ids, in the order of one input partition; the tables after it count what it
-  decided (`count_post`), so a stage hop that holds a key's posts back (a partition that stood still)
-  costs no counts.
+  high-water mark = the largest evicted (time, id). An id among them was counted; an event above the mark
+  and not among them is new; an event at or below the mark and not among them cannot be told apart: a
+  re-delivery of an evicted event, or a new event dated that far back. Side events (reports, engagements,
+  labels) take it as counted: never double counted, a new one missed only if it arrives behind `dedup_ids`
+  newer events of its key. A post is never missed: its first table asks the post table, keyed by post_id,
+  which knows (`count_post`, `PostState.apply_post_check`). Only the first table on a post's route judges by
+  ids, in the order of one input partition; the tables after it count what it (or the post table) decided,
+  so a stage hop that holds a key's posts back (a partition that stood still) costs no counts.
 * `DistinctSet` stores members exactly up to `distinct` members, then saturates (count stays = cap).
 * `SlidingWindow` keeps post times within 24 h + `window_grace_ms` of the newest one and at most
   `window_entries`: windowed counts are exact for posts at most that grace late, and None (not a wrong
@@ -58,11 +60,13 @@ DEFAULT_LIMITS = Limits()
 
 @dataclasses.dataclass
 class Update:
-    """What applying one event did: `changed` is False for a re-delivery; `features` the table's share of a
-    post's features (posts only); `followups` events to apply to other tables: (table, key, kind, ctx)."""
+    """What applying one event did: `changed` whether the state changed (False for a re-delivery); `features` the
+    table's share of a post's features (posts only); `followups` events to apply to other tables: (table, key,
+    kind, ctx); `new` for a post, whether this table takes it for new (None: cannot tell, nothing applied)."""
     changed: bool
     features: dict[str, Any] = dataclasses.field(default_factory=dict)
     followups: list[tuple[str, str, str, dict]] = dataclasses.field(default_factory=list)
+    new: bool | None = False
 
 
 # --------------------------------------------------------------------------- primitives
@@ -80,8 +84,11 @@ class DedupCounter:
         self._ids: set[str] = set()
         self.hwm: list | None = None
 
-    def seen(self, event_id: str, ts: int) -> bool:
-        return event_id in self._ids or (self.hwm is not None and [ts, event_id] <= self.hwm)
+    def judge(self, event_id: str, ts: int) -> bool | None:
+        """True: counted already; False: new; None: cannot tell (at or below the mark, its id not kept)."""
+        if event_id in self._ids:
+            return True
+        return None if self.hwm is not None and [ts, event_id] <= self.hwm else False
 
     def add(self, event_id: str, ts: int) -> bool:
         """Count the event unless already counted; True when counted."""
@@ -115,30 +122,53 @@ class DedupCounter:
         return c
 
 
-# A post's item carries whether it is a re-send, decided by the first table on its route (events.routes):
-# set by `mark_post` after that table, read by `count_post` in the tables after it.
+# A post's item carries whether it is a re-send, decided by the first table on its route (events.routes), or by
+# the post table when that one cannot tell: set by `mark_post`, read by `count_post` in the tables after it.
 RESENT = "resent"
+# Set when the post table judged the post (`PostState.apply_post_check`): at the end of the route it finds
+# the post it claimed, not an earlier copy.
+CHECKED = "checked"
+# The kind of a post's visit to the post table that asks whether its id is new.
+POST_CHECK = "post_check"
 
 
-def mark_post(ctx: dict, counted: bool) -> None:
-    """After a post was applied to a table on its route: the first such table decides, for the rest."""
-    ctx.setdefault(RESENT, not counted)
+def mark_post(ctx: dict, new: bool, checked: bool = False) -> None:
+    """After a post was judged by a table on its route: the first table that could tell decides, for the rest."""
+    ctx.setdefault(RESENT, not new)
+    if checked:
+        ctx[CHECKED] = True
 
 
-def count_post(counter: DedupCounter, ctx: dict) -> bool:
-    """Count a post in `counter`; True when counted.
+def count_post(counter: DedupCounter, ctx: dict) -> bool | None:
+    """Count a post in `counter`; True when counted, None when this table cannot tell (nothing counted).
 
     The first table on the post's route (no RESENT mark yet: the user table, for a post with a user) tells
     a re-send by its ids; it reads the posts of a key in the order of one input partition, so a re-send
-    shows up there soon after the original. The tables after it count what that table decided, without
-    ids: the stage hops on the way can hold a key's posts back for longer than any id window (a partition
-    whose worker stood still for a minute) but never deliver an item twice (each hop is one transaction)."""
+    shows up there soon after the original. A post dated at or below its mark whose id it no longer keeps (a
+    backfill, a backdated post, a re-send of a post long evicted) it cannot tell: the post table is asked
+    (it keeps every post by id) and the post comes back marked. The tables after the first count what was
+    decided, without ids: the stage hops on the way can hold a key's posts back for longer than any id window
+    (a partition whose worker stood still for a minute) but never deliver an item twice (each hop is one
+    transaction). A post counted by mark is not added to the ids: one at or below the mark would be the
+    oldest of a full window, evicted at once."""
     resent = ctx.get(RESENT)
     if resent is None:
-        return counter.add(ctx["post_id"], ctx["ts"])
+        seen = counter.judge(ctx["post_id"], ctx["ts"])
+        if seen is None:
+            return None
+        return not seen and counter.add(ctx["post_id"], ctx["ts"])
     if not resent:
         counter.count += 1
     return not resent
+
+
+def post_is_new(ctx: dict, post_update: Update) -> bool:
+    """At the post table, the last on a post's route: whether the post is new and gets its decision. The post
+    table has the last word: a first table that took a post for new by its ids (a re-send whose created_at
+    differs from its original's, the original evicted from the ids) is overruled, so no post is decided twice."""
+    if ctx[RESENT]:
+        return False
+    return bool(ctx.get(CHECKED) or post_update.new)
 
 
 class DistinctSet:
@@ -343,13 +373,15 @@ class UserState(_State):
 
     def apply_post(self, ctx: dict) -> Update:
         ts = ctx["ts"]
-        changed = count_post(self.posts, ctx)
-        if changed:  # one gate for every per-user post count: they are exactly-once together
+        counted = count_post(self.posts, ctx)
+        if counted is None:
+            return Update(False, new=None)  # the post table is asked first; the post comes back marked
+        if counted:  # one gate for every per-user post count: they are exactly-once together
             self.window.add(ts)
             if ctx["url_key"]:
                 self.links.incr(ctx["url_key"], ts)
             self.texts.incr(ctx["text_fp"], ts)
-        return Update(changed, {
+        return Update(counted, {
             "user_posts": self.posts.count,
             "user_posts_1h": self.window.count(ts, HOUR_MS),
             "user_posts_24h": self.window.count(ts, DAY_MS),
@@ -358,7 +390,7 @@ class UserState(_State):
             "user_spam_posts": self.spam.count,
             "user_report_count": self.reports.count,
             "user_spam_report": self.reports.count > 0,
-        })
+        }, new=counted)
 
     def apply_report(self, ctx: dict) -> Update:
         return Update(self.reports.add(ctx["report_id"], ctx["ts"]))
@@ -400,15 +432,17 @@ class UrlState(_State):
         self.comments = DedupCounter(limits.dedup_ids)
 
     def apply_post(self, ctx: dict) -> Update:
-        changed = count_post(self.posts, ctx)
-        if changed and ctx["user_id"]:
+        counted = count_post(self.posts, ctx)
+        if counted is None:
+            return Update(False, new=None)
+        if counted and ctx["user_id"]:
             self.posters.add(ctx["user_id"])
-        return Update(changed, {
+        return Update(counted, {
             "url_post_count": self.posts.count,
             "url_distinct_posters": self.posters.count,
             "post_share_count": self.shares.count,
             "post_comment_count": self.comments.count,
-        })
+        }, new=counted)
 
     def apply_engagement(self, ctx: dict) -> Update:
         counter = {"share": self.shares, "comment": self.comments}.get(ctx["kind"])
@@ -441,11 +475,14 @@ class DomainState(_State):
         self.bans: list[list] = []  # [ts, key] of bans already applied: a redelivered ban is a no-op
 
     def apply_post(self, ctx: dict) -> Update:
-        changed = count_post(self.posts, ctx)
-        if changed and ctx.get("host"):
+        counted = count_post(self.posts, ctx)
+        if counted is None:
+            return Update(False, new=None)
+        if counted and ctx.get("host"):
             self.recent.append([ctx["post_id"], ctx["host"]])
             del self.recent[:-self.limits.recent_posts]
-        return Update(changed, {"domain_post_count": self.posts.count, "domain_report_count": self.reports.count})
+        return Update(counted, {"domain_post_count": self.posts.count, "domain_report_count": self.reports.count},
+                      new=counted)
 
     def apply_report(self, ctx: dict) -> Update:
         return Update(self.reports.add(ctx["report_id"], ctx["ts"]))
@@ -485,11 +522,13 @@ class IpState(_State):
         self.spam = SpamMarks(limits.spam_marks)
 
     def apply_post(self, ctx: dict) -> Update:
-        changed = count_post(self.posts, ctx)
-        if changed and ctx["user_id"]:
+        counted = count_post(self.posts, ctx)
+        if counted is None:
+            return Update(False, new=None)
+        if counted and ctx["user_id"]:
             self.users.add(ctx["user_id"])
-        return Update(changed, {"ip_posts": self.posts.count, "ip_distinct_users": self.users.count,
-                                "ip_spam_posts": self.spam.count})
+        return Update(counted, {"ip_posts": self.posts.count, "ip_distinct_users": self.users.count,
+                                "ip_spam_posts": self.spam.count}, new=counted)
 
     def apply_label(self, ctx: dict) -> Update:
         if ctx["spam"] is None:
@@ -533,6 +572,7 @@ class PostState(_State):
         # "redecided": [reasons]}; a re-decision starts from it (see `redecision`).
         self.snapshot: dict | None = None
         self.ban: str | None = None  # ban key of a domain ban that covers the post's link
+        self.claimed = False  # a post id claimed by `apply_post_check`, its post not here yet (no `info`)
 
     def _route(self, kind: str, ctx: dict) -> list[tuple[str, str, str, dict]]:
         if self.info is None:
@@ -547,12 +587,25 @@ class PostState(_State):
         return []
 
     def apply_post(self, ctx: dict) -> Update:
+        """The post at the end of its route (or its first table, when it has no user, link or ip). `new`: not
+        seen before, whatever its created_at (a post that `apply_post_check` claimed counts as seen)."""
+        new = self.info is None and not self.claimed
         changed = self.info is None
         if changed:
             self.info = {k: ctx[k] for k in ("user_id", "ip", "domain", "ts")}
+            self.claimed = False  # the info says it from now on
         followups = [f for kind, pctx in self.pending for f in self._route(kind, pctx)]
         self.pending = []
-        return Update(changed, {"post_report_count": self.reports.count}, followups)
+        return Update(changed, {"post_report_count": self.reports.count}, followups, new=new)
+
+    def apply_post_check(self, ctx: dict) -> Update:
+        """The post's first table could not tell whether it is new (modpipe.features.state.count_post): claim its
+        id, so that a copy in flight behind it is a re-send. The post comes back at the end of its route
+        (`apply_post`): the events waiting for it are routed then, as for any post."""
+        new = self.info is None and not self.claimed
+        if new:
+            self.claimed = True
+        return Update(new, new=new)
 
     def apply_report(self, ctx: dict) -> Update:
         changed = self.reports.add(ctx["report_id"], ctx["ts"])
@@ -615,7 +668,8 @@ class PostState(_State):
     def to_dict(self) -> dict:
         return {"info": self.info, "reports": self.reports.to_dict(), "shares": self.shares.to_dict(),
                 "comments": self.comments.to_dict(), "label": self.label, "decision": self.decision,
-                "pending": list(self.pending), "snapshot": _copy_snapshot(self.snapshot), "ban": self.ban}
+                "pending": list(self.pending), "snapshot": _copy_snapshot(self.snapshot), "ban": self.ban,
+                **({"claimed": True} if self.claimed else {})}  # rare and short-lived: absent otherwise
 
     @classmethod
     def from_dict(cls, d: dict | None, limits: Limits = DEFAULT_LIMITS) -> PostState:
@@ -628,6 +682,7 @@ class PostState(_State):
             s.label, s.decision = d["label"], d["decision"]
             s.pending = [list(p) for p in d["pending"]]
             s.snapshot, s.ban = _copy_snapshot(d.get("snapshot")), d.get("ban")
+            s.claimed = bool(d.get("claimed"))
         return s
 
 

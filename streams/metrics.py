@@ -17,6 +17,9 @@ FETCH_STALLS = Counter("modpipe_consumer_fetch_stalls_total",
                        "stall restarts the worker), by topic.", ["topic"])
 POSTS_RESENT = Counter("modpipe_posts_resent_total",
                        "Posts whose id was already decided (a producer's retry, a replay): counted once, not decided again.")
+POSTS_CHECKED = Counter("modpipe_posts_checked_total",
+                        "Posts dated at or below the ids their first table keeps (a backfill, a backdated post, an old "
+                        "re-send): sent to the post table to tell new from re-sent, one extra hop each.")
 EVENTS_CONSUMED = Counter("modpipe_events_consumed_total", "Valid side-stream events read, by kind.", ["kind"])
 BAN_EVENTS_APPLIED = Counter("modpipe_ban_events_applied_total", "Valid ban records applied from the ban log.")
 DECISIONS = Counter("modpipe_decisions_total", "Decisions published, by verdict.", ["verdict"])

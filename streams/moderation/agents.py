@@ -88,6 +88,7 @@ class Round:
     # counted as items are applied, added to the metrics once at the round's end (`Wiring.finish`)
     local_hops: collections.Counter = field(default_factory=collections.Counter)  # stage -> items
     resent: int = 0
+    checked: int = 0
 
 
 class Wiring:
@@ -225,6 +226,7 @@ class Wiring:
             queue.extend(out.items)
             r.ready += out.ready
             r.resent += out.resent
+            r.checked += out.checked
             r.redecisions += out.redecisions
 
     def finish(self, r: Round) -> None:
@@ -251,6 +253,8 @@ class Wiring:
             metrics.LOCAL_HOPS.labels(stage).inc(n)
         if r.resent:
             metrics.POSTS_RESENT.inc(r.resent)
+        if r.checked:
+            metrics.POSTS_CHECKED.inc(r.checked)
 
     def flush_states(self, epoch: int | None = None) -> Pending:
         """Each state changed since the last checkpoint written once, its changelog record in `epoch`'s
@@ -374,6 +378,7 @@ def make_handlers(w: Wiring, settings: Settings, scorer: TextScorer, decider: De
                         continue
                     r.ready += out.ready
                     r.resent += out.resent
+                    r.checked += out.checked
                     r.redecisions += out.redecisions
                     w.dispatch(r, out.items, origin=event)
             w.finish(r)

@@ -10,7 +10,8 @@ small ones.
 
 Record value: `{"items": [item, ...]}` (orjson). An item is `{"kind", "ctx", "to": [[table, key], ...]}`
 plus, for a post on its way through the stages, `"post"` (the validated post), `"received_at_ms"`,
-`"counts"` (features gathered so far) and `"route"` (the hops still ahead).
+`"counts"` (features gathered so far) and `"route"` (the hops still ahead); `"check": true` on a post's visit to
+the post table that asks whether its id is new (its first table could not tell: stages.py).
 
 A round's bundler holds at most its share of MODPIPE_WORKER_MEMORY_MB (modpipe/memory.py): past it, what it
 holds is produced there and then (`on_full`), into the round's own transaction, and it starts empty; a

@@ -3,10 +3,12 @@
 A post walks its route of stages (modpipe.features.events.STAGES): user -> link (url + domain) -> ip -> post.
 At each stage it updates that stage's tables and collects their share of its features (`counts`);
 the post stage adds the bans and assembles the feature map (modpipe.features.vector), and the post is ready
-for the text model and the decision. Side events (reports, engagements, labels, decisions, bans) go
-straight to the stages of the tables they update; states may ask for follow-ups on other tables (a
-label reaches the ip table through the post table, a ban the posts of its domain) and the post table
-may ask for a re-decision.
+for the text model and the decision, unless the post table already held its id (a re-send). A post its first
+table cannot tell new from re-sent (dated at or below the ids it keeps) visits the post table first and comes
+back with the answer (`_ask_post_table`; modpipe.features.state.count_post). Side events (reports, engagements,
+labels, decisions, bans) go straight to the stages of the tables they update; states may ask for follow-ups on
+other tables (a label reaches the ip table through the post table, a ban the posts of its domain) and the post
+table may ask for a re-decision.
 
 Each `Stage` applies items with `TableStates` (one write per changed key per batch) and collects what
 they produce; an item's outputs are kept only if the whole item succeeded (a failed item leaves no
@@ -21,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from modpipe.features import events as fe
-from modpipe.features.state import RESENT, Limits, ban_features, mark_post
+from modpipe.features.state import CHECKED, POST_CHECK, RESENT, Limits, ban_features, mark_post, post_is_new
 from modpipe.features.vector import assemble
 from modpipe.streams.state.table_states import TableStates
 
@@ -51,6 +53,7 @@ class StageOutputs:
     ready: list[ReadyPost] = dataclasses.field(default_factory=list)
     redecisions: list[Redecision] = dataclasses.field(default_factory=list)
     resent: int = 0  # posts sent again by the platform: already decided, so not decided again
+    checked: int = 0  # posts whose first table could not tell new from re-sent: sent to the post table first
 
 
 def post_item(post: dict, received_at_ms: int) -> tuple[str, str, dict]:
@@ -100,20 +103,29 @@ class Stage:
         """Apply one item under `event` (the record it came in); raises after undoing its table changes."""
         out = StageOutputs()
         kind, ctx = item["kind"], item["ctx"]
+        # a post's visit to the post table that asks whether its id is new (its first table could not tell)
+        check = kind == "post" and item.get("check", False)
         done = []  # (states, key, op, changed): recorded once the whole item succeeded
-        marks = kind == "post" and RESENT not in ctx  # this stage holds the post's first table
+        marks = kind == "post" and RESENT not in ctx  # this stage judges the post: its first table or the check
+        new = None  # at the post table, the end of a post's route: whether the post gets its decision
         try:
             for table, key in item["to"]:
                 states = self.states[table]
                 state = states.state(key, event)
-                # the first table of a post sees its ctx before the re-send mark (set below, then never changed):
+                applied = POST_CHECK if check else kind
+                # the table that judges a post sees its ctx before the re-send mark (set below, then never changed):
                 # its op keeps a copy, so a rebuild redoes it with the ctx that table saw
-                op = ("apply", kind, dict(ctx) if kind == "post" and RESENT not in ctx else ctx)
+                op = ("apply", applied, dict(ctx) if kind == "post" and RESENT not in ctx else ctx)
                 done.append((states, key, op, False))
-                update = state.apply(kind, ctx)
+                update = state.apply(applied, ctx)
                 done[-1] = (states, key, op, update.changed)
                 if kind == "post":
-                    mark_post(ctx, update.changed)
+                    if update.new is None:  # nothing applied: the post table first, then this hop again
+                        self._ask_post_table(item, out)
+                        break
+                    mark_post(ctx, update.new, checked=check)
+                    if table == fe.POST and not check:
+                        new = post_is_new(ctx, update)
                 if table == fe.POST and kind != "post":
                     request = state.redecision(self.redecide_reports)
                     if request:
@@ -126,25 +138,40 @@ class Stage:
                     out.items.append((stage, pkey, {"kind": f_kind, "ctx": f_ctx, "to": [list(t) for t in targets]}))
                 if kind == "post":
                     item["counts"].update(update.features)
-            if kind == "post":
-                self._forward_post(item, out)
+            else:
+                if kind == "post":
+                    self._forward_post(item, out, new)
         except Exception:
             for states, key, _, _ in done:  # back to the state before this item (earlier items kept)
                 states.rebuild(key, event)
             if marks:
                 ctx.pop(RESENT, None)
+                ctx.pop(CHECKED, None)
             raise
         for states, key, op, changed in done:
             states.done(key, event, op, changed)
         return out
 
-    def _forward_post(self, item: dict, out: StageOutputs) -> None:
+    def _ask_post_table(self, item: dict, out: StageOutputs) -> None:
+        """The post's first table cannot tell whether it is new (dated at or below the ids it keeps): the post goes
+        to the post table, which keeps every post by id, and comes back to this hop with the answer."""
+        ctx = item["ctx"]
+        (stage, pkey, targets), = fe.hops([(fe.POST, ctx["post_id"])], ctx)
+        table, key = item["to"][0]
+        here = [self.name, fe.partition_key(table, key, ctx), item["to"]]
+        out.items.append((stage, pkey, {**item, "to": [list(t) for t in targets], "check": True,
+                                        "route": [here, *item["route"]]}))
+        out.checked += 1
+
+    def _forward_post(self, item: dict, out: StageOutputs, new: bool | None) -> None:
         if item["route"]:
             stage, pkey, targets = item["route"].pop(0)
-            out.items.append((stage, pkey, {**item, "to": targets}))
+            forward = {**item, "to": targets}
+            forward.pop("check", None)
+            out.items.append((stage, pkey, forward))
             return
         ctx = item["ctx"]
-        if ctx.get(RESENT):
+        if not new:
             # The post id was decided when it first came (a producer's retry after an epoch bump, a replay):
             # one decision per post for the platform, and the tables counted it once already.
             out.resent += 1

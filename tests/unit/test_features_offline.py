@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from modpipe.features.events import normalize_ip, parse_ts
 from modpipe.features.offline import DictStore, apply_event, compute
-from modpipe.features.state import DAY_MS, HOUR_MS
+from modpipe.features.state import DAY_MS, HOUR_MS, Limits
 from modpipe.features.text import text_fingerprint
 from modpipe.features.url import parse_url
 from modpipe.features.vector import (
@@ -103,6 +103,27 @@ def with_redeliveries(events, seed):
         if rnd.random() < 0.3:
             out.extend(rnd.sample(events[: i + 1], k=min(i + 1, rnd.randint(1, 4))))
     return out
+
+
+BACKDATED = {"1h": HOUR_MS, "5h": 5 * HOUR_MS, "3d": 3 * DAY_MS, "1y": 365 * DAY_MS}
+
+
+def backdated_events(user: str | None = "busy", n: int = 300) -> tuple[list[tuple[str, dict]], list[str]]:
+    """`n` posts of one account a minute apart (more than the ids a table keeps), then posts dated an hour,
+    hours, days and a year before its first and one between two of its old posts, then a new one, then re-sends
+    of an old, a recent and each backdated post. `user=None`: posts of one link that have no account (the url
+    table comes first on their route). Returns (events, the ids sent again)."""
+    def post(pid: str, ts: int, text: str) -> tuple[str, dict]:
+        return ("post", {"post_id": pid, "user_id": user, "ip": "192.0.2.7", "url": "http://news.example.org/a",
+                         "text": text, "created_at": iso(ts)})
+
+    events = [post(f"p{i:03d}", T0 + i * 60_000, f"post number {i}") for i in range(n)]
+    events += [post(f"back-{age}", T0 - ms, f"backdated {age}") for age, ms in BACKDATED.items()]
+    events += [post("between", T0 + 10 * 60_000 + 30_000, "between two old posts"), post("after", T0 + n * 60_000,
+                                                                                          "the next post")]
+    again = ["p000", f"p{n // 2:03d}", f"p{n - 1:03d}", "between", "after", *(f"back-{age}" for age in BACKDATED)]
+    first = {raw["post_id"]: (kind, raw) for kind, raw in events}
+    return events + [first[pid] for pid in again], again
 
 
 # ------------------------------------------------------------------ brute force, straight from the spec
@@ -238,6 +259,25 @@ def test_redelivery_and_roundtrip_change_nothing(seed):
     assert replayed.store.dump() == once.store.dump()  # the stored table values too, byte for byte
 
 
+POST_COUNTS = ("user_posts", "user_link_count", "user_post_count", "url_post_count", "url_distinct_posters",
+               "domain_post_count", "ip_posts", "ip_distinct_users")
+
+
+@settings(max_examples=20, deadline=None, database=None)
+@given(st.integers(0, 10**9))
+def test_post_counts_are_exact_whatever_the_id_window(seed):
+    """A window of 2 ids: most posts, and most re-deliveries, arrive at or below their first table's mark; the post
+    table tells which are new, so every post count still equals the recount and every post is decided once."""
+    events = make_events(seed)
+    expected = brute_force(events)
+    decided = []
+    got = compute(with_redeliveries(events, seed), limits=Limits(dedup_ids=2),
+                  decide=lambda post, features: decided.append(post["post_id"]) or None)
+    assert sorted(decided) == sorted(expected)
+    for pid in expected:
+        assert {f: got.features[pid][f] for f in POST_COUNTS} == {f: expected[pid][f] for f in POST_COUNTS}, pid
+
+
 def test_decide_callback_feeds_back():
     posts = [("post", {"post_id": f"p{i}", "user_id": "u", "ip": "1.1.1.1", "created_at": iso(T0 + i * 1000),
                        "text": "x"}) for i in range(3)]
@@ -332,3 +372,29 @@ def test_text_obfuscation_shares_are_not_decision_features():
     from modpipe.features.obfuscation import OBFUSCATION_FEATURES
 
     assert not set(OBFUSCATION_FEATURES) & set(FEATURE_NAMES)
+
+
+@pytest.mark.parametrize("user", ["busy", None], ids=["account", "link-without-account"])
+def test_posts_dated_before_a_busy_accounts_first_are_each_decided_once(user):
+    """Posts dated before the ids the first table keeps (a backfill, a backdated post, a post a year old) are new:
+    each is counted and decided once, and a re-send of any post, old or recent, is neither."""
+    events, again = backdated_events(user)
+    decided = []
+    # every event once more at the end: each post a re-send then, old or recent
+    result = compute(events + events, decide=lambda post, features: decided.append(post["post_id"]) or False)
+    posts = {raw["post_id"] for _, raw in events}
+    assert len(posts) == 306 and len(again) == 9
+    assert sorted(decided) == sorted(posts)
+    expected = brute_force(events)
+    fields = ("url_post_count", "domain_post_count", "ip_posts")
+    if user:  # a post without an account has no user counts, and no poster to count
+        fields += ("user_posts", "user_link_count", "user_post_count", "url_distinct_posters", "ip_distinct_users")
+    for pid in posts:
+        assert {f: result.features[pid][f] for f in fields} == {f: expected[pid][f] for f in fields}, pid
+    store = result.store
+    n = len(posts)
+    assert store.get("url", "news.example.org/a").posts.count == store.get("ip", "192.0.2.7").posts.count == n
+    assert store.get("domain", "example.org").posts.count == n
+    if user:
+        assert store.get("user", user).posts.count == n
+    assert result.decided == dict.fromkeys(posts, 1)

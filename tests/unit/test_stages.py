@@ -14,7 +14,7 @@ from modpipe.features.offline import compute, prepare_decision_event
 from modpipe.features.state import DEFAULT_LIMITS, RESENT, Limits, load_state
 from modpipe.streams.moderation.stages import Stage, decision_items, event_items, post_item
 
-from tests.unit.test_features_offline import make_events, with_redeliveries
+from tests.unit.test_features_offline import backdated_events, make_events, with_redeliveries
 
 
 class Event:
@@ -39,6 +39,7 @@ class Harness:
         self.hops = collections.Counter()
         self.decided = collections.Counter()  # post id -> posts handed on to be decided
         self.resent = 0
+        self.checked = 0  # posts sent to the post table first (their first table could not tell)
 
     def is_banned(self, key: str) -> bool:
         state = self.bans.get(key)
@@ -68,6 +69,7 @@ class Harness:
             self.queue.extend(out.items)
             self.redecisions += out.redecisions
             self.resent += out.resent
+            self.checked += getattr(out, "checked", 0)
             for post in out.ready:
                 self.decided[post.ctx["post_id"]] += 1
                 self.features.setdefault(post.ctx["post_id"], post.features)
@@ -111,6 +113,28 @@ def test_a_post_sent_again_is_decided_once(seed):
         h.send(kind, raw)
     assert set(h.decided) == set(sent) and set(h.decided.values()) == {1}
     assert h.resent == sum(sent.values()) - len(sent) > 0
+
+
+@settings(max_examples=15, deadline=None, database=None)
+@given(st.integers(0, 10**9))
+def test_posts_below_a_small_id_window_go_the_offline_way(seed):
+    """A window of 2 ids sends most posts and re-deliveries to the post table first: the chain still computes
+    offline's features and tables, and decides each post once."""
+    events = with_redeliveries(make_events(seed), seed)
+    limits = Limits(dedup_ids=2)
+    h = Harness(limits=limits)
+    for kind, raw in events:
+        h.send(kind, raw)
+    offline = compute(events, limits=limits)
+    assert h.features == offline.features
+    assert h.decided == offline.decided and set(h.decided.values()) == {1}
+    dump = offline.store.dump()
+    for table in fe.TABLES:  # (the harness keeps the bans apart, as every worker does)
+        # offline also stores a key an event left as new (a like on a url): the stages write changed states only
+        empty = load_state(table, None).to_dict()
+        rows = dump.get(table, {})
+        for key in h.tables[table].keys() | rows.keys():
+            assert h.tables[table].get(key, empty) == rows.get(key, empty), (table, key)
 
 
 def test_decisions_are_fed_back_like_offline():
@@ -228,3 +252,49 @@ def test_a_rebuild_redoes_a_post_as_its_first_table_saw_it():
     stage.flush()
     assert again["ctx"][RESENT] is True
     assert load_state(fe.USER, tables[fe.USER]["u"]).posts.count == 1
+
+
+@pytest.mark.parametrize("user", ["busy", None], ids=["account", "link-without-account"])
+def test_posts_dated_before_a_busy_accounts_first_are_each_decided_once(user):
+    """300 posts of one account, then posts dated hours, days and a year before its first (below every id its
+    first table keeps): each is decided once, and a re-send of any post is not decided again; every table equals
+    modpipe.features.offline's."""
+    events, again = backdated_events(user)
+
+    def decide(post, features):
+        return post["post_id"].startswith("back-")
+
+    h = Harness(decide=decide)
+    for kind, raw in events:
+        h.send(kind, raw)
+    posts = {raw["post_id"] for _, raw in events}
+    assert h.decided == dict.fromkeys(posts, 1)
+    assert h.resent == len(again)
+    offline = compute(events, decide=decide)
+    assert h.features == offline.features
+    dump = offline.store.dump()
+    for table in (fe.USER, fe.URL, fe.DOMAIN, fe.IP):
+        assert h.tables[table] == dump.get(table, {}), table
+    # the post table also holds each decision's snapshot here, which offline decisions do not carry
+    assert {k: {**v, "snapshot": None} for k, v in h.tables[fe.POST].items()} == dump[fe.POST]
+    assert load_state(fe.IP, h.tables[fe.IP]["192.0.2.7"]).posts.count == len(posts)
+    # the posts dated below the ids of their first table asked the post table: the four backdated ones and the one
+    # between two evicted posts, then the re-sends of those and of the first post (evicted by then)
+    assert h.checked == 5 + 6
+
+
+def test_a_backdated_post_and_its_resend_in_flight_together_are_decided_once():
+    """Both copies are below the user's ids when they reach the user table, one right behind the other: the post
+    table claims the id for the first, so the second is a re-send."""
+    events, _ = backdated_events("busy", n=300)
+    h = Harness()
+    for kind, raw in events[:300]:
+        h.send(kind, raw)
+    old = events[300][1]
+    assert old["post_id"] == "back-1h"
+    h.queue.extend([post_item(old, 0), post_item(dict(old), 0)])
+    h.settle()
+    assert h.decided["back-1h"] == 1 and h.resent == 1
+    user = load_state(fe.USER, h.tables[fe.USER]["busy"])
+    assert user.posts.count == 301 and user.texts.get(fe.prepare_post(old)["text_fp"]) == 1
+    assert load_state(fe.POST, h.tables[fe.POST]["back-1h"]).info is not None
