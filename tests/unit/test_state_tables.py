@@ -339,3 +339,17 @@ def test_without_a_committed_end_the_restore_reads_to_the_end_it_is_told_and_say
     reached: dict = {}
     assert restore([user], [0], Settings.from_env({}), "b", reached=reached) == 2
     assert reached == {("c", 0): 2}
+
+
+def test_a_restore_held_below_its_committed_end_says_why_and_gives_up_after_its_timeout(fake_consumer, monkeypatch,
+                                                                                      caplog):
+    monkeypatch.setattr(tables, "RESTORE_PROGRESS_S", 0.02)
+    user = Table("user", "c")
+    fake_consumer.script = [[record("c", 0, "u1", {"n": 1}, offset=0),
+                             FakeMessage("c", 0, error=FakeError(KafkaError._PARTITION_EOF), offset=1)]]
+    with caplog.at_level("WARNING", logger="modpipe.streams.state.tables"), pytest.raises(TimeoutError):
+        restore([user], [0], Settings.from_env({}), "b", timeout_s=0.3, ends={("c", 0): 4})
+    reports = [r for r in caplog.records if r.getMessage().startswith("changelog restore still reading")]
+    assert reports and "transaction still open below them" in reports[-1].getMessage()
+    assert reports[-1].behind[0]["end"] == 4 and reports[-1].behind[0]["position"] == 1
+    assert user.decoded() == {}  # nothing of a restore that did not reach its end
