@@ -238,3 +238,36 @@ def test_a_worker_killed_mid_stream_restores_from_its_stores_and_the_tail(local_
     stack.workers[0].process.signal(15)  # a clean stop: the stores hold the last checkpoint
     wait_for(lambda: not stack.workers[0].process.alive(), 60, "the worker stopped")
     assert store_contents(settings, "worker-0") == streaming_tables(settings, stack.bootstrap)
+    # each stage partition's committed offset carries its tables' changelog ends: the offset after the last record
+    # of each table partition its stores hold (streams/state/ends.py)
+    committed = committed_ends(settings, stack)
+    assert len(committed) >= settings.partitions  # every partition a checkpoint wrote, at the least
+    assert committed == {key: end for key, end in store_ends(settings, "worker-0").items() if key in committed}
+
+
+def committed_ends(settings: Settings, stack) -> dict[tuple[str, int], int]:
+    consumer = Consumer({"bootstrap.servers": stack.bootstrap, "group.id": settings.app_id,
+                         "isolation.level": "read_committed"})
+    try:
+        tps = [TopicPartition(topic, p) for topic in stack.topics.stages.values() for p in range(settings.partitions)]
+        out = {}
+        for tp in consumer.committed(tps, timeout=30):
+            assert tp.error is None, tp
+            if tp.offset < 0:
+                continue  # never committed: no checkpoint wrote or read this partition
+            out.update({(table, tp.partition): end for table, end in ends.decode(tp.metadata).items()})
+        return out
+    finally:
+        consumer.close()
+
+
+def store_ends(settings: Settings, worker: str) -> dict[tuple[str, int], int]:
+    out = {}
+    root = tables_dir(settings, worker)
+    for name in ("user", "url", "domain", "ip", "post"):
+        table = rocksdb.RocksTable(name, "-", root / name, rocksdb.Resources(16 << 20))
+        for p in range(settings.partitions):
+            offset = table.store(p).offset
+            out[(name, p)] = 0 if offset is None else offset + 1
+        table.close()
+    return out
