@@ -312,12 +312,18 @@ def _read(conf: dict, starts: dict[tuple[str, int], int], on_message, deadline: 
             if time.monotonic() >= report_at:  # a restore that does not end must be visible, not silent
                 report_at += RESTORE_PROGRESS_S
                 waiting = sorted(tp for tp in left if tp in fixed)
+                behind = _positions(consumer, sorted(left)[:4], ends)
                 _log.warning("changelog restore still reading" + (
                     ": committed records below a checkpoint's end are not handed out yet (a transaction still "
                     "open below them, a killed or frozen worker's, holds them until its restart or "
                     "transaction.timeout.ms aborts it; or their markers are not written yet)" if waiting else ""),
                     extra={"seconds": round(time.monotonic() - started), "partitions_left": len(left),
-                           "behind": _positions(consumer, sorted(left)[:4], ends)})
+                           "behind": behind})
+                gone = [b for b in behind if b["end"] is not None and 0 <= b["high"] < b["end"] and
+                        (b["topic"], b["partition"]) in fixed]
+                if gone:  # waiting cannot help: the restore fails at its timeout, and the worker with it
+                    _log.error("changelog ends below the end committed with its offsets: committed states are gone "
+                               "(the topic deleted or truncated, or an unclean leader election)", extra={"behind": gone})
             for topic, p in [tp for tp in left if tp not in ends]:
                 try:
                     ends[(topic, p)] = watermarks(consumer, TopicPartition(topic, p), END_ASK_S,

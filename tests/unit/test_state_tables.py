@@ -347,9 +347,20 @@ def test_a_restore_held_below_its_committed_end_says_why_and_gives_up_after_its_
     user = Table("user", "c")
     fake_consumer.script = [[record("c", 0, "u1", {"n": 1}, offset=0),
                              FakeMessage("c", 0, error=FakeError(KafkaError._PARTITION_EOF), offset=1)]]
+    fake_consumer.unseen = {("c", 0): 5}  # the records past the last stable offset: the log reaches the end
     with caplog.at_level("WARNING", logger="modpipe.streams.state.tables"), pytest.raises(TimeoutError):
         restore([user], [0], Settings.from_env({}), "b", timeout_s=0.3, ends={("c", 0): 4})
     reports = [r for r in caplog.records if r.getMessage().startswith("changelog restore still reading")]
     assert reports and "transaction still open below them" in reports[-1].getMessage()
     assert reports[-1].behind[0]["end"] == 4 and reports[-1].behind[0]["position"] == 1
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
     assert user.decoded() == {}  # nothing of a restore that did not reach its end
+
+
+def test_a_changelog_that_ends_below_its_committed_end_is_reported_as_lost(fake_consumer, monkeypatch, caplog):
+    monkeypatch.setattr(tables, "RESTORE_PROGRESS_S", 0.02)
+    user = Table("user", "c")
+    fake_consumer.script = [[record("c", 0, "u1", {"n": 1}, offset=0)]]  # the log holds one record
+    with caplog.at_level("WARNING", logger="modpipe.streams.state.tables"), pytest.raises(TimeoutError):
+        restore([user], [0], Settings.from_env({}), "b", timeout_s=0.2, ends={("c", 0): 4})
+    assert any(r.levelname == "ERROR" and "committed states are gone" in r.getMessage() for r in caplog.records)
