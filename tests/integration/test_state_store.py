@@ -17,6 +17,7 @@ from modpipe.loadgen.smoke import end_consumer
 from modpipe.settings import Settings
 from modpipe.streams.moderation.app import tables_dir
 from modpipe.streams.state import ends, rocksdb
+from modpipe.streams.state import tables as tables_module
 from modpipe.streams.state.tables import encode_key, encode_value, record_check, restore
 from tests.fixtures.kafka import create_topics
 from tests.integration.test_streaming import collect_decisions, produce_posts
@@ -130,13 +131,15 @@ def stage(bootstrap, changelog):
 
 
 def test_a_restore_takes_every_checkpoint_committed_above_a_transaction_left_open(bootstrap, changelog, stage,
-                                                                                settings, tmp_path):
+                                                                                settings, tmp_path, monkeypatch,
+                                                                                caplog):
     """A zombie's transaction left open in the changelog, then the partition's next owner commits a checkpoint
     above it. Read to the last stable offset (held at the zombie's first record until its transaction ends) a
     restore lost that checkpoint's states while its input offsets stood: those inputs were never counted again.
     Read to the end committed with the offsets, the restore waits for the zombie's transaction to end (its
     restart or transaction.timeout.ms aborts it), then takes them. A checkpoint committed while its markers are
     not written yet lies past the last stable offset the same way."""
+    monkeypatch.setattr(tables_module, "RESTORE_PROGRESS_S", 0.5)
     group = f"g-{uuid.uuid4().hex[:8]}"
     write(bootstrap, changelog, {"u0": 0})
     zombie = open_transaction(bootstrap, changelog, {"ghost": 9})
@@ -147,12 +150,16 @@ def test_a_restore_takes_every_checkpoint_committed_above_a_transaction_left_ope
     restored: list = []
     reader = threading.Thread(target=lambda: restored.append(
         restore([table], [0], settings, bootstrap, ends={(changelog, 0): committed["ends"]["user"]})))
-    reader.start()
-    reader.join(4.0)
-    assert reader.is_alive(), "the restore ended while committed records were held behind an open transaction"
-    zombie.abort_transaction(30)
-    reader.join(60)
+    with caplog.at_level("WARNING", logger="modpipe.streams.state.tables"):
+        reader.start()
+        reader.join(4.0)
+        assert reader.is_alive(), "the restore ended while committed records were held behind an open transaction"
+        zombie.abort_transaction(30)
+        reader.join(60)
     assert restored == [3]
+    waits = [r for r in caplog.records if r.getMessage().startswith("changelog restore still reading:")]
+    assert waits and waits[0].behind[0]["end"] == 5 and waits[0].behind[0]["position"] <= 2  # says why it waits
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]  # the records are there, held back
     assert table.decoded() == {0: {"u0": {"n": 0}, "u1": {"n": 1}, "u2": {"n": 2}}}
 
 
