@@ -198,6 +198,15 @@ def test_commit_sends_the_input_offsets_with_the_group_metadata_then_opens_the_n
     assert rest == [("commit_transaction",), ("begin_transaction",)]
 
 
+def test_commit_sends_each_offset_with_its_commit_metadata(fake_outbox):
+    """A stage partition's offset carries its tables' changelog ends (streams/state/ends.py) in the same request."""
+    fake_outbox.commit({("posts", 0): 11, ("features.user", 3): 5}, "group-metadata",
+                       metadata={("features.user", 3): "ends"})
+    (_, offsets, _), *_ = fake_outbox.producer.calls
+    assert sorted((tp.topic, tp.offset, tp.metadata) for tp in offsets) == [("features.user", 5, "ends"),
+                                                                             ("posts", 11, None)]
+
+
 def test_a_retriable_transaction_error_is_asked_again_and_others_are_raised(fake_outbox, monkeypatch):
     """A group coordinator that moved with a killed node answers NOT_COORDINATOR, which librdkafka calls
     retriable: the request is sent again; an error that needs an abort (a fenced generation) is not."""

@@ -8,9 +8,9 @@ import re
 from pathlib import Path
 
 import pytest
+from modpipe.streams.worker import transaction_timeout_s
 
 from modpipe.settings import SETTINGS_SPEC, Settings
-from modpipe.streams.worker import transaction_timeout_s
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", ROOT / "deploy" / "README.md", ROOT / "triton_models" / "README.md",
