@@ -105,7 +105,7 @@ def checkpoint(bootstrap: str, changelog: str, stage: str, group: str, rows: dic
         producer.produce(changelog, encode_value({"n": n}), key=encode_key(key), partition=0,
                          on_delivery=lambda err, msg: delivered.append(msg.offset()))
     assert producer.flush(30) == 0
-    group_member = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    group_member = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_committed"})
     producer.send_offsets_to_transaction(
         [TopicPartition(stage, 0, offset, ends.encode({"user": max(delivered) + 1}))],
         group_member.consumer_group_metadata(), 30)
