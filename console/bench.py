@@ -57,11 +57,11 @@ def _fill(index, posts: int, text_chars: int, review_share: float, rng: random.R
 
 def main(argv: list[str] | None = None) -> int:
     from argon2 import PasswordHasher
-
     from modpipe.console.audit import AuditLog
     from modpipe.console.auth import Accounts
     from modpipe.console.index import DecisionIndex
     from modpipe.console.server import ConsoleConfig, serve
+
     from modpipe import schema
 
     p = argparse.ArgumentParser(prog="python -m modpipe.console.bench", description=__doc__.split("\n\n")[1])

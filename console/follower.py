@@ -14,8 +14,8 @@ import uuid
 
 import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
-
 from modpipe.console.index import DecisionIndex
+
 from modpipe import log, schema
 from modpipe.services.fetching import PACED_CONSUMER_CONFIG, paced_fetches
 from modpipe.settings import Settings

@@ -41,8 +41,6 @@ from pathlib import Path
 
 import h11
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
-
 from modpipe.console.audit import AuditLog
 from modpipe.console.auth import (
     AccountError,
@@ -57,6 +55,8 @@ from modpipe.console.auth import (
     valid_name,
 )
 from modpipe.console.index import DecisionIndex
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
 from modpipe import log, schema
 
 _log = log.get(__name__)

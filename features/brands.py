@@ -12,6 +12,7 @@ import unicodedata
 
 from modpipe.features.lists import BRAND_DOMAINS
 from modpipe.features.url import UrlInfo
+
 from modpipe import memory
 
 # Confusable letters (Cyrillic, Greek, Latin variants) and leetspeak digits, folded to one latin letter.

@@ -23,6 +23,7 @@ from typing import Any
 
 from modpipe.features.text import text_fingerprint
 from modpipe.features.url import parse_url, url_key
+
 from modpipe import memory
 
 USER, URL, DOMAIN, IP, POST, BANS = "user", "url", "domain", "ip", "post", "bans"

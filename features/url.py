@@ -20,9 +20,9 @@ import unicodedata
 from urllib.parse import quote_from_bytes, unquote
 
 import idna
+from modpipe.features.lists import SHORTENER_DOMAINS, TRACKING_PARAMS, TRACKING_PREFIXES
 from publicsuffixlist import PublicSuffixList
 
-from modpipe.features.lists import SHORTENER_DOMAINS, TRACKING_PARAMS, TRACKING_PREFIXES
 from modpipe import memory
 
 MAX_URL_CHARS = 8192  # beyond this we do not parse: no legitimate link is that long, and it bounds CPU

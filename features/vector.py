@@ -16,11 +16,11 @@ import sys
 from typing import Any
 
 import numpy as np
-
 from modpipe.features.brands import brand_match
 from modpipe.features.events import parse_ts
 from modpipe.features.journey import JOURNEY_FEATURES, journey_features
 from modpipe.features.url import parse_url
+
 from modpipe import memory
 
 URL_STATIC = (

@@ -15,15 +15,15 @@ from pathlib import Path
 
 import orjson
 from confluent_kafka import Consumer, Producer
-
 from modpipe.loadgen.posts import make_post
 from modpipe.loadgen.smoke import end_consumer
+from modpipe.streams.local.stack import LocalStack
+from modpipe.streams.moderation.topics import ensure_topics
+
 from modpipe import log, schema
 from modpipe.output import progress_bar
 from modpipe.services.broker import broker_pid, scratch_endpoint
 from modpipe.settings import Settings
-from modpipe.streams.local.stack import LocalStack
-from modpipe.streams.moderation.topics import ensure_topics
 
 TEXTS = ["see you at lunch", "FREE entry! win cash now, text WIN to 80086", "meeting moved to 3pm",
          "check out my blog https://blog.example.org/post"]

@@ -20,17 +20,17 @@ from pathlib import Path
 
 import orjson
 from confluent_kafka import Producer
-
 from modpipe.loadgen.posts import make_post
 from modpipe.loadgen.smoke import end_consumer
-from modpipe import log, schema
-from modpipe.output import progress_bar
-from modpipe.services.broker import scratch_endpoint
-from modpipe.settings import Settings
 from modpipe.streams.local.stack import LocalStack
 from modpipe.streams.moderation.app import tables_dir
 from modpipe.streams.moderation.topics import ensure_topics
 from modpipe.streams.state.rocksdb import disk_bytes
+
+from modpipe import log, schema
+from modpipe.output import progress_bar
+from modpipe.services.broker import scratch_endpoint
+from modpipe.settings import Settings
 
 BACKENDS = ("rocksdb", "memory")
 TARGETS = {"rss_mib": 1024, "restore_s": 30.0, "posts_per_s_ratio": 0.8}

@@ -56,8 +56,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import orjson
-
 from modpipe.features.events import TABLES
+
 from modpipe import log
 from modpipe.services.group_lag import end_offsets
 from modpipe.settings import Settings
@@ -281,10 +281,11 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
         make_producer,
         produce_events,
     )
-    from modpipe.output import progress_bar
-    from modpipe.textmodel.artifacts import resolve_model
     from modpipe.simulation.simulator import Simulation
     from modpipe.streams.local.stack import LocalStack, dump_stacks
+
+    from modpipe.output import progress_bar
+    from modpipe.textmodel.artifacts import resolve_model
 
     if settings.bootstrap_servers or settings.triton_url:
         raise ValueError("chaos kills the processes of the local stack: unset KAFKA_BOOTSTRAP_SERVERS and TRITON_URL")

@@ -20,9 +20,10 @@ import uuid
 from pathlib import Path
 
 from modpipe.loadgen.traffic import PATTERNS, arrival_times, planned_posts
+from modpipe.simulation.simulator import SCENARIOS, Simulation
+
 from modpipe import log, output
 from modpipe.settings import Settings
-from modpipe.simulation.simulator import SCENARIOS, Simulation
 
 _log = log.get(__name__)
 
@@ -210,6 +211,7 @@ def register_bench(sub: argparse._SubParsersAction) -> None:
     """`modpipe bench` with no target runs the end-to-end comparison; its targets stay as they are."""
     from modpipe.loadgen.bench.ceilings import DEFAULT_CEILING_BATCHES
     from modpipe.loadgen.bench.runs import DEFAULT_LOAD, DEFAULT_LOW_POSTS, DEFAULT_LOW_RATE, DEFAULT_POSTS
+
     from modpipe.serving.cli import _bench_subparsers
 
     _bench_subparsers(sub).metavar = "[TARGET]"  # optional: no target = the end-to-end comparison
@@ -346,6 +348,7 @@ def _bench_state(args) -> int:
 def _bench_transport(args) -> int:
     from modpipe.loadgen.bench import transport
     from modpipe.loadgen.bench.transport_report import format_text
+
     from modpipe.services.broker import broker_pid, local_broker
     from modpipe.services.process import free_port
 
@@ -377,6 +380,21 @@ def _bench_transport(args) -> int:
     else:
         print("\n\n".join(f"== broker: {kind} ==\n{format_text(r)}" for kind, r in reports.items()))
     return 0 if ok else 1
+
+
+def _bench_latency_split(args) -> int:
+    from modpipe.loadgen.bench import latency_split
+
+    settings = Settings.from_env()
+    bootstrap = args.bootstrap or settings.bootstrap_servers or f"127.0.0.1:{settings.broker_port}"
+    rows = latency_split.read(settings, bootstrap, args.seconds)
+    if args.out:
+        args.out.write_bytes(json.dumps(rows).encode())
+    if not rows:
+        print("modpipe bench latency-split: no decisions seen: is anything sending posts?", file=sys.stderr)
+        return 1
+    output.emit(latency_split.summarise(rows), args.json, latency_split.format_text)
+    return 0
 
 
 def register_clients(sub: argparse._SubParsersAction) -> None:
@@ -429,6 +447,19 @@ def register_clients(sub: argparse._SubParsersAction) -> None:
                                                    "or kafka,embedded (default MODPIPE_BROKER)")
     p.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")
     p.set_defaults(func=_bench_transport)
+
+    from modpipe.loadgen.bench import latency_split
+
+    p = _bench_subparsers(sub).add_parser(
+        "latency-split", help="where each decision's latency goes (fetch + features + Triton, produce, commit + "
+                              "read), read from the decisions topic while something sends posts",
+        description=latency_split.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bootstrap", default=None, help="the broker (default KAFKA_BOOTSTRAP_SERVERS, else "
+                                                     "127.0.0.1:MODPIPE_BROKER_PORT: `modpipe up`'s)")
+    p.add_argument("--seconds", type=float, default=75.0, help="how long to read (default %(default)g)")
+    p.add_argument("--out", type=Path, default=None, help="write every decision's times here (JSON)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_bench_latency_split)
 
     p = sub.add_parser("smoke", help="send N held-out posts + malformed records and check every one is handled")
     p.add_argument("--posts", type=int, default=200, help="held-out posts to send (default 200)")

@@ -7,13 +7,13 @@ import time
 
 import orjson
 from confluent_kafka import Producer
-
 from modpipe.loadgen.posts import labelled_posts, malformed_records
 from modpipe.loadgen.smoke import end_consumer
+from modpipe.streams.local.stack import LocalStack, StatusLine
+
 from modpipe import schema
 from modpipe.settings import Settings
 from modpipe.textmodel.artifacts import resolve_model
-from modpipe.streams.local.stack import LocalStack, StatusLine
 
 
 def _say(msg: str) -> None:

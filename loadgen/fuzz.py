@@ -28,13 +28,13 @@ from collections.abc import Callable, Iterator
 
 import orjson
 from confluent_kafka import Producer
-
 from modpipe.loadgen.posts import make_post
 from modpipe.loadgen.smoke import end_consumer
+from modpipe.streams.moderation.topics import TopicNames
+
 from modpipe import schema
 from modpipe.output import progress_bar
 from modpipe.settings import Settings
-from modpipe.streams.moderation.topics import TopicNames
 
 KINDS = ("post", "report", "engagement", "label", "ban")
 DECODERS = {"post": schema.decode_post, "report": schema.decode_report, "engagement": schema.decode_engagement,

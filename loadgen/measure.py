@@ -19,11 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from modpipe.simulation.metrics import binary_metrics, confusion, latency_summary, percentile, round_or_none
+
 from modpipe import log, schema
 from modpipe.services.fetching import START_GRACE_S, paced_fetches
 from modpipe.services.offsets import watermarks
 from modpipe.settings import Settings
-from modpipe.simulation.metrics import binary_metrics, confusion, latency_summary, percentile, round_or_none
 
 _log = log.get(__name__)
 

@@ -14,15 +14,15 @@ import uuid
 import numpy as np
 import orjson
 from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
-
 from modpipe.loadgen.posts import labelled_posts, malformed_records
+from modpipe.streams.moderation.topics import TopicNames
+
 from modpipe import log, schema
 from modpipe.output import progress_bar
 from modpipe.services.fetching import PACED_CONSUMER_CONFIG
 from modpipe.services.offsets import watermarks
 from modpipe.settings import Settings
 from modpipe.textmodel.artifacts import resolve_model
-from modpipe.streams.moderation.topics import TopicNames
 
 _log = log.get(__name__)
 

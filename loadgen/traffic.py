@@ -24,10 +24,10 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import orjson
+from modpipe.simulation.simulator import KIND_TOPICS, TRUTH_HEADER, Event
 
 from modpipe import log, schema
 from modpipe.settings import Settings
-from modpipe.simulation.simulator import KIND_TOPICS, TRUTH_HEADER, Event
 
 _log = log.get(__name__)
 

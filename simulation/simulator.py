@@ -71,6 +71,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from modpipe.features.lists import BRAND_DOMAINS, SHORTENER_DOMAINS
+
 from modpipe import schema
 from modpipe.textmodel.attacks import variant
 

@@ -12,13 +12,8 @@ import socket
 import threading
 
 import orjson
-
 from modpipe.features.events import prepare_post
 from modpipe.features.vector import assemble
-from modpipe import exits, log, schema
-from modpipe.decision.verdict import Decider, ThresholdDecider
-from modpipe.settings import Settings
-from modpipe.textmodel.artifacts import resolve_model
 from modpipe.streams import metrics
 from modpipe.streams.checkpointing import incarnations
 from modpipe.streams.checkpointing.outbox import Outbox
@@ -30,6 +25,11 @@ from modpipe.streams.moderation.scoring import TextScorer
 from modpipe.streams.moderation.topics import ensure_topics
 from modpipe.streams.runtime import health
 from modpipe.streams.runtime.runner import Runner
+
+from modpipe import exits, log, schema
+from modpipe.decision.verdict import Decider, ThresholdDecider
+from modpipe.settings import Settings
+from modpipe.textmodel.artifacts import resolve_model
 
 _log = log.get(__name__)
 

@@ -8,10 +8,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
-
 from modpipe.loadgen.bench.metering import stats_delta, triton_stats
-from modpipe.textmodel.tokenize import BatchTokenizer
 from modpipe.simulation.metrics import latency_summary
+
+from modpipe.textmodel.tokenize import BatchTokenizer
 
 DEFAULT_CEILING_BATCHES = (8, 16, 32, 64)
 UNTRIMMED_PROBE = 48  # texts of the batch-1 width-128 compute probe (every row costs the same)

@@ -14,11 +14,12 @@ from modpipe.loadgen.bench.metering import CpuMeter, stats_delta, triton_quiet, 
 from modpipe.loadgen.bench.profiling import WorkerProfiler
 from modpipe.loadgen.bench.report import load_offered
 from modpipe.loadgen.traffic import ProduceStats, arrival_times, make_producer, produce_events
+from modpipe.simulation.metrics import latency_summary, percentile
+from modpipe.simulation.simulator import Event
+
 from modpipe import schema
 from modpipe.services.fetching import PACED_CONSUMER_CONFIG, START_GRACE_S, paced_fetches
 from modpipe.settings import Settings
-from modpipe.simulation.metrics import latency_summary, percentile
-from modpipe.simulation.simulator import Event
 
 TEXT_CACHE_ON = 100_000  # MODPIPE_TEXT_CACHE_SIZE of the last pass (the pipeline's default)
 STEADY_TRIM = 0.1  # fraction of decisions left out at each end of the saturation pass

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-
 from modpipe.loadgen.bench.ceilings import (
     DEFAULT_CEILING_BATCHES,
     UNTRIMMED_PROBE,
@@ -24,11 +23,12 @@ from modpipe.loadgen.bench.ceilings import (
 from modpipe.loadgen.bench.metering import CpuMeter, loadavg_1m, machine_info, triton_server_info
 from modpipe.loadgen.bench.pipeline import BenchError, DecisionLog, pipeline_passes
 from modpipe.loadgen.bench.report import capacity, ratio, targets
+from modpipe.simulation.simulator import Event, Simulation
+
 from modpipe import log
 from modpipe.settings import Settings
 from modpipe.textmodel.artifacts import ModelBuild, resolve_model
 from modpipe.textmodel.tokenize import BatchTokenizer
-from modpipe.simulation.simulator import Event, Simulation
 
 _log = log.get(__name__)
 
@@ -72,8 +72,9 @@ def run(settings: Settings, n_posts: int = DEFAULT_POSTS, workers: int | None = 
     the ceilings run on the first N of the pipeline's posts (per-text rates; on a GPU host the CPU ceiling of
     a long saturation pass would take longer than the pipeline). `profile_dir`: py-spy on every worker during
     the first saturation pass (loadgen/bench/profiling.py), raw stacks kept there."""
-    from modpipe.output import progress_bar
     from modpipe.streams.local.stack import LocalStack
+
+    from modpipe.output import progress_bar
 
     if n_posts < 10:
         raise ValueError("--posts must be at least 10")

@@ -34,9 +34,9 @@ from typing import NamedTuple
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-
 from modpipe.loadgen.bench.metering import CpuMeter, group_cpu_seconds
 from modpipe.loadgen.bench.transport_report import BASELINE, add_ratios, checks_ok, percentile, top_own_time
+
 from modpipe.settings import RECEIVE_MESSAGE_MAX_BYTES
 
 RECORDS_PER_INPUT, PARTITIONS, OUT_TOPICS, VALUE_BYTES, LINGER_MS = 10, 4, 3, 300, 5

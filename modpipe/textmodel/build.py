@@ -47,8 +47,7 @@ INT8_CALIBRATION_TEXTS = 200
 BATCH_INVARIANCE_TOLERANCE = 1e-4
 # The lexical head's terms (lexical.ANALYZERS). Character 2-5 grams within words: on the headlines build's own
 # transformer the stack's mean validation spam F1 rose 0.9587 -> 0.9658 against word 1-2 grams, and its
-# never-trained registers were flagged less (worst 1.2% -> 0.2%) (scripts/lexical_heads_probe.py,
-# docs/text-model.md "The character head served").
+# never-trained registers were flagged less (worst 1.2% -> 0.2%) (docs/text-model.md "The character head served").
 LEXICAL_ANALYZER = "char_wb"
 
 

@@ -23,6 +23,10 @@ The steps, in order:
    both with the guard off); the embedded broker checks no generation, so there the guard fences a zombie.
 5. Send the closed epoch's input offsets (the next offset after the last record processed, per partition)
    to the transaction with the consumer's group metadata, and commit the transaction; the next one opens.
+   Each stage partition's offset carries, as its commit metadata, where its tables' changelogs end with this
+   checkpoint (streams/state/ends.py: what the partition's next owner restores to), and a stage partition whose
+   tables' changelogs the checkpoint wrote is among the offsets even without a round of its own (its offset
+   unchanged): so every transaction commits offsets and is fenced by the group generation.
 6. The tables' stores take the committed states (`wiring.committed()`: a RocksDB table writes them to disk
    only now, with their changelog position, streams/state/rocksdb.py), and the next epoch's records held back
    meanwhile go into the next transaction (`outbox.advance()`).
@@ -36,7 +40,7 @@ When: as soon as the previous checkpoint is done and the open epoch has a round,
 passed since the previous epoch closed; before that, as soon as the open epoch's rounds are all complete (a
 quiet pipeline commits each post's decision at once; a busy one commits at most once per interval). A quiet
 worker also checkpoints when a table holds keys past its retention (streams/state/tables.py): step 2 writes their
-tombstones, and the transaction holds no offsets. At a revocation and at a stop rounds pause and every epoch
+tombstones, and the transaction holds their stage partitions' offsets, unchanged, with the new changelog ends. At a revocation and at a stop rounds pause and every epoch
 is committed (`commit_all`).
 """
 
@@ -48,10 +52,11 @@ import threading
 import time
 from collections.abc import Callable
 
-from modpipe import log
 from modpipe.streams import metrics
 from modpipe.streams.checkpointing.outbox import Pending
 from modpipe.streams.waiting import wait_at_most
+
+from modpipe import log
 
 _log = log.get(__name__)
 
@@ -254,12 +259,15 @@ class Checkpointer:
                 await self._idle(epoch)                                      # 3
                 self.check_not_frozen()                                      # 4
                 offsets = self.runner.take_offsets(epoch)
+                ends = self.runner.offset_metadata(offsets)
                 metadata = self.consumer.group_metadata()
                 await asyncio.get_running_loop().run_in_executor(                                      # 5
-                    None, functools.partial(self.outbox.commit, offsets, metadata, guard=self.check_not_frozen))
+                    None, functools.partial(self.outbox.commit, offsets, metadata, guard=self.check_not_frozen,
+                                            metadata=ends))
             except BaseException:
                 self.dirty = True  # still uncommitted (the worker stops)
                 raise
+            self.runner.offsets_committed(offsets)
             self.wiring.committed()                                          # 6
             self.outbox.advance()
             if self.purger is not None:                                      # 7

@@ -44,10 +44,10 @@ import time
 from collections.abc import Callable
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+from modpipe.streams import metrics
 
 from modpipe import log, memory
 from modpipe.settings import Settings
-from modpipe.streams import metrics
 
 _log = log.get(__name__)
 TXN_RETRY_S = 0.25  # between two tries of a transaction request librdkafka calls retriable
@@ -269,10 +269,11 @@ class Outbox:
             hook()
 
     def commit(self, offsets: dict, group_metadata, timeout: float = 60.0,
-               guard: Callable[[], None] | None = None) -> None:
+               guard: Callable[[], None] | None = None, metadata: dict | None = None) -> None:
         """Blocking (call it off the loop): the open transaction's records and the input `offsets`
-        ({(topic, partition): next offset}) committed at once; the next transaction opens. `guard` runs
-        before each of the two requests and stops the commit by raising."""
+        ({(topic, partition): next offset}) committed at once, each with its offset-commit `metadata`
+        ({(topic, partition): string}, where given); the next transaction opens. `guard` runs before each of
+        the two requests and stops the commit by raising."""
         def check() -> None:
             if self.doomed is not None:
                 raise TransactionDoomed(self.doomed)
@@ -285,7 +286,10 @@ class Outbox:
         with self._txn_lock:
             if offsets:
                 check()
-                tps = [TopicPartition(topic, partition, offset) for (topic, partition), offset in offsets.items()]
+                metadata = metadata or {}
+                tps = [TopicPartition(topic, partition, offset, metadata[(topic, partition)])
+                       if (topic, partition) in metadata else TopicPartition(topic, partition, offset)
+                       for (topic, partition), offset in offsets.items()]
                 self._retried(lambda: self.producer.send_offsets_to_transaction(
                     tps, group_metadata, max(1.0, deadline - time.monotonic())), deadline, check)
             check()

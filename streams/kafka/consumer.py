@@ -44,6 +44,9 @@ from confluent_kafka import (
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, OffsetSpec
+from modpipe.streams import metrics
+from modpipe.streams.kafka.records import TP, Record, records_bytes
+from modpipe.streams.kafka.stalls import FetchWatch
 
 from modpipe import log
 from modpipe.services.fetching import (
@@ -54,9 +57,6 @@ from modpipe.services.fetching import (
     fetch_window,
     resume_now,
 )
-from modpipe.streams import metrics
-from modpipe.streams.kafka.records import TP, Record, records_bytes
-from modpipe.streams.kafka.stalls import FetchWatch
 
 _log = log.get(__name__)
 
@@ -84,11 +84,22 @@ END_TIMEOUT_S = 0.5  # a committed offset asked for at most this long (a quiet p
 # thread they held a worker's fetching for up to ~1.5 s every 15 s once its quiet partitions were due (reports,
 # labels, stage topics: ~36 of its ~40), and a post that came meanwhile waited as long.
 ENDS_TIMEOUT_S = 5.0
+# Committed offsets at an assignment: each ask waits up to COMMITTED_ASK_S (librdkafka asks again meanwhile while
+# the broker answers UNSTABLE_OFFSET_COMMIT); failures are asked again after COMMITTED_RETRY_S for up to
+# COMMITTED_WAIT_S, twice the default transaction.timeout.ms (120 s, streams/worker.py), which ends any transaction
+# holding them; the restore that follows still fits max.poll.interval.ms (900 s, streams/moderation/app.py).
+COMMITTED_ASK_S = 10.0
+COMMITTED_RETRY_S = 1.0
+COMMITTED_WAIT_S = 240.0
 ADMIN_CONFIG = ("bootstrap.servers", "security.", "sasl.", "ssl.", "client.id", "logger", "socket.",
                 "broker.address.family")  # what the ends' admin client takes of the consumer's settings
 # what a stalled partition's log line tells of librdkafka's view of it (its statistics, when they are on)
 PARTITION_STATS = ("fetch_state", "fetchq_cnt", "next_offset", "app_offset", "committed_offset", "ls_offset",
                    "hi_offset", "leader", "consumer_lag", "desired", "unknown")
+
+
+class CommittedOffsetsUnknown(RuntimeError):
+    """The group's committed offsets could not be read at an assignment."""
 
 
 def empty_backoff(empty_in_a_row: int, cap_s: float = EMPTY_BACKOFF_MAX_S) -> float:
@@ -153,6 +164,7 @@ class GroupConsumer:
         self.failure: Exception | None = None
         self._group_metadata = None
         self._committed: dict[TP, int] = {}  # at the last assignment (-1001: none)
+        self._committed_metadata: dict[TP, str | None] = {}  # and the metadata committed with them
         self.stopping = False  # set when the worker stops: polling ends, no assignment is taken on
         self._next: dict[TP, int] = {}  # per partition, the offset after the last record handed over (poll thread)
         self._sought: set[TP] = set()  # partitions sought by seek() that have delivered no record since (poll thread)
@@ -258,13 +270,14 @@ class GroupConsumer:
             return
         self._assigned_at = time.monotonic()
         self._unassigned_since = None
-        self._committed = self._committed_offsets(consumer, partitions)
         self._lag_due = 0.0  # the new partitions' lag series at once (the dashboard's panel after a restart)
         self._next.clear()
         self._sought.clear()
         self._assignments += 1
         if self.stopping:
+            self._committed, self._committed_metadata = {}, {}
             return  # the worker is stopping: it takes no partitions on (librdkafka may still rejoin)
+        self._committed = self._committed_offsets(consumer, partitions)  # raises when they cannot be read
         self._group_metadata = consumer.consumer_group_metadata()
         self._call_on_loop(self.on_assigned, partitions)
         if self.stall_watch is not None:  # from now: a restore inside the callback is not a stall
@@ -272,18 +285,44 @@ class GroupConsumer:
             self.stall_watch.assigned([TP(p.topic, p.partition) for p in partitions], self._committed,
                                       time.monotonic())
 
-    @staticmethod
-    def _committed_offsets(consumer, partitions) -> dict[TP, int]:
-        """The group's committed offsets at an assignment, for the lag metric only. Under read_committed, Apache
-        Kafka answers UNSTABLE_OFFSET_COMMIT while a transaction that sent offsets for a partition is open (a
-        killed worker's, until its restart fences it or it times out), and the call waits: it must not fail the
-        assignment, whose fetches wait for those offsets on their own."""
-        try:
-            return {TP(tp.topic, tp.partition): tp.offset for tp in consumer.committed(partitions, timeout=5)}
-        except KafkaException as exc:
-            _log.warning("committed offsets not known yet; lag counts from the log start meanwhile",
-                         extra={"error": str(exc)[:300]})
-            return {}
+    def _committed_offsets(self, consumer, partitions) -> dict[TP, int]:
+        """The group's committed offsets at an assignment, with their metadata (`committed_at_assignment`: the
+        changelog ends a restore reads to, streams/state/ends.py). Asked stable: under read_committed, Apache Kafka
+        answers UNSTABLE_OFFSET_COMMIT while a transaction that sent offsets for a partition is open (a killed
+        worker's, until its restart fences it or transaction.timeout.ms aborts it), and librdkafka asks again
+        until its timeout. Offsets that cannot be read are never guessed: the assignment waits, says so at
+        error level each time, and asks again, up to COMMITTED_WAIT_S; then the callback raises and the worker
+        restarts (a restore to no known end, or a partition sought to a made-up start, would lose or replay)."""
+        started = time.monotonic()
+        tries = 0
+        while True:
+            tries += 1
+            error = None
+            try:
+                answer = consumer.committed(partitions, timeout=COMMITTED_ASK_S)
+                errors = [tp for tp in answer if getattr(tp, "error", None) is not None]
+                if errors:
+                    error = f"{errors[0].topic}[{errors[0].partition}]: {errors[0].error}"
+            except KafkaException as exc:
+                error = str(exc)
+            if error is None:
+                self._committed_metadata = {TP(tp.topic, tp.partition): getattr(tp, "metadata", None)
+                                            for tp in answer}
+                return {TP(tp.topic, tp.partition): tp.offset for tp in answer}
+            waited = time.monotonic() - started
+            if waited + COMMITTED_ASK_S > COMMITTED_WAIT_S or self.stopping or self._stop.is_set():
+                _log.error("committed offsets still cannot be read: the assignment fails and the worker restarts",
+                           extra={"error": error[:300], "tries": tries, "seconds": round(waited, 1)})
+                raise CommittedOffsetsUnknown(f"committed offsets not read within {waited:.0f} s: {error[:300]}")
+            _log.error("committed offsets cannot be read: the assignment waits and asks again (nothing is read "
+                       "or restored before they are known)",
+                       extra={"error": error[:300], "tries": tries, "seconds": round(waited, 1)})
+            self._stop.wait(COMMITTED_RETRY_S)
+
+    def committed_at_assignment(self) -> dict[TP, tuple[int, str | None]]:
+        """Each assigned partition's committed offset (-1001: none) and its metadata, as read (stable) at the
+        last assignment."""
+        return {tp: (offset, self._committed_metadata.get(tp)) for tp, offset in self._committed.items()}
 
     def _revoke_cb(self, consumer, partitions) -> None:
         if consumer is not self.consumer:  # a consumer left by _rejoin
@@ -430,7 +469,11 @@ class GroupConsumer:
         if reassigned:
             now = {TP(tp.topic, tp.partition) for tp in consumer.assignment()}
             for tp in dropped & now:
-                start = self._committed.get(tp, -1)
+                if tp not in self._committed:  # the assignment read them all or failed: never guessed
+                    raise CommittedOffsetsUnknown(f"{tp.topic}[{tp.partition}] assigned without its committed offset")
+                start = self._committed[tp]
+                # -1001: the group has never committed an offset for it, so its new assignment reads it from the
+                # log start (auto.offset.reset=earliest): no record of it was ever processed
                 offset = start if start >= 0 else OFFSET_BEGINNING
                 # a seek that fails raises: the worker stops and its restart reads from the committed offsets
                 consumer.seek(TopicPartition(tp.topic, tp.partition, offset))

@@ -20,14 +20,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from modpipe.streams.moderation.topics import TopicNames, ensure_topics
+from modpipe.streams.runtime.health import READY_PATH
 from prometheus_client.parser import text_string_to_metric_families
 
 from modpipe import log
 from modpipe.services.broker import local_broker, tuned_for
 from modpipe.services.process import ManagedProcess, ServiceError, free_port, port_free
 from modpipe.settings import Settings
-from modpipe.streams.moderation.topics import TopicNames, ensure_topics
-from modpipe.streams.runtime.health import READY_PATH
 
 _log = log.get(__name__)
 

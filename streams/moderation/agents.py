@@ -35,12 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import orjson
-
 from modpipe.features import events as fe
 from modpipe.features.state import DEFAULT_LIMITS
-from modpipe import log, memory, schema
-from modpipe.decision.verdict import Decider
-from modpipe.settings import Settings
 from modpipe.streams import metrics
 from modpipe.streams.checkpointing.checkpoint import Epochs
 from modpipe.streams.checkpointing.outbox import Outbox, Pending
@@ -52,7 +48,12 @@ from modpipe.streams.moderation.dead_letters import event_timestamp_ms, send_dea
 from modpipe.streams.moderation.decisions import DecisionBatcher, Publisher
 from modpipe.streams.moderation.scoring import TextModelUnavailable, TextScorer
 from modpipe.streams.moderation.stages import ReadyPost, Redecision, Stage, event_items, post_item
+from modpipe.streams.state.ends import ChangelogEnds
 from modpipe.streams.state.table_states import ChangelogWriter
+
+from modpipe import log, memory, schema
+from modpipe.decision.verdict import Decider
+from modpipe.settings import Settings
 
 _log = log.get(__name__)
 
@@ -100,7 +101,9 @@ class Wiring:
         self.topics = pipe.topics
         self.partitions = pipe.partitions
         self.local_hops = settings.local_hops == "on"
-        writers = {name: ChangelogWriter(table, outbox) for name, table in pipe.tables.items()}
+        # where each table partition's changelog ends, committed with its stage partition's offset
+        self.changelog_ends = ChangelogEnds()
+        writers = {name: ChangelogWriter(table, outbox, self.changelog_ends) for name, table in pipe.tables.items()}
         cached_keys = {t: settings.post_state_cache_keys if t == fe.POST else settings.state_cache_keys
                        for t in fe.TABLES}
         self.budgets = memory.apply_budget(settings.worker_memory_mb)
@@ -300,6 +303,7 @@ class Wiring:
         """The checkpoint's transaction committed: the tables' stores take its states."""
         for table in self.pipe.tables.values():
             table.committed()
+        self.changelog_ends.commit()
         self._checkpoint_room.set()  # the outbox sends the held-back records next (`Outbox.advance`)
         self.observe_tables()  # a RocksDB table counts its keys once they are in its stores
 

@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modpipe.features.events import POST, TABLES
-from modpipe import memory
-from modpipe.settings import Settings
 from modpipe.streams.moderation.topics import TopicNames
 from modpipe.streams.state import rocksdb
 from modpipe.streams.state.tables import Table, make_tables
+
+from modpipe import memory
+from modpipe.settings import Settings
 
 
 @dataclass

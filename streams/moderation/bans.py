@@ -20,12 +20,12 @@ import uuid
 from collections.abc import Callable
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
-
 from modpipe.features import events as fe
 from modpipe.features.state import DEFAULT_LIMITS, load_state
+from modpipe.streams import metrics
+
 from modpipe import log, schema
 from modpipe.settings import Settings
-from modpipe.streams import metrics
 
 _log = log.get(__name__)
 

@@ -25,9 +25,9 @@ import sys
 from collections.abc import Callable
 
 import orjson
+from modpipe.streams import metrics
 
 from modpipe import memory
-from modpipe.streams import metrics
 
 MAX_BUNDLE_BYTES = 512 * 1024  # well under Kafka's default 1 MB record limit
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from modpipe import log, schema
 from modpipe.streams import metrics
 from modpipe.streams.checkpointing.outbox import Outbox, Pending
+
+from modpipe import log, schema
 
 _log = log.get(__name__)
 

@@ -27,9 +27,6 @@ import collections
 from collections.abc import Callable, Sequence
 
 from modpipe.features.vector import features_size
-from modpipe import log, memory, schema
-from modpipe.decision.engine import cascade, shortcut
-from modpipe.decision.verdict import Decider, without_text_model
 from modpipe.streams import metrics
 from modpipe.streams.checkpointing.outbox import Outbox, Pending
 from modpipe.streams.moderation.bundles import Bundler
@@ -37,6 +34,10 @@ from modpipe.streams.moderation.scoring import TextModelUnavailable, TextScorer
 from modpipe.streams.moderation.stages import ReadyPost, Redecision, decision_items
 from modpipe.streams.moderation.topics import TopicNames
 from modpipe.streams.waiting import wait_at_most
+
+from modpipe import log, memory, schema
+from modpipe.decision.engine import cascade, shortcut
+from modpipe.decision.verdict import Decider, without_text_model
 
 _log = log.get(__name__)
 

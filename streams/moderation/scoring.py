@@ -25,12 +25,12 @@ import time
 from collections.abc import Sequence
 
 import numpy as np
+from modpipe.streams import metrics
 
 from modpipe import log, memory
 from modpipe.serving.charhead import CharHead
 from modpipe.textmodel.artifacts import ModelBuild
 from modpipe.textmodel.tokenize import BatchTokenizer
-from modpipe.streams import metrics
 
 _log = log.get(__name__)
 

@@ -20,9 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from modpipe.features.events import STAGES, TABLES
+from modpipe.streams.state.tables import changelog_topic
+
 from modpipe import log
 from modpipe.settings import Settings
-from modpipe.streams.state.tables import changelog_topic
 
 _log = log.get(__name__)
 

@@ -12,9 +12,8 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import orjson
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
-
 from modpipe.streams import metrics
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 Check = Callable[[], bool]
 READY_PATH, LIVE_PATH = "/readyz", "/livez"

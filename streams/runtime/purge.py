@@ -20,9 +20,10 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from modpipe import log
 from modpipe.streams import metrics
 from modpipe.streams.kafka.records import TP
+
+from modpipe import log
 
 _log = log.get(__name__)
 

@@ -17,17 +17,20 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 
 from modpipe.features import events as fe
-from modpipe import log, memory
-from modpipe.settings import Settings
 from modpipe.streams import metrics
 from modpipe.streams.checkpointing.checkpoint import Checkpointer, FreezeWatch
 from modpipe.streams.kafka.consumer import GroupConsumer
 from modpipe.streams.kafka.records import TP, Record, records_bytes
 from modpipe.streams.runtime.purge import PurgePlan, Purger
+from modpipe.streams.state import ends as changelog_ends
 from modpipe.streams.state import tables
 from modpipe.streams.waiting import wait_at_most
+
+from modpipe import log, memory
+from modpipe.settings import Settings
 
 _log = log.get(__name__)
 
@@ -74,6 +77,7 @@ class Runner:
         self._tasks: list[asyncio.Task] = []
         self._generation = 0  # one more at each revocation
         self._owned: set[TP] = set()  # input partitions assigned and restored (modpipe_assigned_partitions)
+        self._last_committed: dict[TP, int] = {}  # per owned partition, its offset as last committed (-1001: none)
         self.committing_on_revoke = True  # False once the worker stops without committing (a crash)
 
     # -- the consumer's side
@@ -122,7 +126,40 @@ class Runner:
         self._rounds_open.set()
 
     def take_offsets(self, epoch: int) -> dict[TP, int]:
-        return self._offsets.pop(epoch, {})
+        """The input offsets the checkpoint of `epoch` commits: those of its rounds, plus, unchanged, those of
+        each stage partition whose tables' changelogs it wrote without a round of that stage partition (items
+        applied without the Kafka hop, expiry's tombstones), so that their ends go with them
+        (`offset_metadata`) and the transaction is fenced by the group generation like any other. A transaction
+        with neither commits every owned stage partition's offset: none commits without offsets."""
+        offsets = self._offsets.pop(epoch, {})
+        stage_topics = self.wiring.topics.stages
+        for table, partition in self.wiring.changelog_ends.written():
+            tp = TP(stage_topics[fe.STAGE_OF[table]], partition)
+            if tp not in offsets:
+                offsets[tp] = self._committed_offset(tp)
+        if not offsets:
+            offsets = {tp: self._committed_offset(tp) for tp in self._owned if tp.topic in self.stage_of_topic}
+        return offsets
+
+    def _committed_offset(self, tp: TP) -> int:
+        # nothing committed yet: 0, which a consumer starts from as it would without a commit (at the log start,
+        # or at the earliest record left when 0 is below it: auto.offset.reset=earliest)
+        return max(self._last_committed.get(tp, 0), 0)
+
+    def offset_metadata(self, offsets: dict[TP, int]) -> dict[TP, str]:
+        """The metadata each stage partition's offset is committed with: the changelog ends of its stage's tables
+        at its partition number, as this checkpoint leaves them (streams/state/ends.py)."""
+        out = {}
+        for tp in offsets:
+            stage = self.stage_of_topic.get(tp.topic)
+            if stage is not None:
+                out[tp] = changelog_ends.encode(self.wiring.changelog_ends.of(fe.STAGES[stage], tp.partition))
+        return out
+
+    def offsets_committed(self, offsets: dict[TP, int]) -> None:
+        """A checkpoint committed `offsets` (the next one that commits a partition without a round of it
+        commits the same offset again)."""
+        self._last_committed.update(offsets)
 
     def _done(self, records: list[Record], epoch: int) -> None:
         offsets = self._offsets.setdefault(epoch, {})
@@ -250,10 +287,12 @@ class Runner:
         for table in self.wiring.pipe.tables.values():
             for p in gone:
                 table.drop(p)
+        self.wiring.changelog_ends.forget(gone)
         for tp in tps:
             for offsets in self._offsets.values():
                 offsets.pop(tp, None)
             self._rewound.pop(tp, None)
+            self._last_committed.pop(tp, None)
 
     async def on_assigned(self, tps: list[TP]) -> None:
         by_stage: dict[str, list[int]] = {}
@@ -267,8 +306,18 @@ class Runner:
         if any(sorted(p) != numbers for p in by_stage.values()):
             _log.warning("stage partitions are not co-assigned", extra={"stages": by_stage})
         stage_tables = [self.wiring.pipe.tables[t] for stage in by_stage for t in fe.STAGES[stage]]
-        _log.info("partitions assigned; restoring tables", extra={"partitions": len(tps), "stage_partitions": numbers})
-        await loop.run_in_executor(None, tables.restore, stage_tables, numbers, self.settings, self.bootstrap)
+        committed = self.consumer.committed_at_assignment()
+        assigned = set(tps)
+        self._last_committed.update({tp: offset for tp, (offset, _) in committed.items() if tp in assigned})
+        ends = self._committed_ends(by_stage, committed)
+        _log.info("partitions assigned; restoring tables", extra={"partitions": len(tps), "stage_partitions": numbers,
+                                                                 "committed_ends": len(ends)})
+        reached: dict[tuple[str, int], int] = {}
+        await loop.run_in_executor(None, functools.partial(
+            tables.restore, stage_tables, numbers, self.settings, self.bootstrap, ends=ends, reached=reached))
+        name_of = {t.changelog: t.name for t in stage_tables}
+        for (changelog, partition), end in reached.items():
+            self.wiring.changelog_ends.restored(name_of[changelog], partition, end)
         self.wiring.assigned(tps)
         self._own(added=tps)
         by_topic: dict[str, list[int]] = {}
@@ -277,6 +326,30 @@ class Runner:
         _log.info("partitions assigned", extra={"partitions": len(tps),
                                                 "stage_partitions": {s: sorted(p) for s, p in by_stage.items()},
                                                 "topic_partitions": {t: sorted(p) for t, p in by_topic.items()}})
+
+    def _committed_ends(self, by_stage: dict[str, list[int]],
+                        committed: dict[TP, tuple[int, str | None]]) -> dict[tuple[str, int], int]:
+        """(changelog, partition) -> the end committed with its stage partition's offset. A stage partition whose
+        offset was committed without ends (before they were carried) is restored to the last stable offset, as
+        then, and said so."""
+        ends, without = {}, []
+        for stage, partitions in by_stage.items():
+            topic = self.wiring.topics.stages[stage]
+            for p in partitions:
+                offset, metadata = committed.get(TP(topic, p), (-1001, None))
+                decoded = changelog_ends.decode(metadata)
+                if decoded is None:
+                    if offset >= 0:
+                        without.append(f"{topic}[{p}]")
+                    continue
+                for table in fe.STAGES[stage]:
+                    if table in decoded:
+                        ends[(self.wiring.pipe.tables[table].changelog, p)] = decoded[table]
+        if without:
+            _log.warning("offsets committed without changelog ends: those tables are restored to the last stable "
+                         "offset (a checkpoint whose markers are late, or anything above an open transaction, is "
+                         "missed)", extra={"partitions": without[:8], "count": len(without)})
+        return ends
 
     async def on_lost(self, tps: list[TP]) -> None:
         self._own(removed=tps)

@@ -33,10 +33,10 @@ from pathlib import Path
 
 import orjson
 import rocksdict
-
 from modpipe.features.events import TABLES
-from modpipe import log
 from modpipe.streams.state.tables import _wall_ms, changelog_topic, encode_key, encode_value, record_check
+
+from modpipe import log
 
 _log = log.get(__name__)
 

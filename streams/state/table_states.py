@@ -30,9 +30,10 @@ from collections.abc import Callable
 from typing import Any
 
 from modpipe.features.state import Limits, load_state
-from modpipe import log
 from modpipe.streams import metrics
 from modpipe.streams.state.tables import Table, encode_key
+
+from modpipe import log
 
 _log = log.get(__name__)
 
@@ -54,8 +55,9 @@ class ChangelogWriter:
     """Reads and writes one table's states: a write goes into the table partition of the event it is made
     under and, as its changelog record, into the open transaction (holding the checkpoint's `Pending`)."""
 
-    def __init__(self, table: Table, outbox):
+    def __init__(self, table: Table, outbox, ends=None):
         self.table, self.outbox = table, outbox
+        self.ends = ends  # streams/state/ends.py: where the open checkpoint's records of each partition end
         # a key's whole state goes out at each checkpoint that changed it: a busy account's (up to ~100 KB
         # with its capped histories) dominates the changelog, so the bytes are counted, not only the records
         self._written_bytes = metrics.STATE_WRITTEN_BYTES.labels(table.name)
@@ -80,8 +82,13 @@ class ChangelogWriter:
 
     def _produce(self, key: bytes, data: bytes | None, partition: int, pending) -> None:
         delivered = self.table.delivered  # a RocksDB table keeps the changelog position its store reaches
-        on_delivered = None if delivered is None else (
-            lambda offset, key=key, data=data, partition=partition: delivered(partition, offset, key, data))
+        ends, name = self.ends, self.table.name
+
+        def on_delivered(offset: int) -> None:
+            if delivered is not None:
+                delivered(partition, offset, key, data)
+            if ends is not None:
+                ends.delivered(name, partition, offset)
         self.outbox.produce(self.table.changelog, data, key=key, partition=partition, pending=pending,
                             on_delivered=on_delivered)
 

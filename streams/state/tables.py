@@ -2,10 +2,11 @@
 
 A table partition lives on the worker that owns the stage-topic partition of the same number (the stage
 topics are partitioned by the key their tables count). When partitions are assigned, the worker restores each
-of their table partitions by reading its changelog to the end, `read_committed`: only states that were
-committed together with the input offsets that produced them (one Kafka transaction per checkpoint,
-streams/checkpointing/checkpoint.py). So a restored table never runs ahead of the committed input, and the input processed
-again after a crash is counted once, from the state as it was when that input's offsets were committed.
+of their table partitions by reading its changelog `read_committed` up to the end committed with that stage
+partition's offset (streams/state/ends.py): exactly the states that were committed together with the input
+offsets the worker starts from (one Kafka transaction per checkpoint, streams/checkpointing/checkpoint.py). So a
+restored table is never behind nor ahead of the committed input, and the input processed again after a crash is
+counted once, from the state as it was when that input's offsets were committed.
 
 States are written once per changed key per checkpoint (`streams/state/table_states.py`): into this store and, as a
 changelog record in the open transaction, to the changelog partition of the same number. The records are
@@ -41,12 +42,12 @@ from confluent_kafka import (
     KafkaException,
     TopicPartition,
 )
-
 from modpipe.features.events import TABLES
+from modpipe.streams import metrics
+
 from modpipe import log, schema
 from modpipe.services.offsets import watermarks
 from modpipe.settings import Settings
-from modpipe.streams import metrics
 
 _log = log.get(__name__)
 RESTORE_PROGRESS_S = 15.0  # a restore still reading after this long says where it stands, and again after each
@@ -166,12 +167,14 @@ class Table:
         return {p: {k: orjson.loads(data) for k, (data, _) in rows.items()} for p, rows in self.partitions.items()}
 
 
-def _positions(consumer: Consumer, tps: list[tuple[str, int]]) -> list[dict]:
-    """Where the restore stands in each of `tps`: its position and the partition's log start and end."""
+def _positions(consumer: Consumer, tps: list[tuple[str, int]], ends: dict[tuple[str, int], int]) -> list[dict]:
+    """Where the restore stands in each of `tps`: its position, the end it reads to, and the partition's log
+    start and end as the consumer last heard them."""
     out = []
     for tp in consumer.position([TopicPartition(t, p) for t, p in tps]):
         low, high = consumer.get_watermark_offsets(tp, cached=True)
-        out.append({"topic": tp.topic, "partition": tp.partition, "position": tp.offset, "low": low, "high": high})
+        out.append({"topic": tp.topic, "partition": tp.partition, "position": tp.offset,
+                    "end": ends.get((tp.topic, tp.partition)), "low": low, "high": high})
     return out
 
 
@@ -190,11 +193,19 @@ def record_check(key: bytes, value: bytes | None) -> int:
 
 
 def restore(tables: list, partitions: list[int], settings: Settings, bootstrap: str,
-            timeout_s: float = 600.0) -> int:
+            timeout_s: float = 600.0, ends: dict[tuple[str, int], int] | None = None,
+            reached: dict[tuple[str, int], int] | None = None) -> int:
     """Bring the given partitions of `tables` level with what their changelogs hold (committed records only):
     an in-memory table reads its changelog from the start; a RocksDB table (streams/state/rocksdb.py) only what
     its store does not hold yet, once the record at the store's offset proved to be the one the store
-    remembers (else the store is wiped and read from the start). Blocking; returns the records applied."""
+    remembers (else the store is wiped and read from the start). Blocking; returns the records applied.
+
+    `ends`: (changelog, partition) -> the end committed with the input offsets the worker starts from
+    (streams/state/ends.py). Such a partition is read to exactly that end: records at or past it are not
+    applied (no commit of offsets has taken them in yet), and a committed record below it that the broker does
+    not hand out yet (a transaction still open below it, or its own markers not written yet) is waited for. A
+    partition without one (its offsets were committed without ends, or never) is read to the end a read_committed
+    client is told when the restore starts: its last stable offset. `reached` gets the end each was read to."""
     if not tables or not partitions:
         return 0
     started = time.monotonic()
@@ -213,6 +224,7 @@ def restore(tables: list, partitions: list[int], settings: Settings, bootstrap: 
             if at is not None:
                 checking[(t.changelog, p)] = at
     from_store = len(checking)
+    fixed = {tp: end for tp, end in (ends or {}).items() if tp in starts}
     # fetch.wait.max.ms: a broker answers one request per connection at a time, so a fetch of a partition read
     # to its end, waiting the default 500 ms for news, held each end-offset query behind it past END_ASK_S (a
     # restore of 20 tails took 20-30 s instead of 0.2)
@@ -239,50 +251,79 @@ def restore(tables: list, partitions: list[int], settings: Settings, bootstrap: 
         table.restore_apply(m.partition(), m.key(), m.value(), at_ms, m.offset())
         records += 1
         return False
-    _read(conf, starts, apply, deadline)
-    wrong |= set(checking)  # read to the end without finding the store's last record (aborted, beyond the end)
+    read_to = _read(conf, starts, apply, deadline, fixed)
+    # read to the end without finding the store's last record (aborted, at or beyond the committed end)
+    wrong |= set(checking)
     if wrong:
         for tp in sorted(wrong):
             _log.warning("table store does not match its changelog; restoring it from the start", extra={
-                "table": by_topic[tp[0]].name, "partition": tp[1], "store_offset": starts[tp]})
+                "table": by_topic[tp[0]].name, "partition": tp[1], "store_offset": starts[tp],
+                "committed_end": fixed.get(tp)})
             by_topic[tp[0]].restore_reset(tp[1])
         checking.clear()
-        _read(conf, {tp: OFFSET_BEGINNING for tp in wrong}, apply, deadline)
+        read_to.update(_read(conf, {tp: OFFSET_BEGINNING for tp in wrong}, apply, deadline, fixed))
     for topic, p in starts:
         by_topic[topic].restore_end(p)
+    if reached is not None:
+        reached.update(read_to)
     metrics.RESTORED_RECORDS.inc(records)
     metrics.RESTORE_SECONDS.set(time.monotonic() - started)
     _log.info("tables restored", extra={"tables": sorted(by_topic), "partitions": sorted(partitions),
                                         "records": records, "from_store": from_store - len(wrong),
-                                        "reset": len(wrong), "seconds": round(time.monotonic() - started, 2)})
+                                        "reset": len(wrong), "to_committed_ends": len(fixed),
+                                        "seconds": round(time.monotonic() - started, 2)})
     return records
 
 
-def _read(conf: dict, starts: dict[tuple[str, int], int], on_message, deadline: float) -> None:
+def _read(conf: dict, starts: dict[tuple[str, int], int], on_message, deadline: float,
+          fixed: dict[tuple[str, int], int] | None = None) -> dict[tuple[str, int], int]:
     """Read each changelog partition from its start to its end, committed records only; `on_message(m)`
-    returns True when it wants no more of the record's partition."""
+    returns True when it wants no more of the record's partition. `fixed`: the partitions' committed ends (see
+    `restore`); the others are read to the end asked when the read starts. Returns the end each was read to."""
+    fixed = fixed or {}
     consumer = Consumer(conf)
     try:
-        # Read to the end asked at the restore's start, not to the first end-of-partition event. Asked by this
-        # read_committed client, that end is the last stable offset (ListOffsets takes the client's isolation
-        # level): a checkpoint whose producer has committed while its markers are not in the changelog yet (the
-        # previous owner or its transaction coordinator just killed) is missed; the high watermark would take it
-        # but wait for every open transaction, a frozen zombie's included (docs/faults.md). Positions pass a
-        # marker or an aborted transaction's records.
-        ends: dict[tuple[str, int], int] = {}  # asked inside the loop: a broker that does not answer is reported
+        # Without a committed end: read to the end asked at the restore's start, not to the first
+        # end-of-partition event. Asked by this read_committed client, that end is the last stable offset
+        # (ListOffsets takes the client's isolation level): a checkpoint whose producer has committed while its
+        # markers are not in the changelog yet is missed, and so is everything above a transaction still open;
+        # the high watermark would wait for every open transaction, a frozen zombie's above the committed
+        # records included (docs/faults.md). Positions pass a marker or an aborted transaction's records.
+        ends: dict[tuple[str, int], int] = dict(fixed)  # the others asked inside the loop (a broker may not answer)
         consumer.assign([TopicPartition(topic, p, offset) for (topic, p), offset in starts.items()])
         left = set(starts)
+        seen: dict[tuple[str, int], int] = {}  # the offset after the last record read, per partition
         enough: set[tuple[str, int]] = set()  # partitions `on_message` wants no more of
         started = time.monotonic()
         report_at = started + RESTORE_PROGRESS_S
+
+        def done(tp: tuple[str, int]) -> None:
+            left.discard(tp)
+            if tp not in enough:
+                enough.add(tp)
+                consumer.pause([TopicPartition(*tp)])
+
+        for tp in [tp for tp in left if tp in ends]:
+            if ends[tp] <= 0 or 0 <= starts[tp] >= ends[tp]:
+                left.discard(tp)
         while left:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"changelogs not read to their end in time: {sorted(left)[:4]}")
             if time.monotonic() >= report_at:  # a restore that does not end must be visible, not silent
                 report_at += RESTORE_PROGRESS_S
-                _log.warning("changelog restore still reading", extra={
-                    "seconds": round(time.monotonic() - started), "partitions_left": len(left),
-                    "behind": _positions(consumer, sorted(left)[:4])})
+                waiting = sorted(tp for tp in left if tp in fixed)
+                behind = _positions(consumer, sorted(left)[:4], ends)
+                _log.warning("changelog restore still reading" + (
+                    ": committed records below a checkpoint's end are not handed out yet (a transaction still "
+                    "open below them, a killed or frozen worker's, holds them until its restart or "
+                    "transaction.timeout.ms aborts it; or their markers are not written yet)" if waiting else ""),
+                    extra={"seconds": round(time.monotonic() - started), "partitions_left": len(left),
+                           "behind": behind})
+                gone = [b for b in behind if b["end"] is not None and 0 <= b["high"] < b["end"] and
+                        (b["topic"], b["partition"]) in fixed]
+                if gone:  # waiting cannot help: the restore fails at its timeout, and the worker with it
+                    _log.error("changelog ends below the end committed with its offsets: committed states are gone "
+                               "(the topic deleted or truncated, or an unclean leader election)", extra={"behind": gone})
             for topic, p in [tp for tp in left if tp not in ends]:
                 try:
                     ends[(topic, p)] = watermarks(consumer, TopicPartition(topic, p), END_ASK_S,
@@ -303,15 +344,25 @@ def _read(conf: dict, starts: dict[tuple[str, int], int], on_message, deadline: 
                 err = m.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
+                        tp = (m.topic(), m.partition())
+                        if tp in fixed and m.offset() >= fixed[tp]:  # everything below the end is read
+                            done(tp)
                         continue
                     if err.fatal() or err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
                         raise KafkaException(err)
                     _log.warning("changelog read error", extra={"error": str(err)})
                     continue
                 tp = (m.topic(), m.partition())
-                if tp not in enough and on_message(m):
-                    enough.add(tp)
-                    left.discard(tp)
-                    consumer.pause([TopicPartition(*tp)])
+                if tp in enough:
+                    continue
+                if tp in fixed and m.offset() >= fixed[tp]:  # committed after the offsets the worker starts from
+                    done(tp)
+                    continue
+                seen[tp] = m.offset() + 1
+                if on_message(m):
+                    done(tp)
+                elif tp in fixed and m.offset() + 1 >= fixed[tp]:
+                    done(tp)
+        return {tp: max(ends.get(tp, 0), seen.get(tp, 0)) for tp in starts}
     finally:
         consumer.close()

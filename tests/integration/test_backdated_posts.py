@@ -9,10 +9,10 @@ import collections
 import random
 
 import pytest
-
-from modpipe import schema
 from modpipe.loadgen.chaos import compare_tables, offline_tables, streaming_tables
 from modpipe.loadgen.posts import make_post
+
+from modpipe import schema
 from tests.fixtures.waiting import wait_for
 from tests.integration.test_commit_stall import decisions, produce_plainly, wait_decided
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import orjson
 import pytest
-
 from modpipe.loadgen.bench.report import TARGETS, format_markdown, format_text, write_markdown
 from modpipe.loadgen.bench.runs import run
 
@@ -136,10 +135,10 @@ def test_release_deletes_only_what_was_committed_and_read(bootstrap, tmp_path):
     """Between passes the bench deletes the posts the group committed and the decisions it read; nothing
     past them, and never a changelog (the tables' state)."""
     from confluent_kafka import Consumer, Producer, TopicPartition
-
     from modpipe.loadgen.bench.pipeline import release_consumed
-    from modpipe.settings import Settings
     from modpipe.streams.moderation.topics import TopicNames, ensure_topics
+
+    from modpipe.settings import Settings
 
     tag = tmp_path.name[-8:].replace("-", "_")
     settings = Settings.from_env(state_dir=tmp_path / "state", bootstrap_servers=bootstrap, topic_prefix=f"r{tag}.",

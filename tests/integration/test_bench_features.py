@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import orjson
 import pytest
-
 from modpipe.loadgen import bench_features
 
 pytestmark = pytest.mark.integration

@@ -9,8 +9,8 @@ import uuid
 
 import orjson
 import pytest
-
 from modpipe.loadgen import bench_state
+
 from modpipe.services.process import free_port
 from modpipe.settings import Settings
 

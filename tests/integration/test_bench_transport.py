@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import orjson
 import pytest
-
 from modpipe.loadgen.bench.transport import run
 from modpipe.loadgen.bench.transport_report import format_text
 

@@ -16,11 +16,11 @@ import uuid
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from modpipe.streams.checkpointing.outbox import Outbox, Pending, TransactionDoomed
 
 from modpipe.services.broker import EmbeddedBroker
 from modpipe.services.process import free_port
 from modpipe.settings import Settings
-from modpipe.streams.checkpointing.outbox import Outbox, Pending, TransactionDoomed
 from tests.fixtures.kafka import create_topics
 
 pytestmark = pytest.mark.integration

@@ -66,8 +66,8 @@ def test_a_transaction_left_open_is_reported_as_holding_readers_back(bootstrap, 
     import uuid
 
     from confluent_kafka import Producer
-
     from modpipe.loadgen.chaos import held_back
+
     from modpipe.settings import Settings
     from tests.fixtures.kafka import create_topics
 

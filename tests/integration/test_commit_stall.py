@@ -19,9 +19,9 @@ import orjson
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
-
 from modpipe.loadgen.chaos import count_decisions, read_all
 from modpipe.loadgen.posts import make_post
+
 from modpipe import schema
 from modpipe.services.group_lag import uncommitted_input
 from tests.fixtures.waiting import wait_for

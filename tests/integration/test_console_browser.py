@@ -13,7 +13,6 @@ import time
 import orjson
 import pytest
 from confluent_kafka import Producer
-
 from modpipe.console.audit import AuditLog
 from modpipe.console.auth import Accounts
 from modpipe.console.follower import Follower, LabelPublisher
@@ -21,6 +20,7 @@ from modpipe.console.index import DecisionIndex
 from modpipe.console.server import ConsoleConfig, serve
 from modpipe.loadgen.posts import make_post
 from modpipe.loadgen.smoke import end_consumer
+
 from modpipe import schema
 
 pytestmark = pytest.mark.integration

@@ -13,11 +13,11 @@ import time
 
 import argon2
 import pytest
-
 from modpipe.console.audit import AuditLog
 from modpipe.console.auth import Accounts
 from modpipe.console.index import DecisionIndex
 from modpipe.console.server import ConsoleConfig, serve
+
 from tests.unit.test_console import decision
 
 SLOW_CLIENTS = 200

@@ -16,13 +16,13 @@ import orjson
 import pytest
 import tritonclient.grpc as grpcclient
 from confluent_kafka import Producer
-
 from modpipe.loadgen.posts import make_post
 from modpipe.loadgen.smoke import end_consumer
+from modpipe.simulation.simulator import simulate
+
 from modpipe import schema
 from modpipe.decision.dataset import heldout_half
 from modpipe.decision.store import resolve_decision_model
-from modpipe.simulation.simulator import simulate
 
 pytestmark = pytest.mark.integration
 

@@ -11,9 +11,9 @@ import numpy as np
 import orjson
 import pytest
 from confluent_kafka import Producer
-
 from modpipe.loadgen.posts import make_post
 from modpipe.loadgen.smoke import end_consumer
+
 from modpipe import schema
 from modpipe.decision.model import DECISION_FEATURES, DecisionModel
 from modpipe.decision.store import resolve_decision_model

@@ -9,11 +9,11 @@ import time
 import orjson
 import pytest
 from confluent_kafka import Producer
-
 from modpipe.features.offline import compute
 from modpipe.features.vector import FEATURE_NAMES
 from modpipe.loadgen.posts import make_post
 from modpipe.loadgen.smoke import end_consumer
+
 from modpipe import schema
 
 pytestmark = pytest.mark.integration

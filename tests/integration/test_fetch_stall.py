@@ -14,9 +14,9 @@ import uuid
 
 import pytest
 from confluent_kafka import Producer, TopicPartition
-
 from modpipe.streams import metrics
 from modpipe.streams.kafka.consumer import GroupConsumer
+
 from tests.fixtures.kafka import create_topics
 
 pytestmark = pytest.mark.integration

@@ -4,7 +4,6 @@ dead-letter topic with its reason or is processed; the worker stays up; its memo
 from __future__ import annotations
 
 import pytest
-
 from modpipe.loadgen.fuzz import run_fuzz, worker_rss_mib
 
 pytestmark = pytest.mark.integration

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer
-
 from modpipe.loadgen.chaos import read_all
+
 from modpipe.settings import Settings
 from tests.fixtures.kafka import create_topics
 from tests.fixtures.waiting import wait_for

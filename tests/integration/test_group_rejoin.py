@@ -18,9 +18,9 @@ import uuid
 
 import pytest
 from confluent_kafka import Consumer, Producer
-
 from modpipe.streams.kafka.consumer import GroupConsumer
 from modpipe.streams.kafka.records import TP
+
 from tests.fixtures.kafka import create_topics
 
 pytestmark = pytest.mark.integration

@@ -16,8 +16,8 @@ import uuid
 
 import pytest
 from confluent_kafka import Producer
-
 from modpipe.streams.kafka.consumer import ASSIGNMENT_GRACE_S, GroupConsumer
+
 from tests.fixtures.kafka import create_topics
 
 pytestmark = pytest.mark.integration

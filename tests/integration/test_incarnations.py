@@ -12,10 +12,10 @@ import uuid
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-
-from modpipe.settings import Settings
 from modpipe.streams.checkpointing import incarnations
 from modpipe.streams.moderation.topics import TopicNames, ensure_topics
+
+from modpipe.settings import Settings
 
 pytestmark = pytest.mark.integration
 

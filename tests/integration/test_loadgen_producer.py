@@ -12,8 +12,8 @@ import time
 import uuid
 
 import pytest
-
 from modpipe.loadgen.traffic import make_producer
+
 from modpipe.settings import Settings
 from tests.fixtures.kafka import create_topics
 

@@ -8,7 +8,6 @@ import orjson
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
-
 from modpipe.loadgen.cli import run_loadgen
 from modpipe.loadgen.measure import format_table
 from modpipe.simulation.simulator import TRUTH_HEADER

@@ -13,8 +13,8 @@ import urllib.parse
 import urllib.request
 
 import pytest
-
 from modpipe.loadgen.smoke import end_consumer
+
 from modpipe.services.process import free_port
 from tests.integration.test_streaming import collect_decisions, produce_posts
 from tests.unit.test_deploy_manifests import DASHBOARD, alert_rules, dashboard_queries, promql_series

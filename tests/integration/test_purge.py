@@ -5,9 +5,9 @@ keep everything; a worker SIGKILLed after a purge restores its tables and goes o
 from __future__ import annotations
 
 import pytest
-
 from modpipe.loadgen.chaos import compare_tables, count_decisions, offline_tables, streaming_tables
 from modpipe.streams.local.stack import LocalStack
+
 from tests.fixtures.waiting import wait_for
 from tests.integration.test_commit_stall import decisions, offsets, posts_round, produce_plainly, wait_decided
 

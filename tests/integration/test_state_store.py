@@ -10,14 +10,15 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka import Producer
-
+from confluent_kafka import Consumer, Producer, TopicPartition
 from modpipe.loadgen.chaos import streaming_tables
 from modpipe.loadgen.smoke import end_consumer
-from modpipe.settings import Settings
 from modpipe.streams.moderation.app import tables_dir
-from modpipe.streams.state import rocksdb
+from modpipe.streams.state import ends, rocksdb
+from modpipe.streams.state import tables as tables_module
 from modpipe.streams.state.tables import encode_key, encode_value, record_check, restore
+
+from modpipe.settings import Settings
 from tests.fixtures.kafka import create_topics
 from tests.integration.test_streaming import collect_decisions, produce_posts
 
@@ -82,6 +83,106 @@ def test_a_store_ahead_of_the_committed_changelog_is_restored_from_the_start(boo
     assert table.partitions[0].offset == 1 and table.keys() == 2
 
 
+def open_transaction(bootstrap: str, topic: str, rows: dict[str, int]) -> Producer:
+    """Changelog records in a transaction left open (a worker frozen or cut off mid-checkpoint: a zombie)."""
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"z-{uuid.uuid4().hex[:8]}"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for key, n in rows.items():
+        producer.produce(topic, encode_value({"n": n}), key=encode_key(key), partition=0)
+    assert producer.flush(30) == 0
+    return producer
+
+
+def checkpoint(bootstrap: str, changelog: str, stage: str, group: str, rows: dict[str, int], offset: int) -> None:
+    """What a worker's checkpoint commits in one transaction: changelog records, and its stage partition's input
+    offset with the changelog's end (the offset after the last record delivered) as the commit's metadata."""
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"w-{uuid.uuid4().hex[:8]}"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    delivered: list[int] = []
+    for key, n in rows.items():
+        producer.produce(changelog, encode_value({"n": n}), key=encode_key(key), partition=0,
+                         on_delivery=lambda err, msg: delivered.append(msg.offset()))
+    assert producer.flush(30) == 0
+    group_member = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_committed"})
+    producer.send_offsets_to_transaction(
+        [TopicPartition(stage, 0, offset, ends.encode({"user": max(delivered) + 1}))],
+        group_member.consumer_group_metadata(), 30)
+    producer.commit_transaction(30)
+    group_member.close()
+
+
+def committed_end(bootstrap: str, stage: str, group: str) -> dict:
+    """The next owner's view at its assignment: the committed offset (asked stable) and the ends beside it."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "isolation.level": "read_committed"})
+    try:
+        [tp] = consumer.committed([TopicPartition(stage, 0)], timeout=30)
+        return {"offset": tp.offset, "ends": ends.decode(tp.metadata)}
+    finally:
+        consumer.close()
+
+
+@pytest.fixture
+def stage(bootstrap, changelog):
+    topic = changelog.replace("-changelog", "-stage")
+    create_topics(bootstrap, [topic])
+    return topic
+
+
+def test_a_restore_takes_every_checkpoint_committed_above_a_transaction_left_open(bootstrap, changelog, stage,
+                                                                                settings, tmp_path, monkeypatch,
+                                                                                caplog):
+    """A zombie's transaction left open in the changelog, then the partition's next owner commits a checkpoint
+    above it. Read to the last stable offset (held at the zombie's first record until its transaction ends) a
+    restore lost that checkpoint's states while its input offsets stood: those inputs were never counted again.
+    Read to the end committed with the offsets, the restore waits for the zombie's transaction to end (its
+    restart or transaction.timeout.ms aborts it), then takes them. A checkpoint committed while its markers are
+    not written yet lies past the last stable offset the same way."""
+    monkeypatch.setattr(tables_module, "RESTORE_PROGRESS_S", 0.5)
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    write(bootstrap, changelog, {"u0": 0})
+    zombie = open_transaction(bootstrap, changelog, {"ghost": 9})
+    checkpoint(bootstrap, changelog, stage, group, {"u1": 1, "u2": 2}, offset=17)
+    committed = committed_end(bootstrap, stage, group)
+    assert committed == {"offset": 17, "ends": {"user": 5}}  # u0, its marker, the ghost, u1, u2
+    table = user_table(tmp_path / "user", changelog)
+    restored: list = []
+    reader = threading.Thread(target=lambda: restored.append(
+        restore([table], [0], settings, bootstrap, ends={(changelog, 0): committed["ends"]["user"]})))
+    with caplog.at_level("WARNING", logger="modpipe.streams.state.tables"):
+        reader.start()
+        reader.join(4.0)
+        assert reader.is_alive(), "the restore ended while committed records were held behind an open transaction"
+        zombie.abort_transaction(30)
+        reader.join(60)
+    assert restored == [3]
+    waits = [r for r in caplog.records if r.getMessage().startswith("changelog restore still reading:")]
+    assert waits and waits[0].behind[0]["end"] == 5 and waits[0].behind[0]["position"] <= 2  # says why it waits
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]  # the records are there, held back
+    assert table.decoded() == {0: {"u0": {"n": 0}, "u1": {"n": 1}, "u2": {"n": 2}}}
+
+
+def test_a_restore_does_not_wait_for_a_transaction_opened_above_the_committed_end(bootstrap, changelog, stage,
+                                                                                settings, tmp_path):
+    """A zombie that opened its transaction after the last checkpoint committed holds nothing the restore needs:
+    reading to the high watermark instead waited for it, inside the rebalance callback, for the whole
+    transaction timeout."""
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    checkpoint(bootstrap, changelog, stage, group, {"u1": 1}, offset=3)
+    zombie = open_transaction(bootstrap, changelog, {"ghost": 9})
+    try:
+        committed = committed_end(bootstrap, stage, group)
+        table = user_table(tmp_path / "user", changelog)
+        started = time.monotonic()
+        assert restore([table], [0], settings, bootstrap, ends={(changelog, 0): committed["ends"]["user"]},
+                       timeout_s=20) == 1
+        assert time.monotonic() - started < 5
+        assert table.decoded() == {0: {"u1": {"n": 1}}}
+    finally:
+        zombie.abort_transaction(30)
+
+
 def wait_for(condition, timeout_s: float, what: str):
     deadline = time.monotonic() + timeout_s
     while not (value := condition()):
@@ -144,3 +245,36 @@ def test_a_worker_killed_mid_stream_restores_from_its_stores_and_the_tail(local_
     stack.workers[0].process.signal(15)  # a clean stop: the stores hold the last checkpoint
     wait_for(lambda: not stack.workers[0].process.alive(), 60, "the worker stopped")
     assert store_contents(settings, "worker-0") == streaming_tables(settings, stack.bootstrap)
+    # each stage partition's committed offset carries its tables' changelog ends: the offset after the last record
+    # of each table partition its stores hold (streams/state/ends.py)
+    committed = committed_ends(settings, stack)
+    assert len(committed) >= settings.partitions  # every partition a checkpoint wrote, at the least
+    assert committed == {key: end for key, end in store_ends(settings, "worker-0").items() if key in committed}
+
+
+def committed_ends(settings: Settings, stack) -> dict[tuple[str, int], int]:
+    consumer = Consumer({"bootstrap.servers": stack.bootstrap, "group.id": settings.app_id,
+                         "isolation.level": "read_committed"})
+    try:
+        tps = [TopicPartition(topic, p) for topic in stack.topics.stages.values() for p in range(settings.partitions)]
+        out = {}
+        for tp in consumer.committed(tps, timeout=30):
+            assert tp.error is None, tp
+            if tp.offset < 0:
+                continue  # never committed: no checkpoint wrote or read this partition
+            out.update({(table, tp.partition): end for table, end in ends.decode(tp.metadata).items()})
+        return out
+    finally:
+        consumer.close()
+
+
+def store_ends(settings: Settings, worker: str) -> dict[tuple[str, int], int]:
+    out = {}
+    root = tables_dir(settings, worker)
+    for name in ("user", "url", "domain", "ip", "post"):
+        table = rocksdb.RocksTable(name, "-", root / name, rocksdb.Resources(16 << 20))
+        for p in range(settings.partitions):
+            offset = table.store(p).offset
+            out[(name, p)] = 0 if offset is None else offset + 1
+        table.close()
+    return out

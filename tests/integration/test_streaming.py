@@ -12,11 +12,11 @@ import jsonschema
 import orjson
 import pytest
 from confluent_kafka import Producer
-
 from modpipe.loadgen.posts import make_post
 from modpipe.loadgen.smoke import end_consumer, run_smoke
-from modpipe import schema
 from modpipe.streams.moderation.topics import TopicConfigError, TopicNames, ensure_topics
+
+from modpipe import schema
 from tests.fixtures.kafka import supervised
 
 pytestmark = pytest.mark.integration

@@ -9,11 +9,11 @@ import time
 
 import pytest
 from confluent_kafka import Producer
-
 from modpipe.loadgen.chaos import streaming_tables
 from modpipe.loadgen.smoke import end_consumer
 from modpipe.streams.state import tables as tables_module
 from modpipe.streams.state.tables import Table, encode_key, encode_value, restore
+
 from tests.fixtures.kafka import create_topics, start_broker
 from tests.integration.test_streaming import collect_decisions, produce_posts
 

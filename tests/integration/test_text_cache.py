@@ -7,9 +7,9 @@ import asyncio
 
 import numpy as np
 import pytest
+from modpipe.streams.moderation.scoring import TextScorer
 
 from modpipe.decision.verdict import verdict_for
-from modpipe.streams.moderation.scoring import TextScorer
 
 pytestmark = pytest.mark.integration
 

@@ -9,11 +9,11 @@ import dataclasses
 import time
 
 import pytest
-
 from modpipe.loadgen.smoke import end_consumer
+from modpipe.streams.local.stack import LocalStack
+
 from modpipe.services.process import free_port
 from modpipe.serving.server import TritonServer
-from modpipe.streams.local.stack import LocalStack
 from tests.integration.test_streaming import collect_decisions, produce_posts
 
 pytestmark = pytest.mark.integration

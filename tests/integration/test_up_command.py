@@ -105,6 +105,7 @@ def test_up_restarts_what_dies_and_keeps_deciding(tmp_path, settings_env, model_
 
     from modpipe.loadgen.posts import make_post
     from modpipe.loadgen.smoke import end_consumer
+
     from modpipe import schema
     from modpipe.settings import Settings
 

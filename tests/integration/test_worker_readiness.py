@@ -11,11 +11,11 @@ import urllib.request
 import orjson
 import pytest
 from confluent_kafka import Producer
-
 from modpipe.loadgen.posts import make_post
 from modpipe.loadgen.smoke import end_consumer
-from modpipe import schema
 from modpipe.streams.moderation.topics import ensure_topics
+
+from modpipe import schema
 
 pytestmark = pytest.mark.integration
 

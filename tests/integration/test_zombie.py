@@ -34,14 +34,14 @@ from collections import Counter
 import orjson
 import pytest
 from confluent_kafka import Producer
-
 from modpipe.loadgen.chaos import read_all
 from modpipe.loadgen.posts import make_post
+from modpipe.streams.local.stack import LocalStack
+from modpipe.streams.moderation.app import consumer_config, create_pipeline
+
 from modpipe import schema
 from modpipe.services.group_lag import uncommitted_input
 from modpipe.settings import Settings
-from modpipe.streams.local.stack import LocalStack
-from modpipe.streams.moderation.app import consumer_config, create_pipeline
 from tests.fixtures.waiting import wait_for
 
 pytestmark = pytest.mark.integration

@@ -79,6 +79,7 @@ def test_the_embedded_brokers_clients_get_its_tuning_and_kafkas_the_defaults():
 
 def test_benchmarks_take_one_or_both_brokers():
     from modpipe.loadgen.cli import broker_kinds
+
     from modpipe.settings import Settings
 
     assert broker_kinds(Settings.from_env({}), None) == ["kafka"]

@@ -12,12 +12,12 @@ import time
 import orjson
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
-
-from modpipe.settings import Settings
 from modpipe.streams.checkpointing import outbox
 from modpipe.streams.checkpointing.outbox import DeliveryFailed, Outbox, Pending, TransactionDoomed
 from modpipe.streams.moderation import bundles
 from modpipe.streams.moderation.bundles import Bundler, decode_bundle, murmur2, partition_for
+
+from modpipe.settings import Settings
 
 # Apache Kafka's UtilsTest.testMurmur2 (clients/src/test/java/org/apache/kafka/common/utils/UtilsTest.java),
 # checked against aiokafka's murmur2 (which returns the same 32 bits unsigned) before it was replaced.
@@ -196,6 +196,15 @@ def test_commit_sends_the_input_offsets_with_the_group_metadata_then_opens_the_n
     assert sorted((tp.topic, tp.partition, tp.offset) for tp in offsets) == [("features.user", 3, 5), ("posts", 0, 11)]
     assert all(isinstance(tp, TopicPartition) for tp in offsets)
     assert rest == [("commit_transaction",), ("begin_transaction",)]
+
+
+def test_commit_sends_each_offset_with_its_commit_metadata(fake_outbox):
+    """A stage partition's offset carries its tables' changelog ends (streams/state/ends.py) in the same request."""
+    fake_outbox.commit({("posts", 0): 11, ("features.user", 3): 5}, "group-metadata",
+                       metadata={("features.user", 3): "ends"})
+    (_, offsets, _), *_ = fake_outbox.producer.calls
+    assert sorted((tp.topic, tp.offset, tp.metadata) for tp in offsets) == [("features.user", 5, "ends"),
+                                                                             ("posts", 11, None)]
 
 
 def test_a_retriable_transaction_error_is_asked_again_and_others_are_raised(fake_outbox, monkeypatch):

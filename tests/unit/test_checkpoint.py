@@ -7,7 +7,6 @@ import asyncio
 import time
 
 import pytest
-
 from modpipe.streams.checkpointing.checkpoint import Checkpointer, Epochs, FreezeWatch, Frozen
 
 
@@ -82,6 +81,12 @@ class FakeRunner:
         offsets, self.offsets = self.offsets, {}
         return offsets
 
+    def offset_metadata(self, offsets):
+        return {tp: f"ends of {tp[0]}" for tp in offsets if tp[0].startswith("features.")}
+
+    def offsets_committed(self, offsets):
+        self.steps.append("offsets_committed")
+
 
 class FakeWiring:
     def __init__(self, steps: Steps):
@@ -118,14 +123,16 @@ class FakeOutbox:
     def __init__(self, steps: Steps, fail: Exception | None = None):
         self.steps, self.fail = steps, fail
         self.commits: list[tuple] = []
+        self.metadata: list[dict] = []
 
-    def commit(self, offsets, group_metadata, guard=None):
+    def commit(self, offsets, group_metadata, guard=None, metadata=None):
         if guard is not None:
             guard()  # as the outbox does, right before its requests
         self.steps.append("outbox.commit")
         if self.fail is not None:
             raise self.fail
         self.commits.append((offsets, group_metadata))
+        self.metadata.append(metadata)
 
     def advance(self):
         self.steps.append("outbox.advance")
@@ -182,8 +189,11 @@ def test_the_steps_happen_in_the_documented_order():
 
     cp, steps = asyncio.run(scenario())
     assert steps == ["switch", "flush_states", "idle", "freeze_check", "take_offsets", "group_metadata",
-                     "freeze_check", "outbox.commit", "committed", "outbox.advance", "purger.committed"]
+                     "freeze_check", "outbox.commit", "offsets_committed", "committed", "outbox.advance",
+                     "purger.committed"]
     assert cp.outbox.commits == [({("posts", 0): 11, ("features.user", 2): 4}, "generation-7")]
+    # a stage partition's offset goes with its tables' changelog ends, in the same request
+    assert cp.outbox.metadata == [{("features.user", 2): "ends of features.user"}]
     # the purger hears of offsets only once their transaction has committed
     assert cp.purger.offsets == [{("posts", 0): 11, ("features.user", 2): 4}]
     assert cp.wiring.flushed == [0] and cp.wiring.open_epoch == 1  # epoch 0 committed, rounds go on in 1

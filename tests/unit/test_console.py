@@ -20,11 +20,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from modpipe.console.audit import AuditLog
 from modpipe.console.auth import Accounts, LoginThrottle, ProxyIdentity
 from modpipe.console.index import DecisionIndex
 from modpipe.console.server import ConsoleConfig, ConsoleError, serve
+
 from modpipe.settings import SETTINGS_SPEC
 
 

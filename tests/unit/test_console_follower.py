@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
-
 from modpipe.console.follower import Follower
 from modpipe.console.index import DecisionIndex
+
 from modpipe.settings import Settings
 
 

@@ -13,11 +13,11 @@ import time
 
 import argon2
 import pytest
-
 from modpipe.console.audit import AuditLog
 from modpipe.console.auth import Accounts, LoginThrottle, ProxyIdentity, Sessions
 from modpipe.console.index import LIST_TEXT, MAX_LIST, DecisionIndex
 from modpipe.console.server import ConsoleConfig, serve
+
 from modpipe.log import JsonFormatter, TextFormatter
 from tests.unit.test_console import Clock, Console, decision
 

@@ -11,7 +11,6 @@ import subprocess
 import urllib.request
 
 import pytest
-
 from modpipe.console.audit import AuditLog
 from modpipe.console.auth import Accounts
 from modpipe.console.index import DecisionIndex

@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 
 import orjson
-
-from modpipe.decision.verdict import ThresholdDecider
-from modpipe.settings import Settings
 from modpipe.streams.checkpointing.outbox import Pending
 from modpipe.streams.moderation.decisions import DecisionBatcher, Publisher
 from modpipe.streams.moderation.topics import TopicNames
+
+from modpipe.decision.verdict import ThresholdDecider
+from modpipe.settings import Settings
 from tests.unit.test_text_model_outage import ready_post, scorer
 
 

@@ -7,8 +7,8 @@ import math
 
 import numpy as np
 import pytest
-
 from modpipe.features.journey import JOURNEY_FEATURES
+
 from modpipe.decision import dataset, evaluate, train
 from modpipe.decision.model import DECISION_FEATURES
 from modpipe.settings import Settings

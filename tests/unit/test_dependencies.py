@@ -118,3 +118,57 @@ def test_the_packages_use_no_dev_only_dependency():
     used = distributions_used()
     wrong = {dist: sorted(files) for dist, files in used.items() if dist in dev_only}
     assert not wrong, f"runtime code imports dev-only packages: {wrong}"
+
+
+def test_what_the_worker_imports_comes_with_the_core_dependencies():
+    """`pip install modpipe` (no extra) runs a worker: every third-party import of the modules `modpipe worker`
+    loads, followed through our own imports (function-local ones too), is a core dependency's or one they
+    require (protobuf comes with tritonclient[grpc])."""
+    from tests.unit.test_layering import import_graph, module_files
+
+    modules = module_files()
+    edges: dict[str, set[str]] = {}
+    for e in import_graph():
+        edges.setdefault(e.source, set()).add(e.target)
+    todo, seen = ["modpipe.streams.worker"], set()
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo += edges.get(m, ())
+    core = core_closure()
+    providers = packages_distributions()
+    outside = {}
+    for m in sorted(seen):
+        for name in modules_used(modules[m].read_text()):
+            for dist in providers.get(name, ()):
+                if canonicalize_name(dist) not in core and canonicalize_name(dist) != "modpipe":
+                    outside.setdefault(canonicalize_name(dist), []).append(m)
+    assert "modpipe.streams.moderation.scoring" in seen and "modpipe.decision.store" in seen
+    assert not outside, f"the worker's modules import distributions outside the core dependencies: {outside}"
+
+
+def core_closure() -> set[str]:
+    """modpipe's core dependencies and, as installed here, everything they require (with the extras named)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import requires as declared_by
+
+    todo = [r for where, r in requirements() if where == "dependencies"]
+    seen: set[tuple[str, frozenset]] = set()
+    names: set[str] = set()
+    while todo:
+        req = todo.pop()
+        key = (canonicalize_name(req.name), frozenset(req.extras))
+        if key in seen:
+            continue
+        seen.add(key)
+        names.add(key[0])
+        try:
+            lines = declared_by(req.name) or []
+        except PackageNotFoundError:
+            continue
+        for line in lines:
+            sub = Requirement(line)
+            if sub.marker is None or any(sub.marker.evaluate({"extra": e}) for e in (req.extras or {""})):
+                todo.append(sub)
+    return names

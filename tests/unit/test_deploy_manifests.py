@@ -12,7 +12,6 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,11 @@ import yaml
 
 from modpipe.serving import tensorrt
 from modpipe.settings import SETTINGS_SPEC, Settings
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -45,7 +49,8 @@ K8S_ONLY_ENV = {
 SETTING_ENVS = {spec.env for spec in SETTINGS_SPEC.values()}
 WORKLOAD_KINDS = ("StatefulSet", "Deployment", "Job")
 BARE_IMAGES = {"modpipe", "modpipe-model"}  # the names the base uses; every overlay maps them
-PACKAGES = ("modpipe", "streams", "features", "loadgen", "simulation", "console")  # pyproject's packages
+# the folders pyproject installs as the one import package, modpipe (its package-dir)
+PACKAGES = tuple(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values())
 
 # Series that alert rules may use besides streams/metrics.py: Triton's own, Prometheus' `up`, and the
 # resident memory of prometheus_client's process collector (every worker exports it).
@@ -438,7 +443,7 @@ def test_dockerfile_builds_the_serving_image_as_the_manifests_expect():
     code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
     froms = re.findall(r"^FROM\s+(\S+)", text, re.M)
     assert froms and all(f == "python:3.11-slim" for f in froms)
-    assert re.search(r"pip install --no-deps -c constraints\.txt \.(\s|$)", text), "install the package, no extras"
+    assert re.search(r"pip install --no-deps \.(\s|$)", text), "install the package, no extras"
     assert "[build" not in code and "torch" not in code, "the worker image has no build extra and no torch"
     assert re.search(r'^ENTRYPOINT \["modpipe"\]$', text, re.M)
     assert re.search(r'^CMD \["worker"\]$', text, re.M)
@@ -448,49 +453,70 @@ def test_dockerfile_builds_the_serving_image_as_the_manifests_expect():
     assert uid > 0
     for target in TARGETS:
         assert pod_spec(worker(render(target)))["securityContext"]["runAsUser"] == uid
-    # Every package pyproject installs is copied into the build stage.
-    pyproject = (ROOT / "pyproject.toml").read_text()
-    include = re.search(r"include\s*=\s*\[([^\]]*)\]", pyproject).group(1)
-    for pattern in re.findall(r'"([^"]+)"', include):
-        assert f"COPY {pattern.rstrip('*')}/" in text, f"Dockerfile does not copy package {pattern}"
+    # Every folder pyproject installs is copied into the build stage.
+    for folder in PACKAGES:
+        assert f"COPY {folder}/ {folder}/" in text, f"Dockerfile does not copy {folder}/"
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".git", ".venv"} <= set(ignored)
 
 
 def test_dockerfile_installs_the_dependencies_before_it_copies_the_code():
     """Docker reuses a layer only while everything copied before it is unchanged: the dependencies are installed
-    from pyproject.toml and constraints.txt alone, so a code change rebuilds only the package's own layer."""
+    from the worker's lock alone (hash-checked), so a code change rebuilds only the package's own layer."""
     text = (ROOT / "Dockerfile").read_text()
     build = text.split("\nFROM ", 2)[1]  # the build stage
     build = "\n".join(line for line in build.splitlines() if not line.lstrip().startswith("#"))
     steps = [s for s in re.split(r"\n(?=[A-Z]+ )", build) if not s.startswith("#")]
-    deps = next(i for i, s in enumerate(steps) if s.startswith("RUN ") and "-r /tmp/requirements.txt" in s)
+    deps = next(i for i, s in enumerate(steps) if s.startswith("RUN ") and "-r requirements/worker.lock" in s)
     copied_before = [path for s in steps[:deps] if s.startswith("COPY ") for path in s.split()[1:-1]]
-    assert sorted(copied_before) == ["constraints.txt", "pyproject.toml"], copied_before
-    assert "-c constraints.txt" in steps[deps] and '["project"]["dependencies"]' in steps[deps]
-    package = next(i for i, s in enumerate(steps) if re.search(r"pip install --no-deps -c constraints\.txt \.", s))
+    assert copied_before == ["requirements/worker.lock"], copied_before
+    assert "--require-hashes" in steps[deps] and "--no-deps" in steps[deps]
+    package = next(i for i, s in enumerate(steps) if re.search(r"pip install --no-deps \.", s))
     code = [i for i, s in enumerate(steps) if s.startswith("COPY ") and s.split()[1].rstrip("/") in PACKAGES]
     assert code and deps < min(code) and max(code) < package
+    # what a worker never imports is removed after the install
+    for gone in ("loadgen", "simulation", "console"):
+        assert f'"$site/modpipe/{gone}"' in steps[package]
 
 
-def test_dockerfiles_dependency_step_lists_exactly_the_runtime_requirements(tmp_path):
-    """Runs the dependency step's own Python line on pyproject.toml: what the layer installs."""
-    text = (ROOT / "Dockerfile").read_text()
-    line = re.search(r"python -c '([^']+)'", text).group(1)
-    proc = subprocess.run([sys.executable, "-c", line], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    import tomllib
-    runtime = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    assert proc.stdout.split("\n")[:-1] == runtime
+def test_the_worker_lock_holds_exactly_the_core_dependencies_at_the_pins():
+    """requirements/worker.lock (the image) and ci.lock (`make setup`, CI) agree with pyproject.toml and
+    constraints.txt: each core dependency at its pin, no extra's package in the worker's, every line hashed."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    def locked(name: str) -> dict[str, str]:
+        text = (ROOT / "requirements" / name).read_text()
+        assert "--hash=sha256:" in text
+        out = {}
+        for m in re.finditer(r"^([A-Za-z0-9_.\-]+)==(\S+) \\\n((?:\s+--hash=sha256:[0-9a-f]{64}(?: \\)?\n?)+)", text, re.M):
+            out[canonicalize_name(m.group(1))] = m.group(2)
+        return out
+
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, version = line.split("==")
+            pins[canonicalize_name(name)] = version
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = {canonicalize_name(Requirement(r).name) for r in project["dependencies"]}
+    extras = {canonicalize_name(Requirement(r).name) for rs in project["optional-dependencies"].values() for r in rs}
+    worker, ci = locked("worker.lock"), locked("ci.lock")
+    assert core <= set(worker) and core | extras <= set(ci)
+    for name in core:
+        assert worker[name] == ci[name] == pins[name], name
+    for name in extras - core:
+        assert ci[name] == pins[name], name
+    assert not {"torch", "nvidia-pytriton", "noida-db", "transformers", "onnxruntime", "uvicorn"} & set(worker)
 
 
 # -- Prometheus ---------------------------------------------------------------------------------------
 
 def known_metric_series() -> set[str]:
     """Every series name streams/metrics.py exposes (counter _total/_created, histogram _bucket/_sum/...)."""
-    from prometheus_client.metrics import MetricWrapperBase
-
     import modpipe.streams.metrics
+    from prometheus_client.metrics import MetricWrapperBase
 
     suffixes = {"counter": ("_total", "_created"), "gauge": ("",), "histogram": ("_bucket", "_count", "_sum", "_created"),
                 "summary": ("", "_count", "_sum", "_created"), "info": ("_info",), "enum": ("",)}

@@ -9,7 +9,6 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from modpipe.features.events import normalize_ip, parse_ts
 from modpipe.features.offline import DictStore, apply_event, compute
 from modpipe.features.state import DAY_MS, HOUR_MS, Limits

@@ -8,7 +8,6 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from modpipe.features.events import prepare_ban, prepare_label, prepare_post, prepare_report
 from modpipe.features.state import (
     DAY_MS,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from modpipe.features.journey import JOURNEY_FEATURES, journey_features
 from modpipe.features.text import normalise_text, text_fingerprint
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from modpipe.features.brands import brand_match, levenshtein, skeleton
 from modpipe.features.url import MAX_KEY_CHARS, MAX_URL_CHARS, parse_url, url_key
 

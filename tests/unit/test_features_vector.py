@@ -7,7 +7,6 @@ import math
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from modpipe.features.vector import to_matrix, to_vector
 
 NAMES = ("a", "b", "c", "d", "e")

@@ -7,12 +7,12 @@ import urllib.error
 import urllib.request
 
 import pytest
-
-from modpipe.services.process import free_port
-from modpipe.settings import Settings
 from modpipe.streams import metrics
 from modpipe.streams.moderation import bans as bans_module
 from modpipe.streams.runtime import health
+
+from modpipe.services.process import free_port
+from modpipe.settings import Settings
 
 
 def _get(port: int, path: str) -> tuple[int, bytes]:
@@ -86,9 +86,9 @@ def test_waiting_for_the_ban_log_times_out(monkeypatch, tmp_path):
 
 def test_the_warm_up_post_is_a_valid_post():
     import orjson
+    from modpipe.streams.worker import WARM_UP_POST
 
     from modpipe import schema
-    from modpipe.streams.worker import WARM_UP_POST
 
     assert schema.decode_post(orjson.dumps(WARM_UP_POST))["post_id"] == "modpipe-warm-up"
 
@@ -99,8 +99,9 @@ def test_the_warm_up_pays_the_feature_paths_one_off_costs_before_any_post():
     import types
 
     from modpipe.features import text
-    from modpipe.decision.verdict import ThresholdDecider
     from modpipe.streams.worker import WARM_UP_POST, warm_up
+
+    from modpipe.decision.verdict import ThresholdDecider
 
     assert not WARM_UP_POST["text"].isascii() and WARM_UP_POST["url"]
     text._format_chars.cache_clear()

@@ -12,7 +12,6 @@ from types import SimpleNamespace
 
 import pytest
 from confluent_kafka import KafkaError
-
 from modpipe.streams.kafka import consumer as kc
 from modpipe.streams.kafka.consumer import EMPTY_BACKOFF_MAX_S, EMPTY_BACKOFF_S, GroupConsumer, empty_backoff
 from modpipe.streams.kafka.records import TP, Record
@@ -720,3 +719,96 @@ def test_the_quiet_partitions_ends_are_asked_without_waiting_and_a_stalled_one_i
     answers[idle].set_result(SimpleNamespace(offset=7))  # at its end: idle, not stalled
     gc._watch_stalls(consumer, held=False)
     assert seeks == [("reports", 0, 5)]  # the stalled one, from where it stopped
+
+
+def _committed_answers(answers):
+    """A `committed()` that gives `answers` in turn: an exception is raised, a dict {(topic, partition): offset or
+    (offset, metadata)} answered (absent: -1001), a string is a per-partition error; the last one stays."""
+    from confluent_kafka import KafkaException
+
+    asked: list[float] = []
+
+    def committed(tps, timeout=None):
+        asked.append(timeout)
+        answer = answers[min(len(asked), len(answers)) - 1]
+        if isinstance(answer, Exception):
+            raise answer
+        if isinstance(answer, str):
+            return [SimpleNamespace(topic=tp.topic, partition=tp.partition, offset=-1001, metadata=None,
+                                    error=KafkaError(KafkaError.UNSTABLE_OFFSET_COMMIT, answer)) for tp in tps]
+        out = []
+        for tp in tps:
+            got = answer.get((tp.topic, tp.partition), -1001)
+            offset, metadata = got if isinstance(got, tuple) else (got, None)
+            out.append(SimpleNamespace(topic=tp.topic, partition=tp.partition, offset=offset, metadata=metadata,
+                                       error=None))
+        return out
+
+    committed.asked = asked
+    committed.timeout = KafkaException(KafkaError(KafkaError._TIMED_OUT, "Failed to get committed offsets"))
+    return committed
+
+
+def test_a_committed_offsets_failure_never_replays_a_partition_from_its_log_start(fake_consumer, monkeypatch):
+    """`committed()` failed in the assignment callback (a timeout: offsets held by an open transaction), the error
+    was swallowed, and a partition revoked and assigned again inside one fetch window was then sought to the start
+    of its log: every record of it processed again. The assignment now waits and asks again until it has them."""
+    monkeypatch.setattr(kc, "COMMITTED_RETRY_S", 0.01)
+    committed = _committed_answers([{("posts", 1): 3}, _committed_answers([]).timeout, "offsets still pending",
+                                    {("posts", 1): (3, "m")}])
+
+    def revoke_assign_and_return_mixed_records(c):
+        old = c.assigned
+        c.assigned = []
+        c.on_revoke(c, old)
+        c.assigned = [PartitionStub("posts", 1)]
+        c.on_assign(c, c.assigned)
+        return [FakeMessage("posts", 1, 3), FakeMessage("posts", 0, 9), FakeMessage("posts", 1, 4)]
+
+    def steps_with_committed(c):
+        c.committed = committed
+        assign_posts(0, 1)(c)
+
+    gc, fake, events, batches = _rebalance_test(fake_consumer, [
+        steps_with_committed, revoke_assign_and_return_mixed_records, [], [FakeMessage("posts", 1, 3)]])
+    seeks = [c[1:4] for c in fake.calls if c[0] == "seek"]
+    assert seeks and all(offset >= 0 for _, _, offset in seeks), seeks  # never OFFSET_BEGINNING (-2)
+    assert seeks[0] == ("posts", 1, 3)
+    assert len(committed.asked) == 4 and gc.failure is None  # asked again until answered
+    assert [e[0] for e in events] == ["assigned", "revoked", "assigned", "records"]
+    assert gc.committed_at_assignment() == {TP("posts", 1): (3, "m")}
+
+
+def test_committed_offsets_that_cannot_be_read_fail_the_assignment_loudly(fake_consumer, monkeypatch, caplog):
+    monkeypatch.setattr(kc, "COMMITTED_RETRY_S", 0.01)
+    monkeypatch.setattr(kc, "COMMITTED_ASK_S", 0.01)
+    monkeypatch.setattr(kc, "COMMITTED_WAIT_S", 0.2)
+    committed = _committed_answers([_committed_answers([]).timeout])
+
+    def assign_failing(c):
+        c.committed = committed
+        assign_posts(0)(c)
+
+    events: list = []
+
+    async def scenario():
+        async def on_assigned(tps):
+            events.append(("assigned", tps))
+
+        gc = GroupConsumer({"group.id": "g"}, ["posts"], on_assigned=on_assigned, on_revoked=on_assigned,
+                           on_lost=on_assigned)
+        gc.on_failure = lambda exc: events.append(("failed", type(exc).__name__))
+        gc.start(asyncio.get_running_loop(), lambda records: events.append(("records", records)))
+        fake_consumer[0].script.extend([assign_failing, [FakeMessage("posts", 0, 0)]])
+        await until(lambda: gc.failure is not None)
+        await asyncio.sleep(0.01)
+        await asyncio.get_running_loop().run_in_executor(None, gc.close)
+        return gc, fake_consumer[0]
+
+    gc, fake = asyncio.run(scenario())
+    assert isinstance(gc.failure, kc.CommittedOffsetsUnknown)
+    # no restore, no record: the worker stops (and its restart joins the group again)
+    assert events == [("failed", "CommittedOffsetsUnknown")]
+    assert not any(c[0] == "seek" for c in fake.calls)
+    assert len(committed.asked) >= 2
+    assert any(r.levelname == "ERROR" and "committed offsets cannot be read" in r.getMessage() for r in caplog.records)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from modpipe.loadgen.bench.pipeline import saturation_rates, where_the_tail_sits
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from modpipe.loadgen.bench.transport import _Epoch, _Pacer
 from modpipe.loadgen.bench.transport_report import (
     BASELINE,

@@ -10,7 +10,6 @@ import time
 from types import SimpleNamespace
 
 import pytest
-
 from modpipe.loadgen.chaos import (
     Fault,
     Injector,
@@ -22,6 +21,7 @@ from modpipe.loadgen.chaos import (
     offline_tables,
 )
 from modpipe.simulation.simulator import simulate
+
 from tests.unit.test_simulation_simulator import TEXTS
 
 

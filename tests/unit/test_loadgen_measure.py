@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import orjson
 import pytest
-
 from modpipe.loadgen.measure import (
     Decided,
     DecisionCollector,
     format_table,
     summarize,
 )
+
 from modpipe import schema
 
 

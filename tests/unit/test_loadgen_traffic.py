@@ -6,15 +6,15 @@ import statistics
 
 import orjson
 import pytest
-
 from modpipe.loadgen.traffic import (
     BURST_PERIOD_S,
     arrival_times,
     planned_posts,
     produce_events,
 )
-from modpipe.settings import Settings
 from modpipe.simulation.simulator import TRUTH_HEADER, simulate
+
+from modpipe.settings import Settings
 from tests.unit.test_simulation_simulator import TEXTS
 
 

@@ -7,14 +7,15 @@ import asyncio
 import random
 
 from modpipe.loadgen.posts import make_post
-from modpipe import schema
-from modpipe.decision.verdict import ThresholdDecider
-from modpipe.settings import Settings
 from modpipe.streams.kafka.records import TP, Record
 from modpipe.streams.moderation.agents import PartitionEvent, Wiring, make_handlers
 from modpipe.streams.moderation.app import create_pipeline
 from modpipe.streams.moderation.bans import BanRegistry
 from modpipe.streams.moderation.bundles import decode_bundle, partition_for
+
+from modpipe import schema
+from modpipe.decision.verdict import ThresholdDecider
+from modpipe.settings import Settings
 from tests.unit.test_text_model_outage import scorer
 
 

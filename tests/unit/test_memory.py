@@ -13,19 +13,19 @@ from types import SimpleNamespace
 import numpy as np
 import orjson
 import pytest
-from prometheus_client import REGISTRY
-
 from modpipe.features.url import parse_url
-from modpipe import memory, schema
-from modpipe.decision.verdict import ThresholdDecider
-from modpipe.memory import ENTRY_OVERHEAD, ByteLRU, deep_size
-from modpipe.settings import Settings, SettingsError
 from modpipe.streams import metrics
 from modpipe.streams.checkpointing.outbox import Pending
 from modpipe.streams.moderation.bundles import Bundler, decode_bundle
 from modpipe.streams.moderation.decisions import DecisionBatcher, Publisher
 from modpipe.streams.moderation.scoring import TextCache
 from modpipe.streams.moderation.topics import TopicNames
+from prometheus_client import REGISTRY
+
+from modpipe import memory, schema
+from modpipe.decision.verdict import ThresholdDecider
+from modpipe.memory import ENTRY_OVERHEAD, ByteLRU, deep_size
+from modpipe.settings import Settings, SettingsError
 from tests.unit.test_text_model_outage import ready_post, scorer
 
 EMOJI = [chr(c) for c in range(0x1F600, 0x1F650)]

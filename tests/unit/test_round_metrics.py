@@ -6,17 +6,17 @@ from __future__ import annotations
 import asyncio
 import random
 
-from prometheus_client import REGISTRY
-
 from modpipe.loadgen.posts import make_post
-from modpipe import schema
-from modpipe.decision.verdict import ThresholdDecider
-from modpipe.settings import Settings
 from modpipe.streams.kafka.records import TP, Record
 from modpipe.streams.moderation import agents
 from modpipe.streams.moderation.agents import Wiring, make_handlers
 from modpipe.streams.moderation.app import create_pipeline
 from modpipe.streams.moderation.bans import BanRegistry
+from prometheus_client import REGISTRY
+
+from modpipe import schema
+from modpipe.decision.verdict import ThresholdDecider
+from modpipe.settings import Settings
 from tests.unit.test_text_model_outage import scorer
 
 

@@ -7,17 +7,20 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from modpipe.settings import Settings
 from modpipe.streams import metrics
 from modpipe.streams.kafka.records import TP, Record
 from modpipe.streams.runtime import runner as runner_module
 from modpipe.streams.runtime.runner import ROUND_MAX, Runner
+from modpipe.streams.state.ends import ChangelogEnds, decode, encode
+
+from modpipe.settings import Settings
 
 POSTS, AWAITING, USER = "posts", "awaiting-text", "features.user"
 
 
 class FakeTable:
-    def __init__(self):
+    def __init__(self, name: str = "t"):
+        self.name, self.changelog = name, f"cl-{name}"
         self.dropped: list[int] = []
 
     def drop(self, partition):
@@ -40,10 +43,11 @@ class FakeWiring:
         self.batcher = FakeBatcher()
         self.checkpoint_full = None  # the open checkpoint's decoded states within their share
         self.room = asyncio.Event()  # set by the test: the checkpoint wrote the states
-        self.pipe = SimpleNamespace(tables={"user": FakeTable(), "url": FakeTable()})
+        self.pipe = SimpleNamespace(tables={"user": FakeTable("user"), "url": FakeTable("url")})
         self.crashes: list[Exception] = []
         self.revocations = 0
         self.open_epoch = 0
+        self.changelog_ends = ChangelogEnds()
 
     def crash(self, exc):
         self.crashes.append(exc)
@@ -63,6 +67,10 @@ class FakeSeeks:
     def __init__(self):
         self.seeks: list[tuple[TP, int]] = []
         self.handed_bytes = 0
+        self.committed: dict[TP, tuple[int, str | None]] = {}  # at the last assignment
+
+    def committed_at_assignment(self):
+        return dict(self.committed)
 
     def seek(self, tp, offset):
         self.seeks.append((tp, offset))
@@ -394,7 +402,7 @@ def test_the_assigned_partitions_gauge_drops_at_a_revocation_and_counts_only_res
         return metrics.ASSIGNED_PARTITIONS.labels(POSTS)._value.get()
 
     during_restores: list[float] = []
-    monkeypatch.setattr(runner_module.tables, "restore", lambda *args: during_restores.append(gauge()))
+    monkeypatch.setattr(runner_module.tables, "restore", lambda *args, **kwargs: during_restores.append(gauge()))
 
     async def scenario():
         r = make_runner()
@@ -432,3 +440,40 @@ def test_a_transaction_outlasts_the_checkpoints_longest_wait_for_triton():
     assert transaction_timeout_s(Settings.from_env({"MODPIPE_TEXT_MODEL_OUTAGE_POLICY": "wait"})) == \
         TRANSACTION_TIMEOUT_MAX_S
     assert transaction_timeout_s(Settings.from_env({"MODPIPE_TEXT_MODEL": "off"})) == 60.0
+
+
+def test_an_assignment_restores_each_table_to_the_end_committed_with_its_stage_partition(monkeypatch):
+    restores: list = []
+
+    def restore(tables, partitions, settings, bootstrap, ends=None, reached=None):
+        restores.append((sorted(t.name for t in tables), partitions, dict(ends)))
+        reached.update({(t.changelog, p): ends.get((t.changelog, p), 7) for t in tables for p in partitions})
+        return 0
+
+    monkeypatch.setattr(runner_module.tables, "restore", restore)
+
+    async def scenario():
+        r = make_runner()
+        r.wiring.assigned = lambda tps: None
+        # partition 2's offset was committed before the ends were carried: restored to the last stable offset (7)
+        r.consumer.committed = {TP(USER, 1): (40, encode({"user": 12})), TP(USER, 2): (5, None),
+                                TP(POSTS, 1): (3, None)}
+        await r.on_assigned([TP(USER, 1), TP(USER, 2), TP(POSTS, 1)])
+        return r
+
+    r = asyncio.run(scenario())
+    assert restores == [(["user"], [1, 2], {("cl-user", 1): 12})]
+    assert r.wiring.changelog_ends.committed == {("user", 1): 12, ("user", 2): 7}
+    # a checkpoint that wrote user partition 2's changelog without a round of it (a local hop, a tombstone) commits
+    # that partition's offset unchanged, with the new end
+    r.wiring.changelog_ends.delivered("user", 2, 20)
+    r._done(records(POSTS, 1, [3]), 0)
+    offsets = r.take_offsets(0)
+    assert offsets == {TP(POSTS, 1): 4, TP(USER, 2): 5}
+    metadata = r.offset_metadata(offsets)
+    assert list(metadata) == [TP(USER, 2)] and decode(metadata[TP(USER, 2)]) == {"user": 21}
+    r.offsets_committed(offsets)
+    r.wiring.changelog_ends.commit()
+    # nothing processed, nothing written: still every owned stage partition's offset, none commits without
+    assert r.take_offsets(1) == {TP(USER, 1): 40, TP(USER, 2): 5}
+    assert decode(r.offset_metadata({TP(USER, 1): 40})[TP(USER, 1)]) == {"user": 12}

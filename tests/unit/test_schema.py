@@ -8,8 +8,8 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from modpipe.loadgen.posts import make_post, malformed_records
+
 from modpipe import schema
 from modpipe.decision.verdict import ThresholdDecider
 

@@ -1,10 +1,10 @@
 """Settings from the environment, verdict thresholds, and the status line's histogram quantiles."""
 
 import pytest
+from modpipe.streams.local.stack import histogram_quantile
 
 from modpipe.decision.verdict import ThresholdDecider, verdict_for
 from modpipe.settings import RECEIVE_MESSAGE_MAX_BYTES, Settings, SettingsError
-from modpipe.streams.local.stack import histogram_quantile
 
 
 def test_defaults_and_overrides():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from modpipe.simulation.metrics import binary_metrics, confusion, latency_summary, percentile
 
 

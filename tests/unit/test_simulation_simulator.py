@@ -6,14 +6,14 @@ import statistics
 from collections import Counter, defaultdict
 
 import pytest
-
 from modpipe.features.brands import brand_match
 from modpipe.features.events import parse_ts
 from modpipe.features.journey import journey_features
 from modpipe.features.lists import SHORTENER_DOMAINS
 from modpipe.features.url import parse_url
-from modpipe import schema
 from modpipe.simulation.simulator import KIND_TOPICS, SCENARIOS, Simulation, simulate, split_texts
+
+from modpipe import schema
 
 # Labelled texts shaped like heldout.jsonl (label 1/0, as the build writes; "spam"/"ham" also accepted).
 SPAM = [f"WINNER!! You have won a {i}000 prize. Call 0906{i:04d} now to claim, T&C apply" for i in range(12)]

@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
+from modpipe.streams.local.stack import dump_stacks
 
 from modpipe import log
 from modpipe.services.process import ServiceError
-from modpipe.streams.local.stack import dump_stacks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -152,8 +152,9 @@ class NeverReady(FakeProcess):
 
 
 def test_a_stack_whose_workers_are_not_ready_asks_them_for_their_stacks_before_it_gives_up(monkeypatch):
-    from modpipe.settings import Settings
     from modpipe.streams.local import stack as stack_module
+
+    from modpipe.settings import Settings
 
     monkeypatch.setattr(stack_module.time, "sleep", lambda s: None)
     stack = stack_module.LocalStack(Settings.from_env({}), workers=2)
@@ -180,8 +181,9 @@ hung_in_shutdown()
 
 
 def test_a_worker_that_does_not_stop_in_time_writes_its_stacks_before_it_is_killed(tmp_path):
-    from modpipe.services.process import ManagedProcess
     from modpipe.streams.local.stack import WorkerProcess
+
+    from modpipe.services.process import ManagedProcess
 
     log_path = tmp_path / "worker.log"
     proc = ManagedProcess("deaf", [sys.executable, "-c", DEAF_TO_SIGTERM], log_path, cwd=ROOT).start()

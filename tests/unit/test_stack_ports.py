@@ -2,8 +2,9 @@
 
 import socket
 
-from modpipe.services.process import free_port, port_free
 from modpipe.streams.local.stack import worker_port
+
+from modpipe.services.process import free_port, port_free
 
 
 def test_worker_port_is_base_plus_index_when_free():

@@ -9,11 +9,11 @@ import collections
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from modpipe.features import events as fe
 from modpipe.features.offline import compute, prepare_decision_event
 from modpipe.features.state import DEFAULT_LIMITS, RESENT, Limits, load_state
 from modpipe.streams.moderation.stages import Stage, decision_items, event_items, post_item
+
 from tests.unit.test_features_offline import backdated_events, make_events, with_redeliveries
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import orjson
 import pytest
 from confluent_kafka import OFFSET_BEGINNING
-
-from modpipe.settings import Settings
 from modpipe.streams.state import rocksdb
 from modpipe.streams.state.tables import encode_key, encode_value, record_check, restore
+
+from modpipe.settings import Settings
 from tests.unit.test_state_tables import Clock, eof, fake_consumer, record  # noqa: F401 - a fixture
 
 CL = "app-features-user-changelog"

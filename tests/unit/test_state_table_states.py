@@ -9,7 +9,6 @@ import json
 import random
 
 import orjson
-
 from modpipe.features.events import prepare_post, prepare_report
 from modpipe.features.state import DEFAULT_LIMITS, load_state
 from modpipe.loadgen.posts import make_post

@@ -16,11 +16,18 @@ from confluent_kafka import (
     KafkaException,
     TopicPartition,
 )
-
 from modpipe.features.events import TABLES
-from modpipe.settings import Settings
 from modpipe.streams.state import tables
-from modpipe.streams.state.tables import Table, changelog_topic, encode_key, encode_value, make_tables, restore
+from modpipe.streams.state.tables import (
+    Table,
+    changelog_topic,
+    encode_key,
+    encode_value,
+    make_tables,
+    restore,
+)
+
+from modpipe.settings import Settings
 
 
 def test_changelog_names_and_records_are_what_the_readers_expect():
@@ -294,3 +301,73 @@ def test_a_restore_reads_past_an_end_of_partition_to_the_high_watermark(fake_con
     ]
     assert restore([user], [0], Settings.from_env({}), "b:9092") == 3
     assert user.decoded() == {0: {"u1": {"n": 2}, "u2": {"n": 1}}}
+
+
+def test_a_restore_reads_to_exactly_the_committed_end(fake_consumer):
+    """With the end committed beside the offsets the worker starts from (streams/state/ends.py), the restore reads
+    past an end-of-partition that comes early (the last stable offset, held below the end by a transaction open
+    below the committed records, or by markers not written yet) and applies nothing at or past the end."""
+    user = Table("user", "app-features-user-changelog")
+    uc = user.changelog
+    fake_consumer.script = [
+        [record(uc, 0, "u1", {"n": 1}, offset=0), record(uc, 0, "u2", {"n": 1}, offset=1),
+         FakeMessage(uc, 0, error=FakeError(KafkaError._PARTITION_EOF), offset=2)],  # the last stable offset
+        [],  # the open transaction ends meanwhile
+        [record(uc, 0, "u1", {"n": 2}, offset=4), record(uc, 0, "u3", {"n": 1}, offset=5),
+         record(uc, 0, "later", {"n": 9}, offset=6)],  # offset 6: not in the committed checkpoint
+    ]
+    reached: dict = {}
+    assert restore([user], [0], Settings.from_env({}), "b:9092", ends={(uc, 0): 6}, reached=reached) == 4
+    assert user.decoded() == {0: {"u1": {"n": 2}, "u2": {"n": 1}, "u3": {"n": 1}}}
+    assert reached == {(uc, 0): 6}
+
+
+def test_a_committed_end_reached_by_an_end_of_partition_event_ends_the_read(fake_consumer):
+    user = Table("user", "c")
+    fake_consumer.script = [[record("c", 0, "u1", {"n": 1}, offset=0),
+                             FakeMessage("c", 0, error=FakeError(KafkaError._PARTITION_EOF), offset=3)]]
+    fake_consumer.unseen = {("c", 0): 5}  # what a read to the partition's end would wait for
+    assert restore([user], [0], Settings.from_env({}), "b", timeout_s=5, ends={("c", 0): 2}) == 1
+
+
+def test_a_committed_end_of_zero_reads_nothing(fake_consumer):
+    user = Table("user", "c")
+    user.set("stale", {"n": 1}, 0)
+    fake_consumer.script = [[record("c", 0, "u1", {"n": 1}, offset=0)]]
+    reached: dict = {}
+    assert restore([user], [0], Settings.from_env({}), "b", ends={("c", 0): 0}, reached=reached) == 0
+    assert user.decoded() == {0: {}} and reached == {("c", 0): 0}
+
+
+def test_without_a_committed_end_the_restore_reads_to_the_end_it_is_told_and_says_where(fake_consumer):
+    user = Table("user", "c")
+    fake_consumer.script = [[record("c", 0, "u1", {"n": 1}, offset=0), record("c", 0, "u2", {"n": 1}, offset=1),
+                             eof("c", 0)]]
+    reached: dict = {}
+    assert restore([user], [0], Settings.from_env({}), "b", reached=reached) == 2
+    assert reached == {("c", 0): 2}
+
+
+def test_a_restore_held_below_its_committed_end_says_why_and_gives_up_after_its_timeout(fake_consumer, monkeypatch,
+                                                                                      caplog):
+    monkeypatch.setattr(tables, "RESTORE_PROGRESS_S", 0.02)
+    user = Table("user", "c")
+    fake_consumer.script = [[record("c", 0, "u1", {"n": 1}, offset=0),
+                             FakeMessage("c", 0, error=FakeError(KafkaError._PARTITION_EOF), offset=1)]]
+    fake_consumer.unseen = {("c", 0): 5}  # the records past the last stable offset: the log reaches the end
+    with caplog.at_level("WARNING", logger="modpipe.streams.state.tables"), pytest.raises(TimeoutError):
+        restore([user], [0], Settings.from_env({}), "b", timeout_s=0.3, ends={("c", 0): 4})
+    reports = [r for r in caplog.records if r.getMessage().startswith("changelog restore still reading")]
+    assert reports and "transaction still open below them" in reports[-1].getMessage()
+    assert reports[-1].behind[0]["end"] == 4 and reports[-1].behind[0]["position"] == 1
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    assert user.decoded() == {}  # nothing of a restore that did not reach its end
+
+
+def test_a_changelog_that_ends_below_its_committed_end_is_reported_as_lost(fake_consumer, monkeypatch, caplog):
+    monkeypatch.setattr(tables, "RESTORE_PROGRESS_S", 0.02)
+    user = Table("user", "c")
+    fake_consumer.script = [[record("c", 0, "u1", {"n": 1}, offset=0)]]  # the log holds one record
+    with caplog.at_level("WARNING", logger="modpipe.streams.state.tables"), pytest.raises(TimeoutError):
+        restore([user], [0], Settings.from_env({}), "b", timeout_s=0.2, ends={("c", 0): 4})
+    assert any(r.levelname == "ERROR" and "committed states are gone" in r.getMessage() for r in caplog.records)

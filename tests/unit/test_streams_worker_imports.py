@@ -67,49 +67,6 @@ def test_a_worker_with_its_deciders_loads_no_loadgen_training_cli_or_tqdm(tmp_pa
     assert report["verdict"] in ("allow", "review", "block")
     assert "modpipe.streams.worker" in report["modules"] and "lightgbm" in report["modules"]
     assert not forbidden(report["modules"]), f"the worker loaded: {forbidden(report['modules'])}"
-    # and everything it loaded comes with `pip install modpipe`: the core dependencies, no extra
-    outside = sorted(dist for dist in distributions_of(report["modules"]) if dist not in core_closure())
-    assert not outside, f"the worker loaded distributions outside modpipe's core dependencies: {outside}"
-
-
-def core_closure() -> set[str]:
-    """modpipe's core dependencies and everything they require in turn (their extras as named), installed."""
-    from importlib.metadata import PackageNotFoundError, requires
-
-    from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib
-
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    todo = [Requirement(r) for r in project["dependencies"]]
-    seen: set[str] = {"modpipe"}
-    while todo:
-        req = todo.pop()
-        name = canonicalize_name(req.name)
-        if name in seen and not req.extras:
-            continue
-        seen.add(name)
-        try:
-            declared = requires(req.name) or []
-        except PackageNotFoundError:
-            continue
-        for line in declared:
-            sub = Requirement(line)
-            if sub.marker is None or any(sub.marker.evaluate({"extra": e}) for e in (req.extras or {""})):
-                todo.append(sub)
-    return seen
-
-
-def distributions_of(modules: list[str]) -> set[str]:
-    from importlib.metadata import packages_distributions
-
-    from packaging.utils import canonicalize_name
-
-    providers = packages_distributions()
-    return {canonicalize_name(d) for m in modules for d in providers.get(m.split(".")[0], ())}
 
 
 COMMAND_PROBE = """

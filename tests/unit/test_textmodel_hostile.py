@@ -3,7 +3,6 @@
 import random
 
 import pytest
-
 from modpipe.features.obfuscation import (
     OBFUSCATION_FEATURES,
     confusable_to_ascii,
@@ -12,6 +11,7 @@ from modpipe.features.obfuscation import (
     obfuscation_features,
     skeleton,
 )
+
 from modpipe.textmodel import attacks, hostile
 from modpipe.textmodel.data import Example
 from modpipe.textmodel.tokenize import BatchTokenizer, collapse_punctuation_runs, encode_ids, prepare

@@ -6,7 +6,6 @@ import asyncio
 import sys
 
 import pytest
-
 from modpipe.streams.waiting import _wait_at_most_by_wait, wait_at_most
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# System tools the tests use as independent peers: kcat (a Kafka client that is not ours), kubectl
-# (renders the kustomize overlays), promtool (Debian package prometheus: checks the alert rules, the
+# System tools `make test` uses as independent peers (`make demo` needs none of them): kcat (a Kafka client that
+# is not ours), kubectl (renders the kustomize overlays), promtool (Debian package prometheus: checks the alert rules, the
 # scrape config and a live worker's /metrics) and Chromium with its WebDriver (the review console is
 # tested in a real browser). Installed from Debian only when missing.
 set -euo pipefail
