@@ -28,6 +28,7 @@ import hashlib
 import html
 import io
 import json
+import math
 import os
 import re
 import urllib.request
@@ -41,6 +42,10 @@ from modpipe.textmodel.mail import MAX_TEXT_CHARS, clean_text, reduce_email
 
 _log = log.get(__name__)
 csv.field_size_limit(1 << 27)
+
+SIDES = ("train", "validation", "test")
+SIDE_SHARES = (0.70, 0.15, 0.15)
+SPLIT_SALT = "platforms-split-v1"  # a new salt is a new split (and sample): numbers measured on the old are void
 
 RAW_URL = "https://raw.githubusercontent.com/{repository}/{commit}/{path}"
 DOWNLOAD_TIMEOUT_S = 120
@@ -455,39 +460,45 @@ def words(text: str) -> frozenset[str]:
 
 
 class NearIndex:
-    """Word sets, and which of them a new set shares a Jaccard similarity >= `threshold` with. Exact, with a
-    prefix filter: two sets that similar share one of the rarest len - ceil(t*len) + 1 words of either."""
+    """Word sets, and which of them a new set shares a Jaccard similarity >= `threshold` with. Exact, with the
+    prefix filter: under one order of the words (rarest first), two sets that similar share a word among the
+    first len - ceil(t*len) + 1 of each, so only those are indexed and probed."""
 
     def __init__(self, sets: Iterable[frozenset[str]], threshold: float = NEAR_DUPLICATE_JACCARD):
-        self.sets = [s for s in sets]
+        self.sets = list(sets)
         self.t = threshold
-        self.postings: dict[str, list[int]] = {}
-        for i, s in enumerate(self.sets):
+        self.df: dict[str, int] = {}
+        for s in self.sets:
             for w in s:
-                self.postings.setdefault(w, []).append(i)
+                self.df[w] = self.df.get(w, 0) + 1
+        # word -> set size -> sets: a set of n words is only probed against sizes in [t*n, n/t]
+        self.postings: dict[str, dict[int, list[int]]] = {}
+        for i, s in enumerate(self.sets):
+            for w in self._prefix(s):
+                self.postings.setdefault(w, {}).setdefault(len(s), []).append(i)
 
     def _prefix(self, s: frozenset[str]) -> list[str]:
-        import math
-
         n = len(s) - math.ceil(self.t * len(s)) + 1
-        return sorted(s, key=lambda w: (len(self.postings.get(w, ())), w))[:max(1, n)]
+        return sorted(s, key=lambda w: (self.df.get(w, 0), w))[:max(1, n)]
 
     def matches(self, s: frozenset[str]) -> list[int]:
         """Indices of the indexed sets with Jaccard >= threshold to `s` (empty sets match nothing)."""
         if not s:
             return []
+        n = len(s)
+        lo, hi = math.ceil(self.t * n - 1e-9), math.floor(n / self.t + 1e-9)
         cands: set[int] = set()
         for w in self._prefix(s):
-            cands.update(self.postings.get(w, ()))
+            for size, ids in self.postings.get(w, {}).items():
+                if lo <= size <= hi:
+                    cands.update(ids)
         out = []
         for i in cands:
             o = self.sets[i]
-            if not o or min(len(o), len(s)) < self.t * max(len(o), len(s)):
-                continue
             inter = len(o & s)
-            if inter / (len(o) + len(s) - inter) >= self.t:
+            if inter / (len(o) + n - inter) >= self.t:
                 out.append(i)
-        return out
+        return sorted(out)
 
 
 def new_to(texts: list[tuple[str, int]], known: Iterable[str], key: Callable[[str], str],
@@ -522,10 +533,27 @@ def dedup_pairs(pairs: list[tuple[str, int]], key: Callable[[str], str]) -> tupl
     return kept, {"read": len(pairs), "unique": len(first), "label_conflicts_dropped": len(first) - len(kept)}
 
 
+# The large ham sets are sampled (a fixed sample: the smallest hashes of the normalised texts) before anything
+# else: ~24,000 tweets and ~14,000 airline tweets would triple the build's training steps and the
+# near-duplicate search, and a few thousand measure a false-positive share to within ~0.5 points.
+SAMPLE_CAPS = {"tweeteval": 3000, "airline": 3000}
+
+
+def fixed_sample(pairs: list[tuple[str, int]], cap: int, key: Callable[[str], str]) -> list[tuple[str, int]]:
+    """At most `cap` pairs: those whose normalised text hashes smallest (the same on every machine); order kept.
+    Another hash than `side_of`'s: the sample must not pick a side."""
+    if len(pairs) <= cap:
+        return pairs
+    rank = sorted(range(len(pairs)), key=lambda i: hashlib.sha256(f"sample:{SPLIT_SALT}:{key(pairs[i][0])}".encode()).digest())
+    keep = set(rank[:cap])
+    return [p for i, p in enumerate(pairs) if i in keep]
+
+
 def load_registers(loc: Locator, key: Callable[[str], str], known_sms: Iterable[str],
                    registers: Iterable[str] | None = None) -> tuple[dict[str, list[tuple[str, int]]], dict]:
     """{register: de-duplicated (text, label) pairs} of every corpus (or those named), and per register
-    what was read and kept. sms_2022 keeps only texts new to `known_sms` (the UCI collection), near twins too."""
+    what was read and kept. sms_2022 keeps only texts new to `known_sms` (the UCI collection), near twins too;
+    the registers of SAMPLE_CAPS are sampled."""
     wanted = set(registers) if registers is not None else set(BY_REGISTER)
     out, stats = {}, {}
     for corpus in CORPORA:
@@ -534,7 +562,86 @@ def load_registers(loc: Locator, key: Callable[[str], str], known_sms: Iterable[
         pairs, st = dedup_pairs(read(corpus, loc.files(corpus)), key)
         if corpus.register == "sms_2022":
             pairs, st["uci"] = new_to(pairs, known_sms, key)
+        if corpus.register in SAMPLE_CAPS:
+            pairs = fixed_sample(pairs, SAMPLE_CAPS[corpus.register], key)
         st["kept"] = len(pairs)
         st["spam"] = sum(label for _, label in pairs)
         out[corpus.register], stats[corpus.register] = pairs, st
     return out, stats
+
+
+# ---------------------------------------------------------------- the fixed held-out split
+
+
+
+def side_of(key: str) -> str:
+    """train / validation / test by a hash of a normalised text (a cluster's smallest key): fixed, seedless."""
+    x = int(hashlib.sha256(f"{SPLIT_SALT}:{key}".encode()).hexdigest()[:12], 16) / float(1 << 48)
+    if x < SIDE_SHARES[0]:
+        return "train"
+    return "validation" if x < SIDE_SHARES[0] + SIDE_SHARES[1] else "test"
+
+
+def clusters(texts: list[str], key: Callable[[str], str], threshold: float = NEAR_DUPLICATE_JACCARD) -> list[str]:
+    """Per text, the smallest normalised key of its cluster: texts with one normalised form, and near twins
+    (word-set Jaccard >= threshold), joined transitively (union-find)."""
+    keys = [key(t) for t in texts]
+    parent = list(range(len(texts)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    def union(i: int, j: int) -> None:
+        a, b = find(i), find(j)
+        if a != b:
+            parent[max(a, b)] = min(a, b)
+
+    first: dict[str, int] = {}
+    for i, k in enumerate(keys):
+        union(i, first.setdefault(k, i))
+    reps = sorted(first.values())  # one text per normalised form is enough for the near twins
+    sets = [words(texts[i]) for i in reps]
+    index = NearIndex(sets, threshold)
+    for n, i in enumerate(reps):
+        for m in index.matches(sets[n]):
+            if m != n:
+                union(i, reps[m])
+    smallest: dict[int, str] = {}
+    for i, k in enumerate(keys):
+        r = find(i)
+        if r not in smallest or k < smallest[r]:
+            smallest[r] = k
+    return [smallest[find(i)] for i in range(len(texts))]
+
+
+@dataclass(frozen=True)
+class Row:
+    text: str
+    label: int
+    register: str
+    side: str  # train | validation | test
+
+
+def assign_sides(registers: dict[str, list[tuple[str, int]]], key: Callable[[str], str],
+                 trainable: set[str]) -> tuple[list[Row], dict]:
+    """Every text's side: its cluster's (`clusters`, across all registers, so a near twin or a copy in another
+    set lands on the same side). Registers not in `trainable` are held out whole (side test), but for texts
+    whose cluster holds a trained text (train side, trainable register): those are dropped (counted)."""
+    flat = [(text, label, reg) for reg in sorted(registers) for text, label in registers[reg]]
+    cluster = clusters([t for t, _, _ in flat], key)
+    side = [side_of(c) for c in cluster]
+    trained = {c for c, s, (_, _, reg) in zip(cluster, side, flat, strict=True) if s == "train" and reg in trainable}
+    rows, stats = [], {}
+    for (text, label, reg), c, s in zip(flat, cluster, side, strict=True):
+        st = stats.setdefault(reg, {"train": 0, "validation": 0, "test": 0, "twin_of_trained_dropped": 0})
+        if reg not in trainable:
+            if c in trained:
+                st["twin_of_trained_dropped"] += 1
+                continue
+            s = "test"
+        st[s] += 1
+        rows.append(Row(text, label, reg, s))
+    return rows, stats

@@ -234,3 +234,77 @@ def test_real_sms_2022_keeps_only_rows_new_to_the_uci_collection():
     assert uci["in_known_exact"] > 4000 and uci["in_known_near"] > 0 and uci["kept"] == len(regs["sms_2022"]) < 1500
     known = {data.normalise(e.text) for e in data.load_sms()}
     assert not any(data.normalise(t) in known for t, _ in regs["sms_2022"])
+
+
+# ---------------------------------------------------------------- the fixed held-out split
+
+
+def test_side_is_a_fixed_function_of_the_normalised_text():
+    assert platforms.side_of("free entry") == platforms.side_of("free entry")
+    sides = [platforms.side_of(f"text {i}") for i in range(4000)]
+    shares = {s: sides.count(s) / len(sides) for s in platforms.SIDES}
+    assert abs(shares["train"] - 0.70) < 0.03 and abs(shares["test"] - 0.15) < 0.03
+
+
+def test_near_twins_and_copies_across_sets_share_one_cluster():
+    texts = ["Check out my channel for free gift cards now", "check out my channel for FREE gift cards now!!",
+             "check out my channel for free gift cards", "totally unrelated sentence about lunch"]
+    c = platforms.clusters(texts, data.normalise)
+    assert c[0] == c[1] == c[2] != c[3]
+    assert c[0] == min(data.normalise(t) for t in texts[:3])
+    assert platforms.clusters(list(reversed(texts)), data.normalise) == list(reversed(c))  # order-free
+
+
+def _find_text_on(side: str, n: int = 1) -> list[str]:
+    out = [f"plain sentence number {w} about weather" for w in ("one two three four five six seven eight nine ten "
+                                                              "eleven twelve thirteen fourteen fifteen").split()]
+    return [t for t in out if platforms.side_of(data.normalise(t)) == side][:n]
+
+
+def test_held_out_registers_go_to_test_but_twins_of_trained_texts_are_dropped():
+    trained = _find_text_on("train")[0]
+    regs = {"youtube": [(trained, 1), ("Subscribe to my channel please", 1)],
+            "airline": [(trained.upper() + "!", 0), ("@united my bag is lost", 0)]}
+    rows, stats = platforms.assign_sides(regs, data.normalise, trainable={"youtube"})
+    airline = [r for r in rows if r.register == "airline"]
+    assert [r.text for r in airline] == ["@united my bag is lost"] and airline[0].side == "test"
+    assert stats["airline"]["twin_of_trained_dropped"] == 1
+    yt = {r.text: r.side for r in rows if r.register == "youtube"}
+    assert yt[trained] == "train"
+
+
+def test_a_twin_in_another_trainable_set_lands_on_the_same_side():
+    regs = {"youtube": [("Check out my channel for free gift cards now", 1)],
+            "instagram": [("check out my channel for free gift cards now!", 1)],
+            "x_posts": [("check out my new channel for free gift cards now", 1)]}
+    rows, _ = platforms.assign_sides(regs, data.normalise, trainable=set(regs))
+    assert len({r.side for r in rows}) == 1
+
+
+def test_fixed_sample_does_not_pick_a_side():
+    def letters(i: int) -> str:  # digits normalise away
+        return "".join(chr(97 + int(d)) for d in str(i))
+
+    pairs = [(f"tweet {letters(i)} about nothing", 0) for i in range(3000)]
+    kept = platforms.fixed_sample(pairs, 1000, data.normalise)
+    assert len(kept) == 1000 and kept == platforms.fixed_sample(list(pairs), 1000, data.normalise)
+    sides = [platforms.side_of(data.normalise(t)) for t, _ in kept]
+    assert 0.6 < sides.count("train") / 1000 < 0.8
+
+
+@real
+def test_real_split_is_fixed_and_no_held_out_text_has_a_twin_in_training():
+    loc = platforms.locator(_SETTINGS, download=False)
+    regs, _ = platforms.load_registers(loc, data.normalise, [e.text for e in data.load_sms()])
+    trainable = {c.register for c in platforms.CORPORA if c.trainable}
+    rows, stats = platforms.assign_sides(regs, data.normalise, trainable)
+    # the split is a function of the texts alone: these counts change only with the data or SPLIT_SALT
+    assert {r: (s["train"], s["validation"], s["test"]) for r, s in stats.items()} == {
+        "airline": (0, 0, 3000), "instagram": (2060, 439, 447), "phishing_pot": (0, 0, 1331),
+        "reviews": (2074, 431, 467), "sms_2022": (739, 154, 147), "tweeteval": (2082, 457, 461),
+        "x_posts": (2468, 487, 566), "youtube": (1131, 217, 252)}
+    train = [r.text for r in rows if r.side == "train"]
+    keys = {data.normalise(t) for t in train}
+    index = platforms.NearIndex([platforms.words(t) for t in train])
+    held = [r.text for r in rows if r.side == "test"]
+    assert not [t for t in held if data.normalise(t) in keys or index.matches(platforms.words(t))]
