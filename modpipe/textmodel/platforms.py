@@ -311,6 +311,13 @@ class Locator:
         return out
 
 
+def pinned_digest() -> str:
+    """One sha256 over every pinned file of every corpus (a build's key holds it)."""
+    lines = [f"{c.repository}@{c.commit} {f.path} {f.sha256}" for c in CORPORA for f in c.files]
+    lines += [f"{c.repository}@{c.commit} members {c.members_sha256}" for c in CORPORA if c.members]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
 def locator(settings, download: bool = True) -> Locator:
     return Locator(local_dir(settings.corpora_dir), settings.cache_dir, download)
 

@@ -308,3 +308,60 @@ def test_real_split_is_fixed_and_no_held_out_text_has_a_twin_in_training():
     index = platforms.NearIndex([platforms.words(t) for t in train])
     held = [r.text for r in rows if r.side == "test"]
     assert not [t for t in held if data.normalise(t) in keys or index.matches(platforms.words(t))]
+
+
+# ---------------------------------------------------------------- training beside the old corpora
+
+
+def test_platform_rows_join_the_corpus_on_their_own_sides():
+    from modpipe.textmodel.data import Example, add_platforms
+
+    splits = {"train": [Example("old sms text", 0, "sms")], "validation": [], "test": []}
+    rows = [platforms.Row("win a prize now", 1, "youtube", "train"),
+            platforms.Row("OLD SMS text!", 0, "tweeteval", "train"),  # already in the corpus
+            platforms.Row("my bag is lost", 0, "airline", "test"),
+            platforms.Row("invest with me", 1, "instagram", "validation"),
+            platforms.Row("dm me", 1, "instagram", "test")]
+    added = add_platforms(splits, rows, leave_out=frozenset({"instagram"}))
+    assert [e.dataset for e in splits["train"]] == ["sms", "youtube"]
+    assert [(e.text, e.dataset) for e in splits["test"]] == [("my bag is lost", "airline"), ("dm me", "instagram")]
+    assert splits["validation"] == []
+    assert added["tweeteval"]["in_corpus_dropped"] == 1 and added["instagram"]["left_out"] == 1
+
+
+def test_platform_report_scores_recall_and_flagged_against_targets_and_baseline():
+    import numpy as np
+
+    from modpipe.textmodel import platform_report
+
+    regs = ["youtube"] * 4 + ["tweeteval"] * 4
+    labels = np.array([1, 1, 0, 0, 0, 0, 0, 0])
+    model = np.array([0.9, 0.95, 0.1, 0.2, 0.1, 0.6, 0.1, 0.1])
+    baseline = np.array([1.0, -1.0, -1.0, -1.0, 1.0, 1.0, -1.0, -1.0])
+    out = platform_report.score(regs, labels, model, baseline)
+    assert out["youtube"]["recall"] == {"model": 1.0, "baseline": 0.5}
+    assert out["youtube"]["targets"] == {"recall": True, "flagged": True}
+    assert out["tweeteval"]["flagged"] == {"model": 0.25, "baseline": 0.5}
+    assert out["tweeteval"]["targets"] == {"flagged": False}  # 25% > 2%, though under the baseline
+
+
+def test_card_lists_every_platform_corpus_with_its_licence_and_rows():
+    from modpipe.textmodel import card
+
+    summary = {"leave_out": ["x_posts"], "registers": {
+        "youtube": {"read": 10, "kept": 9, "added": {"train": 6, "validation": 1, "test": 2}},
+        "airline": {"read": 5, "kept": 5, "added": {"train": 0, "validation": 0, "test": 5}},
+        "x_posts": {"read": 4, "kept": 4, "added": {"train": 0, "validation": 0, "test": 1}}}}
+    doc = card.platform_rows_doc(summary)
+    assert doc["youtube"]["license"] == "CC-BY-4.0" and doc["youtube"]["train"] == 6
+    assert doc["airline"]["use"].startswith("eval only") and doc["airline"]["license"] == "CC-BY-NC-SA-4.0"
+    assert doc["x_posts"]["use"].startswith("left out")
+    rows = card._platform_rows({"platforms": doc})
+    assert rows.count("\n") == 3 and "trained 6, validation 1, test 2" in rows and "CC-BY-NC-SA-4.0" in rows
+
+
+def test_build_refuses_leave_out_without_platforms(capsys):
+    from modpipe.cli import main
+
+    assert main(["model", "build", "--leave-out", "youtube"]) == 2
+    assert "--leave-out needs --platforms" in capsys.readouterr().err
