@@ -610,16 +610,18 @@ def test_records_a_fetch_brought_from_before_a_revocation_never_reach_the_loop(f
     assert not any(c[0] == "seek" for c in fake.calls), fake.calls
 
 
+def revoke_assign_and_return_mixed_records(c):
+    """One fetch in which posts/1 is revoked and assigned again: its records and another partition's come back."""
+    old = c.assigned
+    c.assigned = []
+    c.on_revoke(c, old)
+    c.assigned = [PartitionStub("posts", 1)]
+    c.on_assign(c, c.assigned)
+    return [FakeMessage("posts", 1, 3), FakeMessage("posts", 0, 9), FakeMessage("posts", 1, 4)]
+
+
 def test_a_partition_assigned_again_in_the_same_fetch_is_read_again_from_where_its_assignment_starts(fake_consumer):
     committed = {("posts", 1): 3}
-
-    def revoke_assign_and_return_mixed_records(c):
-        old = c.assigned
-        c.assigned = []
-        c.on_revoke(c, old)
-        c.assigned = [PartitionStub("posts", 1)]
-        c.on_assign(c, c.assigned)
-        return [FakeMessage("posts", 1, 3), FakeMessage("posts", 0, 9), FakeMessage("posts", 1, 4)]
 
     def committed_offsets(tps, timeout=None):
         return [SimpleNamespace(topic=tp.topic, partition=tp.partition,
@@ -756,14 +758,6 @@ def test_a_committed_offsets_failure_never_replays_a_partition_from_its_log_star
     monkeypatch.setattr(kc, "COMMITTED_RETRY_S", 0.01)
     committed = _committed_answers([{("posts", 1): 3}, _committed_answers([]).timeout, "offsets still pending",
                                     {("posts", 1): (3, "m")}])
-
-    def revoke_assign_and_return_mixed_records(c):
-        old = c.assigned
-        c.assigned = []
-        c.on_revoke(c, old)
-        c.assigned = [PartitionStub("posts", 1)]
-        c.on_assign(c, c.assigned)
-        return [FakeMessage("posts", 1, 3), FakeMessage("posts", 0, 9), FakeMessage("posts", 1, 4)]
 
     def steps_with_committed(c):
         c.committed = committed
