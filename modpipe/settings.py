@@ -98,7 +98,8 @@ SETTINGS_SPEC: dict[str, Spec] = {
                        "`on`, or `off` to decide without the text model (no Triton; text_probability null): "
                        "for benchmarks of the feature path."),
     "triton_timeout_s": Spec("MODPIPE_TRITON_TIMEOUT_S", "30",
-                             "Timeout of one Triton request (it is retried; the posts stay uncommitted).", float),
+                             "Timeout of one Triton request (it is retried; its posts are carried across "
+                             "checkpoints meanwhile, MODPIPE_CHECKPOINT_MODEL_WAIT_MS).", float),
     "text_model_outage_s": Spec("MODPIPE_TEXT_MODEL_OUTAGE_S", "30",
                                 "Seconds of failed Triton requests in a row after which the text model counts as "
                                 "out and MODPIPE_TEXT_MODEL_OUTAGE_POLICY applies.", float),
@@ -171,6 +172,20 @@ SETTINGS_SPEC: dict[str, Spec] = {
                                "passed since it started, or at once when every round since is complete "
                                "(streams/checkpointing/checkpoint.py). Longer: fewer, larger transactions and later decisions "
                                "under load.", float),
+    "checkpoint_model_wait_ms": Spec("MODPIPE_CHECKPOINT_MODEL_WAIT_MS", "2000",
+                                     "Longest a checkpoint waits for its posts' decisions (Triton). A post still "
+                                     "waiting then is written as state into the checkpoint's transaction and decided "
+                                     "in a later one (streams/moderation/carried.py): no Kafka transaction is held "
+                                     "open across a Triton wait. Shorter: more posts carried (two changelog records "
+                                     "each) when Triton is slow.", float),
+    "transaction_timeout_ms": Spec("MODPIPE_TRANSACTION_TIMEOUT_MS", "30000",
+                                   "transaction.timeout.ms of the worker's producer: how long a transaction left "
+                                   "open by a worker that died or froze (and was not restarted) holds every "
+                                   "read_committed reader of its partitions before the broker aborts it. A "
+                                   "checkpoint's transaction is open for MODPIPE_COMMIT_INTERVAL_MS, "
+                                   "MODPIPE_CHECKPOINT_MODEL_WAIT_MS and its own requests; at least twice those "
+                                   "two, at most the broker's transaction.max.timeout.ms (900000 by default).",
+                                   float),
     "purge_interval_ms": Spec("MODPIPE_PURGE_INTERVAL_MS", "30000",
                               "How often a worker deletes the records of the internal topics (the stage topics and "
                               "posts.awaiting-text) that its checkpoints have committed (DeleteRecords, as Kafka "
@@ -376,6 +391,8 @@ class Settings:
     redecide_reports: int
     local_hops: str
     commit_interval_ms: float
+    checkpoint_model_wait_ms: float
+    transaction_timeout_ms: float
     purge_interval_ms: float
     fetch_pause_ms: float
     fetch_idle_pause_ms: float
@@ -471,6 +488,12 @@ class Settings:
             raise SettingsError("MODPIPE_STATIC_MEMBERSHIP must be `on` or `off`")
         if self.commit_interval_ms <= 0:
             raise SettingsError("MODPIPE_COMMIT_INTERVAL_MS must be > 0")
+        if self.checkpoint_model_wait_ms < 0:
+            raise SettingsError("MODPIPE_CHECKPOINT_MODEL_WAIT_MS must be >= 0")
+        if not 2 * (self.commit_interval_ms + self.checkpoint_model_wait_ms) <= self.transaction_timeout_ms <= 900_000:
+            raise SettingsError("MODPIPE_TRANSACTION_TIMEOUT_MS must be at least twice MODPIPE_COMMIT_INTERVAL_MS + "
+                                "MODPIPE_CHECKPOINT_MODEL_WAIT_MS (a checkpoint's transaction must commit within it) "
+                                "and at most 900000 (Apache Kafka's transaction.max.timeout.ms default)")
         if self.purge_interval_ms < 0:
             raise SettingsError("MODPIPE_PURGE_INTERVAL_MS must be >= 0 (0: never)")
         if self.fetch_pause_ms < 0:

@@ -17,6 +17,10 @@ FETCH_STALLS = Counter("modpipe_consumer_fetch_stalls_total",
                        "stall restarts the worker), by topic.", ["topic"])
 POSTS_RESENT = Counter("modpipe_posts_resent_total",
                        "Posts whose id was already decided (a producer's retry, a replay): counted once, not decided again.")
+POSTS_CARRIED = Counter("modpipe_posts_carried_total",
+                        "Posts still waiting for the text model when their checkpoint committed, kept as state "
+                        "(streams/moderation/carried.py) instead of holding the transaction open: each is decided "
+                        "later, in the transaction open then.")
 POSTS_CHECKED = Counter("modpipe_posts_checked_total",
                         "Posts dated at or below the ids their first table keeps (a backfill, a backdated post, an old "
                         "re-send): sent along their route to the post table to tell new from re-sent, then along it again.")

@@ -73,22 +73,12 @@ def make_shadow(settings: Settings, text_model_version: str):
     return shadow
 
 
-TRANSACTION_TIMEOUT_MAX_S = 900.0  # Apache Kafka's transaction.max.timeout.ms default: a longer one is refused
-
-
 def transaction_timeout_s(settings: Settings) -> float:
-    """transaction.timeout.ms of the worker's producer. A checkpoint waits inside its transaction for its
-    epoch's Triton batches (streams/checkpointing/checkpoint.py, step 3): a request may take MODPIPE_TRITON_TIMEOUT_S, and a
-    text-model outage holds posts for MODPIPE_TEXT_MODEL_OUTAGE_S before they are decided without it. Apache
-    Kafka aborts a transaction open past its timeout, and the worker would then stop and restart for as long as
-    Triton is out; so the timeout covers both waits with a minute to spare (60 s at least, Kafka's default; at
-    most the broker's limit). A dead worker's transaction never waits this long in practice: its restart
-    fences it at once (streams/checkpointing/incarnations.py)."""
-    if settings.text_model == "off":
-        return 60.0
-    if settings.text_model_outage_policy == "wait":  # posts wait for Triton as long as it is out: the longest
-        return TRANSACTION_TIMEOUT_MAX_S
-    return min(TRANSACTION_TIMEOUT_MAX_S, max(60.0, settings.triton_timeout_s + settings.text_model_outage_s + 60.0))
+    """transaction.timeout.ms of the worker's producer (MODPIPE_TRANSACTION_TIMEOUT_MS). A checkpoint's transaction
+    never waits for Triton (posts still at Triton are carried as state, streams/moderation/carried.py), so it is
+    short whatever the text model does: a dead worker's open transaction holds read_committed readers at most
+    this long (its restart fences it sooner, streams/checkpointing/incarnations.py)."""
+    return settings.transaction_timeout_ms / 1000
 
 
 def build_worker(settings: Settings, name: str):

@@ -13,8 +13,11 @@ The steps, in order:
 2. Write each table state changed since the last checkpoint once, as a changelog record in the transaction.
    The tables hold exactly the closed epoch's changes at this moment: a round changes them as it starts.
 3. Wait until every round of the closed epoch is complete: its records produced and delivered, its posts
-   decided (a Triton batch in flight finishes first; during a text-model outage, after
-   MODPIPE_TEXT_MODEL_OUTAGE_S), and the changelog records delivered.
+   decided, and the changelog records delivered; but for its posts' decisions at most
+   MODPIPE_CHECKPOINT_MODEL_WAIT_MS: a post still waiting for the text model then is carried
+   (streams/moderation/carried.py), written as state into this transaction, and decided in a later one. So no
+   transaction waits on Triton: one is open for the commit interval, this wait and its own requests, well within
+   MODPIPE_TRANSACTION_TIMEOUT_MS, however long Triton takes or stays away.
 4. With MODPIPE_FREEZE_GUARD=on (the embedded broker), check that this worker may still commit: a process
    that was frozen longer than the group's session (a SIGSTOP, a VM pause) may have lost its partitions
    without having heard of it yet, so it aborts and stops instead. Apache Kafka needs no guard: it refuses
@@ -149,10 +152,11 @@ class Checkpointer:
     `outbox` holds the transaction."""
 
     def __init__(self, runner, wiring, outbox, consumer, interval_s: float, watch: FreezeWatch,
-                 expiry_check_s: float = EXPIRY_CHECK_S, purger=None):
+                 expiry_check_s: float = EXPIRY_CHECK_S, purger=None, model_wait_s: float = 2.0):
         self.runner, self.wiring, self.outbox, self.consumer = runner, wiring, outbox, consumer
         self.purger = purger  # streams/runtime/purge.py: deletes internal-topic records behind the committed offsets
         self.interval_s = interval_s
+        self.model_wait_s = model_wait_s  # step 3: how long a checkpoint waits for decisions before carrying posts
         self.expiry_check_s = expiry_check_s
         self.watch = watch
         self._lock = asyncio.Lock()
@@ -223,21 +227,25 @@ class Checkpointer:
         finally:
             self.runner.resume_rounds()
 
-    async def _idle(self, epoch: int) -> None:
-        """Step 3, given up when the worker is abandoned meanwhile (its rounds are dropped, never complete)."""
+    async def _idle(self, epoch: int, timeout: float | None = None) -> bool:
+        """Step 3: until every round of `epoch` is complete (False: `timeout` passed first), given up when the
+        worker is abandoned meanwhile (its rounds are dropped, never complete)."""
         if self.abandoned.is_set():
             raise Abandoned("the worker stops after a failure: nothing more is committed")
         rounds = asyncio.ensure_future(self.wiring.idle(epoch))
         stop = asyncio.ensure_future(self.abandoned.wait())
         try:
-            await asyncio.wait((rounds, stop), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((rounds, stop), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stop.cancel()
             if not rounds.done():
                 rounds.cancel()
-        if not rounds.done() or rounds.cancelled():
+        if stop.done() and not stop.cancelled():
             raise Abandoned("the worker stops after a failure: this checkpoint's rounds will not complete")
+        if not rounds.done() or rounds.cancelled():
+            return False
         rounds.result()
+        return True
 
     def check_not_frozen(self) -> None:
         """Step 4; the outbox runs it again right before it sends the offsets and before it commits, so a
@@ -256,7 +264,9 @@ class Checkpointer:
             self.closed_at = asyncio.get_running_loop().time()
             try:
                 self.wiring.flush_states(epoch)                              # 2
-                await self._idle(epoch)                                      # 3
+                if not await self._idle(epoch, self.model_wait_s):           # 3
+                    self.wiring.carry(epoch)  # what still waits for the text model becomes state
+                    await self._idle(epoch)  # the records' deliveries only
                 self.check_not_frozen()                                      # 4
                 offsets = self.runner.take_offsets(epoch)
                 ends = self.runner.offset_metadata(offsets)

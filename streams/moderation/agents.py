@@ -44,6 +44,7 @@ from modpipe.streams.kafka.records import TP
 from modpipe.streams.moderation.app import Pipeline
 from modpipe.streams.moderation.bans import BanRegistry
 from modpipe.streams.moderation.bundles import Bundler, decode_bundle, partition_for
+from modpipe.streams.moderation.carried import CarriedPosts
 from modpipe.streams.moderation.dead_letters import event_timestamp_ms, send_dead_letter
 from modpipe.streams.moderation.decisions import DecisionBatcher, Publisher
 from modpipe.streams.moderation.scoring import TextModelUnavailable, TextScorer
@@ -122,10 +123,14 @@ class Wiring:
         text_version = "off" if scorer.disabled else scorer.model_version
         # read per batch: a promoted decision model changes the decider's version without a restart
         self.publisher = Publisher(outbox, pipe.topics, lambda: {"text_model": text_version, "decider": decider.version})
+        # posts still waiting for the text model when their checkpoint commits: kept as state (carried.py)
+        self.carried = CarriedPosts(pipe.awaiting_model, outbox, self.changelog_ends, pipe.partitions)
+        self.on_round = lambda: None  # set by the runner: a round was opened (a checkpoint is due)
         self.batcher = DecisionBatcher(scorer, decider, self.publisher, max_batch=settings.max_batch,
                                        max_wait_s=settings.max_wait_ms / 1000, max_inflight=settings.max_inflight,
                                        on_error=self.crash, feedback=self.feedback, shadow=shadow,
-                                       max_bytes=self.budgets["decision_queue"])
+                                       max_bytes=self.budgets["decision_queue"], open_round=self._carried_round,
+                                       carried_decided=self.carried.decided)
         # per (stage, partition): the stand-in record its items are applied under here, or None when they go
         # through Kafka (a partition of another worker, or MODPIPE_LOCAL_HOPS=off); rebuilt when `owned` changes
         self._local: dict[tuple[str, int], PartitionEvent | None] = {}
@@ -176,6 +181,29 @@ class Wiring:
         """Until every round of `epoch` (default: of every epoch) opened so far is complete (its outputs
         delivered, its posts decided)."""
         await self.epochs.idle(epoch)
+
+    def _carried_round(self) -> Pending:
+        """The decisions of carried posts made now: a round of the open epoch, like a batch of input."""
+        pending = self._opened()
+        self.on_round()
+        return pending
+
+    def carry(self, epoch: int) -> int:
+        """Checkpoint step 3: `epoch`'s posts whose decision is not made yet are written as state into its
+        transaction, and their rounds complete without them. Returns how many."""
+        posts = self.batcher.undecided(epoch)
+        pending = self._opened(epoch)
+        self.batcher.carry(posts, lambda post: self.carried.carry(post, pending))
+        pending.seal()
+        return len(posts)
+
+    def decide_restored(self, partitions) -> int:
+        """After a restore: the posts the restored post-stage `partitions` carried, to this worker's batcher."""
+        posts = self.carried.restored(partitions)
+        self.batcher.submit(posts)
+        if posts:
+            _log.info("carried posts restored; deciding them", extra={"posts": len(posts)})
+        return len(posts)
 
     def new_round(self, events=()) -> Round:
         pending = self._opened()
@@ -339,9 +367,13 @@ class Wiring:
         self.invalidate()
         self.observe_tables()
 
-    def revoked(self) -> None:
+    def revoked(self, partitions=None) -> int:
+        """Partitions taken away (every checkpoint committed): their carried posts are their next owner's to
+        decide. Returns how many posts this worker dropped."""
         self.owned = set()
         self.invalidate()
+        gone = None if partitions is None else set(partitions)
+        return self.batcher.drop(lambda post: gone is None or self.carried.partition_of(post) in gone)
 
     def invalidate(self) -> None:
         for stage in self.stages.values():
@@ -406,21 +438,33 @@ def make_handlers(w: Wiring, settings: Settings, scorer: TextScorer, decider: De
 
         return side_input
 
+    def awaiting_record(event) -> dict:
+        record = orjson.loads(event.value)
+        if not (isinstance(record, dict) and isinstance(record.get("post"), dict)
+                and isinstance(record["post"].get("text"), str) and isinstance(record.get("features"), dict)):
+            raise schema.InvalidMessage("not a post awaiting the text model (post.text, features)")
+        return record
+
     async def awaiting_text(events, done: Callable[[], None]) -> bool:
         # These posts have a (degraded) decision already: while Triton stays unavailable they wait in their
         # topic, uncommitted, and are read again later. Each try is one request: the probe that ends the
-        # outage when no new post asks Triton anything.
-        r = w.new_round(events)
-        records = [record for _, record in w.decoded(r, lambda event: orjson.loads(event.value))]
+        # outage when no new post asks Triton anything. Triton is asked before the round opens, so no checkpoint
+        # (and no transaction) waits for it; the round then runs without an await, in the epoch open by then.
+        texts = []
+        for event in events:
+            try:
+                texts.append(awaiting_record(event)["post"]["text"])
+            except (schema.InvalidMessage, orjson.JSONDecodeError):
+                continue  # dead-lettered in the round below
         try:
-            if records:
-                w.feedback(await w.publisher.decide_awaiting_text(scorer, decider, records, r.pending), r.pending)
-            done()  # no await since the decisions were produced: the next checkpoint holds both
-        except (TextModelUnavailable, asyncio.CancelledError) as exc:
-            r.pending.seal()  # nothing was produced for them: the round is complete, its records read again
-            if isinstance(exc, asyncio.CancelledError):
-                raise
+            probabilities = await scorer.spam_probabilities(texts)
+        except TextModelUnavailable:
             return False
+        r = w.new_round(events)
+        records = [record for _, record in w.decoded(r, awaiting_record)]
+        if records:
+            w.feedback(w.publisher.decide_awaiting_text(decider, records, probabilities, r.pending), r.pending)
+        done()  # no await since the round opened: the next checkpoint holds its decisions and its offsets
         r.pending.seal()
         return True
 

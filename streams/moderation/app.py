@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modpipe.features.events import POST, TABLES
+from modpipe.streams.moderation import carried
 from modpipe.streams.moderation.topics import TopicNames
 from modpipe.streams.state import rocksdb
 from modpipe.streams.state.tables import Table, make_tables
@@ -22,6 +23,12 @@ class Pipeline:
     topics: TopicNames
     tables: dict[str, Table]  # table name -> its partitions on this worker, changelog-backed
     partitions: int
+    # posts waiting for the text model across checkpoints, partitioned like the post stage (carried.py)
+    awaiting_model: Table = None
+
+    def __post_init__(self):
+        if self.awaiting_model is None:
+            self.awaiting_model = carried.make_table(self.topics.awaiting_model)
 
     def close(self) -> None:
         for table in self.tables.values():

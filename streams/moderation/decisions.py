@@ -89,12 +89,10 @@ class Publisher:
         self.outbox.produce(self.topics.awaiting_text, schema.dumps(record), key=post.post["post_id"].encode(),
                             pending=pending)
 
-    async def decide_awaiting_text(self, scorer: TextScorer, decider: Decider, records: Sequence[dict],
-                                   pending: Pending) -> list:
-        """Posts decided during an outage, decided again with the text model (revision + 1). Raises
-        `TextModelUnavailable` while the outage lasts (their records stay uncommitted and are read again).
-        Returns the feedback items."""
-        probabilities = await scorer.spam_probabilities([r["post"]["text"] for r in records])
+    def decide_awaiting_text(self, decider: Decider, records: Sequence[dict], probabilities,
+                             pending: Pending) -> list:
+        """Posts decided during an outage, decided again with the text model's `probabilities` (one per record;
+        revision + 1). Returns the feedback items."""
         features_list = [features_for(r["features"], None if p != p else p)
                          for r, p in zip(records, probabilities, strict=True)]
         now = schema.now_ms()
@@ -132,7 +130,9 @@ class DecisionBatcher:
 
     def __init__(self, scorer: TextScorer, decider: Decider, publisher: Publisher, *, max_batch: int,
                  max_wait_s: float, max_inflight: int, on_error: Callable[[Exception], None],
-                 feedback: Callable[[list, Pending], None], shadow=None, max_bytes: int | None = None):
+                 feedback: Callable[[list, Pending], None], shadow=None, max_bytes: int | None = None,
+                 open_round: Callable[[], Pending] | None = None,
+                 carried_decided: Callable[[ReadyPost, Pending], None] | None = None):
         self.scorer, self.decider, self.publisher = scorer, decider, publisher
         self.shadow = shadow  # modpipe.decision.live.ShadowScorer: compared, never published
         self.outage_policy = scorer.outage_policy
@@ -155,6 +155,56 @@ class DecisionBatcher:
         self._inflight = 0
         self._runner: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._at_triton: dict[asyncio.Task, list[ReadyPost]] = {}  # batches in flight, by their task
+        # Carried posts (streams/moderation/carried.py) belong to no epoch while they wait: their decision opens a
+        # round of the epoch open when it is made (`open_round`), which also takes the tombstone of their record
+        # (`carried_decided`).
+        self.open_round = open_round or (lambda: Pending(on_error=self.on_error))
+        self.carried_decided = carried_decided or (lambda post, pending: None)
+
+    def undecided(self, epoch: int) -> list[ReadyPost]:
+        """The posts of `epoch`'s rounds whose decision is not made yet: queued, or in a batch at Triton. (A
+        decision is made and produced in one step after Triton answers, so no post is half way.)"""
+        posts = [p for p in self._queue if not p.carried and p.source is not None and p.source.epoch == epoch]
+        for batch in self._at_triton.values():
+            posts += [p for p in batch
+                      if not p.carried and not p.dropped and p.source is not None and p.source.epoch == epoch]
+        return posts
+
+    def carry(self, posts: Sequence[ReadyPost], keep: Callable[[ReadyPost], None]) -> None:
+        """`keep(post)` writes each post as state into the checkpoint's transaction; then its round no longer
+        waits for its decision (which opens a round of its own when it is made)."""
+        for post in posts:
+            keep(post)
+            source, post.source = post.source, None
+            source.release()
+        if posts:
+            metrics.POSTS_CARRIED.inc(len(posts))
+
+    def drop(self, belongs_elsewhere: Callable[[ReadyPost], bool]) -> int:
+        """Forget the posts of partitions this worker gave up (after the revocation's checkpoints carried them:
+        their next owner restores and decides them). A batch at Triton publishes none of them. Returns how many."""
+        kept, sizes, dropped = collections.deque(), collections.deque(), 0
+        for post, size in zip(self._queue, self._sizes, strict=True):
+            if belongs_elsewhere(post):
+                post.dropped = True
+                self.queued_bytes -= size
+                dropped += 1
+            else:
+                kept.append(post)
+                sizes.append(size)
+        self._queue, self._sizes = kept, sizes
+        self._queue_bytes.set(self.queued_bytes)
+        for batch in self._at_triton.values():
+            for post in batch:
+                if not post.dropped and belongs_elsewhere(post):
+                    post.dropped = True
+                    dropped += 1
+        if not self._queue:
+            self._ready.clear()
+        if not self.full:
+            self._room.set()
+        return dropped
 
     def submit(self, posts: Sequence[ReadyPost]) -> None:
         if not posts:
@@ -217,12 +267,17 @@ class DecisionBatcher:
                 metrics.BATCHES_IN_FLIGHT.inc()
                 task = asyncio.ensure_future(self._decide(batch))
                 self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._at_triton[task] = batch
+                task.add_done_callback(self._finished)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # pragma: no cover - a bug here must stop the worker, not stall it
             _log.exception("decision batcher failed")
             self.on_error(exc)
+
+    def _finished(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        self._at_triton.pop(task, None)
 
     async def _fill(self, timeout: float) -> None:
         """Another batch is at Triton: wait up to `timeout` for this one to fill."""
@@ -238,6 +293,7 @@ class DecisionBatcher:
 
     async def _decide(self, batch: list[ReadyPost]) -> None:
         try:
+            batch = [p for p in batch if not p.dropped]
             scored = [i for i, p in enumerate(batch) if shortcut(p.features) is None]  # bans skip the model
             if scored:
                 metrics.BATCH_SIZE.observe(len(scored))
@@ -258,13 +314,18 @@ class DecisionBatcher:
                 verdicts[i] = without_text_model(verdicts[i], self.outage_policy)
             # A batch may hold posts of two checkpoint epochs: each post's decision and feedback go into the
             # transaction of its own round (streams/checkpointing/outbox.py), so they are grouped by it.
-            groups: dict[int | None, tuple[Pending, list]] = {}
+            # A carried post's decision opens a round of the epoch open now, with its record's tombstone.
+            groups: dict[int | str | None, tuple[Pending, list]] = {}
             decided_at, versions = schema.now_ms(), self.publisher.model_versions
             for i, (post, features, verdict) in enumerate(zip(batch, features_list, verdicts, strict=True)):
-                epoch = None if post.source is None else post.source.epoch
+                if post.dropped:  # its partition went to another worker while Triton answered
+                    continue
+                epoch = "carried" if post.carried else None if post.source is None else post.source.epoch
                 if epoch not in groups:
-                    groups[epoch] = (self._group_pending(batch, epoch), [])
+                    groups[epoch] = (self.open_round() if epoch == "carried" else self._group_pending(batch, epoch), [])
                 pending, items = groups[epoch]
+                if post.carried:
+                    self.carried_decided(post, pending)
                 record = self.publisher.record(post.post, verdict, features, post.received_at_ms, decided_at,
                                                degraded=i in degraded, versions=versions)
                 items += self.publisher.publish(record, post.ctx, post.received_at_ms, pending)
@@ -288,7 +349,7 @@ class DecisionBatcher:
 
     def _group_pending(self, batch: list[ReadyPost], epoch: int | None) -> Pending:
         """What the decisions of `batch`'s posts of `epoch` wait for; when delivered, their rounds are complete."""
-        sources = [p.source for p in batch if p.source is not None and p.source.epoch == epoch]
+        sources = [p.source for p in batch if not p.carried and p.source is not None and p.source.epoch == epoch]
         return Pending(on_error=self.on_error, on_done=lambda: [source.release() for source in sources],
                        epoch=epoch)
 

@@ -36,6 +36,9 @@ class ReadyPost:
     ctx: dict
     features: dict
     source: Any = None  # the wiring's handle (a `Pending`) released once the decision is delivered
+    partition: int = -1  # its post-stage partition (-1: not worked out yet; streams/moderation/carried.py)
+    carried: bool = False  # kept as state by a checkpoint: its decision goes with its record's tombstone
+    dropped: bool = False  # its partition went to another worker: never decided here
 
 
 @dataclasses.dataclass

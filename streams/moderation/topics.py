@@ -54,6 +54,7 @@ class TopicNames:
     awaiting_text: str  # degraded decisions' posts, decided again once the text model answers
     changelogs: dict[str, str]  # table name -> its changelog topic (streams/state/tables.py)
     incarnations: str  # each worker's incarnation counter (streams/checkpointing/incarnations.py), compacted
+    awaiting_model: str  # the changelog of posts waiting for the text model (streams/moderation/carried.py)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> TopicNames:
@@ -61,7 +62,7 @@ class TopicNames:
         return cls(t(POSTS), t(REPORTS), t(ENGAGEMENTS), t(LABELS), t(BANS), t(DECISIONS), t(DEAD_LETTERS),
                    {stage: t(f"features.{stage}") for stage in STAGES}, t(AWAITING_TEXT),
                    {table: changelog_topic(settings.app_id, table) for table in TABLES},
-                   f"{settings.app_id}-worker-incarnations")
+                   f"{settings.app_id}-worker-incarnations", f"{settings.app_id}-awaiting-model-changelog")
 
     def inputs(self) -> list[str]:
         """Topics the worker group consumes."""
@@ -69,7 +70,8 @@ class TopicNames:
                 self.awaiting_text]
 
     def all(self) -> list[str]:
-        return [*self.inputs(), self.decisions, self.dead_letters, *self.changelogs.values(), self.incarnations]
+        return [*self.inputs(), self.decisions, self.dead_letters, *self.changelogs.values(), self.incarnations,
+                self.awaiting_model]
 
 
 def wait_for_leaders(admin, topics: list[str], timeout: float = 30.0) -> None:
@@ -111,7 +113,7 @@ def ensure_topics(settings: Settings, bootstrap: str | None = None, timeout: flo
     missing = [name for name in wanted if name not in existing]
     if missing:
         names = TopicNames.from_settings(settings)
-        changelogs = {*names.changelogs.values(), names.incarnations}
+        changelogs = {*names.changelogs.values(), names.incarnations, names.awaiting_model}
         # a changelog (and the incarnation counters) needs only each key's last value: compacted
         futures = admin.create_topics([NewTopic(name, settings.partitions, settings.replication_for(len(metadata.brokers)),
                                                 config={"cleanup.policy": "compact"} if name in changelogs else {})

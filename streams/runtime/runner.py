@@ -58,7 +58,14 @@ class Runner:
         self.purger = Purger(PurgePlan(internal, settings.purge_interval_ms / 1000),
                              {**settings.kafka_client_config(), "bootstrap.servers": bootstrap})
         self.checkpoint = Checkpointer(self, wiring, outbox, self.consumer, settings.commit_interval_ms / 1000,
-                                       self.watch, purger=self.purger)
+                                       self.watch, purger=self.purger,
+                                       model_wait_s=settings.checkpoint_model_wait_ms / 1000)
+        wiring.on_round = self.checkpoint.processed  # a carried post's decision is a round of its own
+        # each stage's tables, and the stage each table's changelog end is committed with: the post stage's
+        # partitions also hold the posts carried across checkpoints (streams/moderation/carried.py)
+        self.tables_of_stage = {stage: [wiring.pipe.tables[t] for t in tables] for stage, tables in fe.STAGES.items()}
+        self.tables_of_stage[fe.STAGE_OF[fe.POST]].append(wiring.pipe.awaiting_model)
+        self.stage_of_table = {t.name: stage for stage, tables in self.tables_of_stage.items() for t in tables}
         self._batches: collections.deque[list[Record]] = collections.deque()
         # fetched records waiting for their rounds, in bytes: fetching pauses past the share (modpipe/memory.py)
         self._batch_bytes: collections.deque[int] = collections.deque()
@@ -134,7 +141,7 @@ class Runner:
         offsets = self._offsets.pop(epoch, {})
         stage_topics = self.wiring.topics.stages
         for table, partition in self.wiring.changelog_ends.written():
-            tp = TP(stage_topics[fe.STAGE_OF[table]], partition)
+            tp = TP(stage_topics[self.stage_of_table[table]], partition)
             if tp not in offsets:
                 offsets[tp] = self._committed_offset(tp)
         if not offsets:
@@ -153,7 +160,8 @@ class Runner:
         for tp in offsets:
             stage = self.stage_of_topic.get(tp.topic)
             if stage is not None:
-                out[tp] = changelog_ends.encode(self.wiring.changelog_ends.of(fe.STAGES[stage], tp.partition))
+                out[tp] = changelog_ends.encode(self.wiring.changelog_ends.of(
+                    [t.name for t in self.tables_of_stage[stage]], tp.partition))
         return out
 
     def offsets_committed(self, offsets: dict[TP, int]) -> None:
@@ -244,20 +252,19 @@ class Runner:
                 if self._generation != generation:
                     break  # revoked meanwhile: the rest is read again by the partitions' next owner
                 chunk = records[i:i + ROUND_MAX]
-                # the handler reports its chunk done as it publishes the decisions, before it yields to the
-                # loop again: a checkpoint can never commit those decisions without the chunk's offsets. The
-                # round opens before the handler's first await, in the epoch open now.
-                epoch = self.wiring.open_epoch
-                self.checkpoint.processed()  # the open epoch has a round: the checkpoint that closes it waits
-                if await handler(chunk, lambda chunk=chunk, epoch=epoch: self._round_done(chunk, epoch)):
+                # the handler asks Triton first, then opens its round and reports the chunk done as it publishes
+                # the decisions, before it yields to the loop again: the chunk's offsets go into the epoch open
+                # then, with those decisions, and no checkpoint waits for Triton meanwhile.
+                if await handler(chunk, lambda chunk=chunk: self._awaiting_done(chunk)):
                     continue
                 if self._generation == generation:
                     self._read_again(records[i:])
                 await asyncio.sleep(AWAITING_TEXT_RETRY_S)
                 break
 
-    def _round_done(self, records: list[Record], epoch: int) -> None:
-        self._done(records, epoch)
+    def _awaiting_done(self, records: list[Record]) -> None:
+        self._done(records, self.wiring.open_epoch)
+        self.checkpoint.processed()
 
     def _read_again(self, records: list[Record]) -> None:
         """Seek each partition back to the first of `records` or of the batches queued behind them; what was
@@ -282,9 +289,11 @@ class Runner:
         self._awaiting.clear()
         if self.committing_on_revoke:
             await self.checkpoint.commit_all()
-        self.wiring.revoked()
         gone = {tp.partition for tp in tps if tp.topic in self.stage_of_topic}
-        for table in self.wiring.pipe.tables.values():
+        dropped = self.wiring.revoked(gone)  # their carried posts are the next owner's to decide
+        if dropped:
+            _log.info("posts waiting for the text model handed over with their partitions", extra={"posts": dropped})
+        for table in [*self.wiring.pipe.tables.values(), self.wiring.pipe.awaiting_model]:
             for p in gone:
                 table.drop(p)
         self.wiring.changelog_ends.forget(gone)
@@ -305,7 +314,7 @@ class Runner:
         numbers = sorted({p for partitions in by_stage.values() for p in partitions})
         if any(sorted(p) != numbers for p in by_stage.values()):
             _log.warning("stage partitions are not co-assigned", extra={"stages": by_stage})
-        stage_tables = [self.wiring.pipe.tables[t] for stage in by_stage for t in fe.STAGES[stage]]
+        stage_tables = [t for stage in by_stage for t in self.tables_of_stage[stage]]
         committed = self.consumer.committed_at_assignment()
         assigned = set(tps)
         self._last_committed.update({tp: offset for tp, (offset, _) in committed.items() if tp in assigned})
@@ -319,6 +328,7 @@ class Runner:
         for (changelog, partition), end in reached.items():
             self.wiring.changelog_ends.restored(name_of[changelog], partition, end)
         self.wiring.assigned(tps)
+        self.wiring.decide_restored(by_stage.get(fe.STAGE_OF[fe.POST], ()))
         self._own(added=tps)
         by_topic: dict[str, list[int]] = {}
         for tp in tps:
@@ -342,9 +352,9 @@ class Runner:
                     if offset >= 0:
                         without.append(f"{topic}[{p}]")
                     continue
-                for table in fe.STAGES[stage]:
-                    if table in decoded:
-                        ends[(self.wiring.pipe.tables[table].changelog, p)] = decoded[table]
+                for table in self.tables_of_stage[stage]:
+                    if table.name in decoded:
+                        ends[(table.changelog, p)] = decoded[table.name]
         if without:
             _log.warning("offsets committed without changelog ends: those tables are restored to the last stable "
                          "offset (a checkpoint whose markers are late, or anything above an open transaction, is "

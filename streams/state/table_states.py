@@ -70,17 +70,17 @@ class ChangelogWriter:
         partition = event.message.partition
         data = self.table.set(key, value, partition)
         self._written_bytes.inc(len(data))
-        self._produce(encode_key(key), data, partition, pending)
+        self.produce(encode_key(key), data, partition, pending)
         return len(data)
 
     def expire(self, pending) -> list[str]:
         """Forget the keys past the table's retention: a tombstone for each in the open transaction."""
         gone = self.table.expired()
         for partition, key in gone:
-            self._produce(encode_key(key), None, partition, pending)
+            self.produce(encode_key(key), None, partition, pending)
         return [key for _, key in gone]
 
-    def _produce(self, key: bytes, data: bytes | None, partition: int, pending) -> None:
+    def produce(self, key: bytes, data: bytes | None, partition: int, pending) -> None:
         delivered = self.table.delivered  # a RocksDB table keeps the changelog position its store reaches
         ends, name = self.ends, self.table.name
 

@@ -104,6 +104,11 @@ class Table:
         rows[key] = (data, written_at_ms)
         self.size_bytes += len(data)
 
+    def delete(self, key: str, partition: int) -> None:
+        old = self.partitions.get(partition, {}).pop(key, None)
+        if old is not None:
+            self.size_bytes -= len(old[0])
+
     def expired(self) -> list[tuple[int, str]]:
         """Remove the keys not written for the retention; returns them as (partition, key)."""
         if not self.retention_ms:

@@ -1,7 +1,8 @@
-"""A worker through a Triton outage (issue #14). Policy `wait`: it keeps the posts it cannot score
-uncommitted, stops on SIGTERM while it retries, and after Triton comes back every post is decided exactly
-once. Policy `decide`: after MODPIPE_TEXT_MODEL_OUTAGE_S it decides without the text model (degraded), and
-decides those posts again with it (revision 2) once Triton is back."""
+"""Workers through a Triton outage. Policy `wait`: the posts they cannot score are carried across checkpoints as
+state (no transaction waits for Triton), they hand them over in rebalances and stop on SIGTERM while they retry,
+and after Triton comes back every post is decided exactly once. Policy `decide`: after MODPIPE_TEXT_MODEL_OUTAGE_S
+it decides without the text model (degraded), and decides those posts again with it (revision 2) once Triton is
+back."""
 
 from __future__ import annotations
 
@@ -25,10 +26,15 @@ def private_triton(settings, model_build, tmp_path) -> TritonServer:
                         http_port=free_port(), grpc_port=free_port(), metrics_port=free_port()).start(timeout=180)
 
 
-def test_worker_waits_out_a_triton_outage_stops_on_sigterm_and_loses_nothing(pipeline_settings, model_build,
-                                                                             tmp_path):
+def test_a_triton_outage_holds_no_transaction_restarts_nothing_and_loses_nothing(pipeline_settings, model_build,
+                                                                                  tmp_path):
+    """Policy `wait`, an outage three times the transaction timeout: the posts that reach the worker meanwhile are
+    carried across checkpoints as state (their input offsets committed), a worker that joins and one that stops on
+    SIGTERM hand them over without waiting for Triton, no worker fails, and once Triton is back each is decided
+    once, with the text model."""
     triton = private_triton(pipeline_settings, model_build, tmp_path)
-    settings = dataclasses.replace(pipeline_settings, triton_url=triton.grpc_url, text_model_outage_policy="wait")
+    settings = dataclasses.replace(pipeline_settings, triton_url=triton.grpc_url, text_model_outage_policy="wait",
+                                   transaction_timeout_ms=6_000, checkpoint_model_wait_ms=500)
     stack = LocalStack(settings, workers=1).start()
     try:
         consumer = end_consumer(settings, stack.bootstrap, [stack.topics.decisions])
@@ -37,32 +43,59 @@ def test_worker_waits_out_a_triton_outage_stops_on_sigterm_and_loses_nothing(pip
 
         triton.process.kill()  # SIGKILL, as the issue's user did
         triton.stop()
+        out_at = time.monotonic()
         during = produce_posts(settings, 30, "outage", model_build.heldout())
         log = stack.workers[0].process.log_path
         deadline = time.monotonic() + 60
         while "triton request failed; retrying" not in log.read_text(errors="replace"):
             assert time.monotonic() < deadline, "the worker never tried Triton for the new posts"
             time.sleep(0.5)
-        assert not collect_decisions(consumer, set(during), 3), "decided without the text model while it waits"
+        # the posts wait as state, not in an open transaction: their input offsets are committed
+        deadline = time.monotonic() + 30
+        while stack.group_lag() != 0:
+            assert time.monotonic() < deadline, f"input still uncommitted during the outage: lag {stack.group_lag()}"
+            time.sleep(0.5)
+        assert stack.scrape().get("modpipe_posts_carried_total", 0) >= len(during)
+
+        # a worker joins during the outage: the rebalance (the revocation's checkpoints) waits for no Triton
+        joined_at = time.monotonic()
+        stack.start_worker(1)
+        wanted = len(stack.topics.inputs()) * settings.partitions
+        deadline = time.monotonic() + 60
+        while not (stack.assigned_partitions() == wanted and
+                   stack.scrape_worker(stack.workers[1]).get("modpipe_assigned_partitions{topic=posts}", 0) > 0):
+            assert time.monotonic() < deadline, "the group did not finish its rebalance during the outage"
+            time.sleep(0.2)
+        print(f"rebalance during the outage: every partition assigned {time.monotonic() - joined_at:.1f} s after "
+              "the second worker started")
+
+        while time.monotonic() < out_at + 3 * settings.transaction_timeout_ms / 1000:
+            time.sleep(0.5)
+        assert not collect_decisions(consumer, set(during), 2), "decided without the text model while it waits"
+        for w in stack.workers:
+            assert w.process.alive(), f"{w.name} exited during the outage:\n{w.process.tail(30)}"
+            assert "worker stops after a failure" not in w.process.log_path.read_text(errors="replace"), w.name
 
         t0 = time.monotonic()
-        rc = stack.workers[0].process.stop(timeout=30)  # SIGTERM, SIGKILL only after 30 s
+        rc = stack.workers[0].stop(timeout=30)  # SIGTERM, SIGKILL only after 30 s
         stopped_in = time.monotonic() - t0
         print(f"worker stopped {stopped_in:.1f} s after SIGTERM")
         assert stopped_in < 20, f"the worker took {stopped_in:.1f} s to stop on SIGTERM while retrying Triton"
         assert rc == 143, f"exit code {rc} on SIGTERM (a clean stop: 128 + 15); log:\n{stack.workers[0].process.tail(30)}"
 
         triton.start(timeout=180)  # the same ports: the worker's TRITON_URL is unchanged
-        stack.start_worker(0)
+        back_at = time.monotonic()
         got = collect_decisions(consumer, set(during), 180)
+        print(f"every post of the outage decided {time.monotonic() - back_at:.1f} s after Triton was ready again")
         consumer.close()
         assert set(got) == set(during), f"{len(set(during) - set(got))} posts lost across the outage"
-        # Exactly once: the stopped worker committed nothing for the posts it could not decide, so its
-        # successor decides each of them once, with the text model (a read_committed reader sees one record).
+        # Exactly once: each carried post is decided by whichever worker holds its partition when Triton answers
+        # (a read_committed reader sees one record), with the text model.
         for pid, decisions in got.items():
             assert len(decisions) == 1, f"{pid} decided {len(decisions)} times: {[r['revision'] for _, r in decisions]}"
             record = decisions[0][1]
             assert record["revision"] == 1 and record["degraded"] is False
+        assert stack.workers[1].process.alive()
     finally:
         stack.stop()
         triton.stop()

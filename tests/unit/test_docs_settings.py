@@ -1,6 +1,6 @@
 """The pages agree with the settings: every setting a page names is declared in modpipe/settings.py (the
 configuration reference is generated from it: test_configdoc.py), and what deploy/README.md says the workers'
-transaction timeout is, is what the worker computes."""
+transaction timeout is, is what the worker uses."""
 
 from __future__ import annotations
 
@@ -29,10 +29,9 @@ def test_every_setting_a_page_names_is_declared(page):
 
 def test_deploy_readme_gives_the_transaction_timeout_the_worker_computes():
     text = " ".join((ROOT / "deploy" / "README.md").read_text().split())
-    m = re.search(r"\((\d+) s with the defaults; (\d+) s under `MODPIPE_TEXT_MODEL_OUTAGE_POLICY=wait`; (\d+) s with "
-                  r"`MODPIPE_TEXT_MODEL=off`\)", text)
+    m = re.search(r"\((\d+) s with the defaults, whatever the text-model settings", text)
     assert m, "deploy/README.md no longer states the workers' transaction timeout"
-    defaults, wait, off = (float(g) for g in m.groups())
-    assert transaction_timeout_s(Settings.from_env({})) == defaults
-    assert transaction_timeout_s(Settings.from_env({"MODPIPE_TEXT_MODEL_OUTAGE_POLICY": "wait"})) == wait
-    assert transaction_timeout_s(Settings.from_env({"MODPIPE_TEXT_MODEL": "off"})) == off
+    defaults = float(m.group(1))
+    for env in ({}, {"MODPIPE_TEXT_MODEL_OUTAGE_POLICY": "wait"}, {"MODPIPE_TEXT_MODEL": "off"},
+                {"MODPIPE_TEXT_MODEL_OUTAGE_S": "600"}):
+        assert transaction_timeout_s(Settings.from_env(env)) == defaults, env

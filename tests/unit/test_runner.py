@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+import pytest
 from modpipe.streams import metrics
 from modpipe.streams.kafka.records import TP, Record
 from modpipe.streams.runtime import runner as runner_module
@@ -43,7 +44,9 @@ class FakeWiring:
         self.batcher = FakeBatcher()
         self.checkpoint_full = None  # the open checkpoint's decoded states within their share
         self.room = asyncio.Event()  # set by the test: the checkpoint wrote the states
-        self.pipe = SimpleNamespace(tables={"user": FakeTable("user"), "url": FakeTable("url")})
+        self.pipe = SimpleNamespace(tables={t: FakeTable(t) for t in ("user", "url", "domain", "ip", "post")},
+                                    awaiting_model=FakeTable("awaiting-model"))
+        self.restored_posts: list[list[int]] = []  # post-stage partitions whose carried posts were handed over
         self.crashes: list[Exception] = []
         self.revocations = 0
         self.open_epoch = 0
@@ -52,8 +55,13 @@ class FakeWiring:
     def crash(self, exc):
         self.crashes.append(exc)
 
-    def revoked(self):
+    def revoked(self, partitions=None):
         self.revocations += 1
+        return 0
+
+    def decide_restored(self, partitions):
+        self.restored_posts.append(sorted(partitions))
+        return 0
 
     async def idle(self, epoch=None):
         pass
@@ -427,19 +435,24 @@ def test_the_assigned_partitions_gauge_drops_at_a_revocation_and_counts_only_res
     assert during_restores == [0, 0]
 
 
-def test_a_transaction_outlasts_the_checkpoints_longest_wait_for_triton():
-    """Apache Kafka aborts a transaction open past transaction.timeout.ms; a checkpoint waits inside it for a
-    Triton request (MODPIPE_TRITON_TIMEOUT_S) and then an outage (MODPIPE_TEXT_MODEL_OUTAGE_S)."""
-    from modpipe.streams.worker import TRANSACTION_TIMEOUT_MAX_S, transaction_timeout_s
+def test_the_transaction_timeout_is_short_and_independent_of_triton():
+    """No checkpoint holds its transaction open for Triton (posts still at Triton are carried as state), so
+    transaction.timeout.ms stays at most 30 s by default whatever the Triton and outage limits, and a setting that
+    would not leave a checkpoint time to commit is refused."""
+    from modpipe.streams.worker import transaction_timeout_s
+
+    from modpipe.settings import SettingsError
 
     default = Settings.from_env({})
-    assert transaction_timeout_s(default) >= default.triton_timeout_s + default.text_model_outage_s + 30
-    long_outage = Settings.from_env({"MODPIPE_TEXT_MODEL_OUTAGE_S": "600"})
-    assert transaction_timeout_s(long_outage) >= 630
-    assert transaction_timeout_s(Settings.from_env({"MODPIPE_TEXT_MODEL_OUTAGE_S": "5000"})) == TRANSACTION_TIMEOUT_MAX_S
-    assert transaction_timeout_s(Settings.from_env({"MODPIPE_TEXT_MODEL_OUTAGE_POLICY": "wait"})) == \
-        TRANSACTION_TIMEOUT_MAX_S
-    assert transaction_timeout_s(Settings.from_env({"MODPIPE_TEXT_MODEL": "off"})) == 60.0
+    assert transaction_timeout_s(default) <= 30
+    assert transaction_timeout_s(default) >= 2 * (default.commit_interval_ms + default.checkpoint_model_wait_ms) / 1000
+    for env in ({"MODPIPE_TEXT_MODEL_OUTAGE_S": "5000"}, {"MODPIPE_TEXT_MODEL_OUTAGE_POLICY": "wait"},
+                {"MODPIPE_TRITON_TIMEOUT_S": "300"}):
+        assert transaction_timeout_s(Settings.from_env(env)) == transaction_timeout_s(default), env
+    for env in ({"MODPIPE_TRANSACTION_TIMEOUT_MS": "3000"}, {"MODPIPE_TRANSACTION_TIMEOUT_MS": "1000000"},
+                {"MODPIPE_CHECKPOINT_MODEL_WAIT_MS": "20000"}):
+        with pytest.raises(SettingsError):
+            Settings.from_env(env)
 
 
 def test_an_assignment_restores_each_table_to_the_end_committed_with_its_stage_partition(monkeypatch):

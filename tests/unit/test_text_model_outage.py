@@ -146,7 +146,9 @@ def test_an_outage_batch_is_decided_degraded_and_kept_for_a_redecision(policy):
     client.down = False
     outbox.records.clear()
     pending = Pending()
-    items = asyncio.run(publisher.decide_awaiting_text(s, ThresholdDecider(), list(kept.values()), pending))
+    records = list(kept.values())
+    probabilities = asyncio.run(s.spam_probabilities([r["post"]["text"] for r in records]))
+    items = publisher.decide_awaiting_text(ThresholdDecider(), records, probabilities, pending)
     again = {r["post_id"]: r for topic, _, r in outbox.records if topic == topics.decisions}
     assert set(again) == {"p1", "p2"}
     for d in again.values():
