@@ -248,6 +248,10 @@ def test_a_worker_killed_mid_stream_restores_from_its_stores_and_the_tail(local_
     # each stage partition's committed offset carries its tables' changelog ends: the offset after the last record
     # of each table partition its stores hold (streams/state/ends.py)
     committed = committed_ends(settings, stack)
+    # the posts carried past their checkpoint (streams/moderation/carried.py) are kept in memory, not in the stores
+    carried = {key: end for key, end in committed.items() if key[0] == "awaiting-model"}
+    assert len(carried) == settings.partitions
+    committed = {key: end for key, end in committed.items() if key not in carried}
     assert len(committed) >= settings.partitions  # every partition a checkpoint wrote, at the least
     assert committed == {key: end for key, end in store_ends(settings, "worker-0").items() if key in committed}
 
