@@ -63,6 +63,7 @@ from modpipe import log
 
 _log = log.get(__name__)
 
+WAITING_REPORT_S = 15.0  # a checkpoint that waits this long for its rounds' deliveries says what it waits for
 EXPIRY_CHECK_S = 1.0  # how often a quiet worker looks for table keys past their retention
 
 
@@ -113,6 +114,7 @@ class Epochs:
         self.open_epoch = 0
         self._open: dict[int, int] = {}  # epoch -> rounds not complete
         self._idle: dict[int, asyncio.Event] = {}  # epoch -> set when its last round completes
+        self._live: dict[int, set[Pending]] = {}  # epoch -> its rounds not complete (said when a checkpoint waits)
 
     @property
     def open_rounds(self) -> int:
@@ -123,19 +125,35 @@ class Epochs:
         closed, self.open_epoch = self.open_epoch, self.open_epoch + 1
         return closed
 
-    def opened(self, on_error: Callable[[Exception], None], epoch: int | None = None) -> Pending:
+    def opened(self, on_error: Callable[[Exception], None], epoch: int | None = None, what: str = "round") -> Pending:
         """A round (or a checkpoint's writes) of `epoch` (default: the open one) starts."""
         epoch = self.open_epoch if epoch is None else epoch
         self._open[epoch] = self._open.get(epoch, 0) + 1
         if epoch not in self._idle:
             self._idle[epoch] = asyncio.Event()
-        return Pending(on_error=on_error, on_done=lambda: self._completed(epoch), epoch=epoch)
+        pending = Pending(on_error=on_error, epoch=epoch, what=what)
+        pending.on_done = lambda: self._completed(epoch, pending)
+        self._live.setdefault(epoch, set()).add(pending)
+        return pending
 
-    def _completed(self, epoch: int) -> None:
+    def _completed(self, epoch: int, pending: Pending) -> None:
+        live = self._live.get(epoch)
+        if live is None or pending not in live:  # a bug: reported, never counted twice
+            _log.error("a round completed twice", extra={"epoch": epoch, "what": pending.what})
+            return
+        live.discard(pending)
         self._open[epoch] -= 1
         if self._open[epoch] == 0:
             del self._open[epoch]
+            del self._live[epoch]
             self._idle.pop(epoch).set()
+
+    def waiting_for(self, epoch: int) -> dict[str, int]:
+        """What `epoch`'s rounds not complete yet are, and how many things each kind still waits for."""
+        out: dict[str, int] = {}
+        for pending in self._live.get(epoch, ()):
+            out[pending.what] = out.get(pending.what, 0) + pending.holds
+        return out
 
     async def idle(self, epoch: int | None = None) -> None:
         """Until every round of `epoch` (default: of every epoch) opened so far is complete."""
@@ -266,7 +284,9 @@ class Checkpointer:
                 self.wiring.flush_states(epoch)                              # 2
                 if not await self._idle(epoch, self.model_wait_s):           # 3
                     self.wiring.carry(epoch)  # what still waits for the text model becomes state
-                    await self._idle(epoch)  # the records' deliveries only
+                    while not await self._idle(epoch, WAITING_REPORT_S):  # the records' deliveries only
+                        _log.warning("checkpoint still waiting for its rounds", extra={
+                            "epoch": epoch, "waiting_for": self.wiring.epochs.waiting_for(epoch)})
                 self.check_not_frozen()                                      # 4
                 offsets = self.runner.take_offsets(epoch)
                 ends = self.runner.offset_metadata(offsets)

@@ -67,14 +67,15 @@ class Pending:
     must be matched by a delivery or a `release()`; `seal()` releases the creator's own hold once it has
     produced everything it will. `on_done` runs when nothing is left; `on_error` on a failed delivery."""
 
-    __slots__ = ("holds", "on_error", "on_done", "epoch")
+    __slots__ = ("holds", "on_error", "on_done", "epoch", "what")
 
     def __init__(self, on_error: Callable[[Exception], None] | None = None,
-                 on_done: Callable[[], None] | None = None, epoch: int | None = None):
+                 on_done: Callable[[], None] | None = None, epoch: int | None = None, what: str = ""):
         self.holds = 1
         self.on_error = on_error
         self.on_done = on_done
         self.epoch = epoch  # the checkpoint epoch its records belong to (None: the open transaction's)
+        self.what = what  # what it is (a round of a topic, the checkpoint's writes): said when a checkpoint waits long
 
     def hold(self, n: int = 1) -> None:
         self.holds += n

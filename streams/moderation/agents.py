@@ -174,8 +174,8 @@ class Wiring:
     def switch(self) -> int:
         return self.epochs.switch()
 
-    def _opened(self, epoch: int | None = None) -> Pending:
-        return self.epochs.opened(self.crash, epoch)
+    def _opened(self, epoch: int | None = None, what: str = "round") -> Pending:
+        return self.epochs.opened(self.crash, epoch, what)
 
     async def idle(self, epoch: int | None = None) -> None:
         """Until every round of `epoch` (default: of every epoch) opened so far is complete (its outputs
@@ -184,7 +184,7 @@ class Wiring:
 
     def _carried_round(self) -> Pending:
         """The decisions of carried posts made now: a round of the open epoch, like a batch of input."""
-        pending = self._opened()
+        pending = self._opened(what="carried decisions")
         self.on_round()
         return pending
 
@@ -192,7 +192,7 @@ class Wiring:
         """Checkpoint step 3: `epoch`'s posts whose decision is not made yet are written as state into its
         transaction, and their rounds complete without them. Returns how many."""
         posts = self.batcher.undecided(epoch)
-        pending = self._opened(epoch)
+        pending = self._opened(epoch, "carried posts")
         self.batcher.carry(posts, lambda post: self.carried.carry(post, pending))
         pending.seal()
         return len(posts)
@@ -206,7 +206,7 @@ class Wiring:
         return len(posts)
 
     def new_round(self, events=()) -> Round:
-        pending = self._opened()
+        pending = self._opened(what=f"round of {events[0].message.topic}" if events else "round")
         return Round(pending, self.bundler(pending), list(events))
 
     def bundler(self, pending: Pending) -> Bundler:
@@ -293,7 +293,7 @@ class Wiring:
         one record per checkpoint, not one per round). Called as the epoch closes: the tables hold exactly its
         rounds' changes then (a round changes them synchronously as it starts; verdicts come back through the
         stage topics). The returned group completes when they are delivered."""
-        pending = self._opened(epoch)
+        pending = self._opened(epoch, "table states")
         for stage in self.stages.values():
             for table, n in stage.flush(pending).items():
                 if n:
@@ -445,7 +445,7 @@ def make_handlers(w: Wiring, settings: Settings, scorer: TextScorer, decider: De
             raise schema.InvalidMessage("not a post awaiting the text model (post.text, features)")
         return record
 
-    async def awaiting_text(events, done: Callable[[], None]) -> bool:
+    async def awaiting_text(events, done: Callable[[], None], still_ours: Callable[[], bool] = lambda: True) -> bool:
         # These posts have a (degraded) decision already: while Triton stays unavailable they wait in their
         # topic, uncommitted, and are read again later. Each try is one request: the probe that ends the
         # outage when no new post asks Triton anything. Triton is asked before the round opens, so no checkpoint
@@ -460,6 +460,8 @@ def make_handlers(w: Wiring, settings: Settings, scorer: TextScorer, decider: De
             probabilities = await scorer.spam_probabilities(texts)
         except TextModelUnavailable:
             return False
+        if not still_ours():  # their partitions were revoked while Triton answered: their next owner decides them
+            return True
         r = w.new_round(events)
         records = [record for _, record in w.decoded(r, awaiting_record)]
         if records:

@@ -304,6 +304,9 @@ class DecisionBatcher:
                 probabilities, degraded = [float("nan")] * len(scored), set(scored)
                 _log.warning("deciding without the text model", extra={"posts": len(scored), "error": str(exc)[:300],
                                                                          "policy": self.outage_policy})
+            # decided from here on, in this step: no checkpoint may carry these posts now (their decisions are
+            # about to be produced), though the task's done callback comes later
+            self._at_triton.pop(asyncio.current_task(), None)
             text_p = {i: None if p != p else float(p)  # NaN: the text model is switched off
                       for i, p in zip(scored, probabilities, strict=True)}
             features_list = [features_for(p.features, text_p.get(i)) for i, p in enumerate(batch)]

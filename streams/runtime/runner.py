@@ -255,7 +255,8 @@ class Runner:
                 # the handler asks Triton first, then opens its round and reports the chunk done as it publishes
                 # the decisions, before it yields to the loop again: the chunk's offsets go into the epoch open
                 # then, with those decisions, and no checkpoint waits for Triton meanwhile.
-                if await handler(chunk, lambda chunk=chunk: self._awaiting_done(chunk)):
+                if await handler(chunk, lambda chunk=chunk: self._awaiting_done(chunk),
+                                 lambda generation=generation: self._generation == generation):
                     continue
                 if self._generation == generation:
                     self._read_again(records[i:])

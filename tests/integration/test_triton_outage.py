@@ -60,8 +60,9 @@ def test_a_triton_outage_holds_no_transaction_restarts_nothing_and_loses_nothing
             time.sleep(0.5)
         assert stack.scrape().get("modpipe_posts_carried_total", 0) >= len(during)
 
-        # a worker joins during the outage (its warm-up gives Triton MODPIPE_WARMUP_TIMEOUT_S first): the
+        # a worker joins during the outage (its warm-up gives Triton MODPIPE_WARM_UP_TIMEOUT_S first): the
         # rebalance, the revocation's checkpoints included, waits for no Triton
+        stack.extra_env["MODPIPE_WARM_UP_TIMEOUT_S"] = "3"
         stack.start_worker(1)
         wanted = len(stack.topics.inputs()) * settings.partitions
         deadline = time.monotonic() + 120

@@ -198,3 +198,38 @@ def test_a_post_decided_before_its_checkpoint_gave_up_waiting_is_not_carried():
     asyncio.run(run())
     assert not outbox.of(topics.awaiting_model) and not opened
     assert outbox.of(topics.decisions)[0][4] == 2
+
+
+def test_a_post_is_no_longer_undecided_once_triton_answered_though_its_batch_task_has_not_ended():
+    """A checkpoint that gives up waiting at the moment a batch's decisions are produced must not carry those
+    posts too: their records would be decided again by the partition's next owner, and their rounds released
+    twice."""
+    batcher, client, outbox, store, topics, _ = make([3])
+    source = Pending(epoch=3)
+    posts = [ready_post(1), ready_post(2)]
+    for post in posts:
+        post.source = source
+        source.hold()
+    source.seal()
+    seen: list[list] = []
+    produce = outbox.produce
+
+    def produce_and_look(topic, value, **kwargs):
+        if topic == topics.decisions:
+            seen.append(batcher.undecided(3))  # what a checkpoint would carry at this moment
+        produce(topic, value, **kwargs)
+
+    outbox.produce = produce_and_look
+
+    async def run():
+        batcher.submit(posts)
+        while client.requests == 0:
+            await asyncio.sleep(0.01)
+        assert batcher.undecided(3) == posts
+        client.answer.set()
+        while len(outbox.of(topics.decisions)) < 2:
+            await asyncio.sleep(0.01)
+        await batcher.close()
+
+    asyncio.run(run())
+    assert seen == [[], []]

@@ -278,7 +278,7 @@ def test_awaiting_posts_are_read_again_while_the_text_model_is_out(monkeypatch):
     answers = [False, True]
     seen: list[list[int]] = []
 
-    async def awaiting(rs, done):
+    async def awaiting(rs, done, still_ours=lambda: True):
         seen.append([x.offset for x in rs])
         ok = answers.pop(0)
         if ok:
@@ -307,7 +307,7 @@ def test_awaiting_posts_are_read_again_while_the_text_model_is_out(monkeypatch):
 def test_a_seek_back_loses_no_queued_awaiting_records_of_other_partitions(monkeypatch):
     monkeypatch.setattr(runner_module, "AWAITING_TEXT_RETRY_S", 0)
 
-    async def awaiting(rs, done):
+    async def awaiting(rs, done, still_ours=lambda: True):
         return False  # the text model is out
 
     async def scenario():
@@ -328,7 +328,7 @@ def test_no_awaiting_record_of_a_revoked_partition_is_handled_after_the_revocati
     handled: list[int] = []
     first_chunk_in_flight = None
 
-    async def awaiting(rs, done):
+    async def awaiting(rs, done, still_ours=lambda: True):
         handled.append(rs[0].offset)
         if len(handled) == 1:
             await first_chunk_in_flight.wait()  # waiting for Triton when the group takes the partition away
