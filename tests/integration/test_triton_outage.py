@@ -11,7 +11,6 @@ import time
 from datetime import datetime
 
 import orjson
-
 import pytest
 from modpipe.loadgen.smoke import end_consumer
 from modpipe.streams.local.stack import LocalStack
