@@ -83,21 +83,31 @@ def make(open_epoch: list[int]):
     return batcher, client, outbox, store, topics, opened
 
 
-def test_a_post_at_triton_is_carried_as_state_and_decided_later_in_the_epoch_open_then():
-    open_epoch = [4]
-    batcher, client, outbox, store, topics, opened = make(open_epoch)
-    done: list[int] = []
-    source = Pending(on_done=lambda: done.append(4), epoch=4)
-    posts = [ready_post(1), ready_post(2)]
+def one_round(posts, epoch: int, on_done=None) -> Pending:
+    """The round the posts became ready in: it waits for their decisions only."""
+    source = Pending(on_done=on_done, epoch=epoch)
     for post in posts:
         post.source = source
         source.hold()
     source.seal()
+    return source
+
+
+async def until_at_triton(batcher, client, posts) -> None:
+    batcher.submit(posts)
+    while client.requests == 0:
+        await asyncio.sleep(0.01)
+
+
+def test_a_post_at_triton_is_carried_as_state_and_decided_later_in_the_epoch_open_then():
+    open_epoch = [4]
+    batcher, client, outbox, store, topics, opened = make(open_epoch)
+    done: list[int] = []
+    posts = [ready_post(1), ready_post(2)]
+    one_round(posts, 4, on_done=lambda: done.append(4))
 
     async def run():
-        batcher.submit(posts)
-        while client.requests == 0:
-            await asyncio.sleep(0.01)
+        await until_at_triton(batcher, client, posts)
         assert batcher.undecided(4) == posts and batcher.undecided(5) == []
         checkpoint = Pending(epoch=4)
         batcher.carry(batcher.undecided(4), lambda post: store.carry(post, checkpoint))
@@ -128,16 +138,10 @@ def test_the_next_owner_decides_the_restored_posts_and_the_old_one_publishes_not
     open_epoch = [1]
     batcher, client, outbox, store, topics, _ = make(open_epoch)
     posts = [ready_post(i) for i in range(1, 6)]
-    source = Pending(epoch=1)
-    for post in posts:
-        post.source = source
-        source.hold()
-    source.seal()
+    one_round(posts, 1)
 
     async def old_owner():
-        batcher.submit(posts)
-        while client.requests == 0:
-            await asyncio.sleep(0.01)
+        await until_at_triton(batcher, client, posts)
         checkpoint = Pending(epoch=1)
         batcher.carry(batcher.undecided(1), lambda post: store.carry(post, checkpoint))
         # the revocation: its partitions go to another worker, the batch still at Triton
@@ -181,11 +185,8 @@ def test_the_next_owner_decides_the_restored_posts_and_the_old_one_publishes_not
 
 def test_a_post_decided_before_its_checkpoint_gave_up_waiting_is_not_carried():
     batcher, client, outbox, store, topics, opened = make([2])
-    source = Pending(epoch=2)
     post = ready_post(1)
-    post.source = source
-    source.hold()
-    source.seal()
+    one_round([post], 2)
 
     async def run():
         client.answer.set()
@@ -205,12 +206,8 @@ def test_a_post_is_no_longer_undecided_once_triton_answered_though_its_batch_tas
     posts too: their records would be decided again by the partition's next owner, and their rounds released
     twice."""
     batcher, client, outbox, store, topics, _ = make([3])
-    source = Pending(epoch=3)
     posts = [ready_post(1), ready_post(2)]
-    for post in posts:
-        post.source = source
-        source.hold()
-    source.seal()
+    one_round(posts, 3)
     seen: list[list] = []
     produce = outbox.produce
 
@@ -222,9 +219,7 @@ def test_a_post_is_no_longer_undecided_once_triton_answered_though_its_batch_tas
     outbox.produce = produce_and_look
 
     async def run():
-        batcher.submit(posts)
-        while client.requests == 0:
-            await asyncio.sleep(0.01)
+        await until_at_triton(batcher, client, posts)
         assert batcher.undecided(3) == posts
         client.answer.set()
         while len(outbox.of(topics.decisions)) < 2:
