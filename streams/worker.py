@@ -75,9 +75,10 @@ def make_shadow(settings: Settings, text_model_version: str):
 
 def transaction_timeout_s(settings: Settings) -> float:
     """transaction.timeout.ms of the worker's producer (MODPIPE_TRANSACTION_TIMEOUT_MS). A checkpoint's transaction
-    never waits for Triton (posts still at Triton are carried as state, streams/moderation/carried.py), so it is
-    short whatever the text model does: a dead worker's open transaction holds read_committed readers at most
-    this long (its restart fences it sooner, streams/checkpointing/incarnations.py)."""
+    never waits for Triton (posts still at Triton are carried as state, streams/moderation/carried.py), so it does
+    not depend on the text model's settings: a dead worker's open transaction holds read_committed readers at most
+    this long (its restart fences it sooner, streams/checkpointing/incarnations.py). 120 s by default: 30 s is not
+    safe yet under broker kills (docs/faults.md, Triton out)."""
     return settings.transaction_timeout_ms / 1000
 
 

@@ -6,9 +6,9 @@ MODPIPE_CHECKPOINT_MODEL_WAIT_MS. A post still at Triton (or queued for it) then
 checkpoint's transaction, beside the post table's state that marks its id as seen and the input offsets that
 brought it, and its round counts as complete. When its decision is made, later, the decision, its feedback and a
 tombstone of the carried record go into the transaction open then, as a round of that epoch. So no Kafka
-transaction is held open while Triton answers: a Triton outage of any length costs no transaction, no restart and
-no `transaction.timeout.ms` longer than a checkpoint's own work (Flink's async I/O snapshots the requests in flight
-the same way).
+transaction is held open while Triton answers: a Triton outage of any length costs no transaction and no restart,
+and `transaction.timeout.ms` need not cover Triton's waits (Flink's async I/O snapshots the requests in flight the
+same way).
 
 The table is partitioned like the post stage (key post_id): its partition p lives with post-stage partition p, its
 changelog end goes into that partition's offset-commit metadata (streams/state/ends.py), and the partition's next
