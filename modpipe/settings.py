@@ -234,8 +234,8 @@ SETTINGS_SPEC: dict[str, Spec] = {
                            "A worker the group has not answered (no assignment, not even an empty one) for this "
                            "long after it joined or gave its partitions up closes its consumer and joins again "
                            "with a new one. `0`: never, only a warning every 30 s: Apache Kafka answers every join, "
-                           "holding it while another member finishes a rebalance callback (a table restore), and a "
-                           "rejoin then restarts the rebalance. The embedded broker has left joins unanswered: "
+                           "holding it while another member finishes a rebalance callback (a revocation's commit), and "
+                           "a rejoin then restarts the rebalance. The embedded broker has left joins unanswered: "
                            "whatever starts it gives its workers 20.", float),
     "producer_linger_ms": Spec("MODPIPE_PRODUCER_LINGER_MS", "1",
                                "librdkafka linger.ms of the worker's producer (decisions, stage bundles, dead "

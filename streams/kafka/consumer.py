@@ -63,9 +63,8 @@ _log = log.get(__name__)
 EMPTY_BACKOFF_S = 0.002
 EMPTY_BACKOFF_MAX_S = 0.025  # MODPIPE_FETCH_IDLE_PAUSE_MS's default
 IDLE_FETCH_WAIT_MAX_S = 0.2  # the longest fetch window of an idle consumer on long-polled fetches (idle_fetch_wait)
-# A rebalance callback may restore tables from their changelogs (streams/state/tables.py gives that 600 s) or commit
-# a checkpoint; past this the consumer fails and the worker restarts. max.poll.interval.ms (streams/moderation/app.py)
-# is longer, so the group does not drop a worker that is still restoring.
+# A rebalance callback may commit a checkpoint (a revocation); past this the consumer fails and the worker restarts.
+# Tables are restored off the callback (streams/runtime/runner.py), their partitions held back meanwhile.
 REBALANCE_CALLBACK_TIMEOUT_S = 660.0
 # After an assignment the consumer does not pause for this long: librdkafka first looks up each partition's
 # committed offset and starts its fetcher, and a partition paused before it started is not woken by a seek.
@@ -122,8 +121,9 @@ def idle_fetch_wait(empty_in_a_row: int, cap_s: float = IDLE_FETCH_WAIT_MAX_S) -
 
 
 class GroupConsumer:
-    """`on_assigned(tps)`, `on_revoked(tps)` and `on_lost(tps)` are coroutines run on the loop; the first two
-    may take their time (a table restore, a commit): the group waits for them."""
+    """`on_assigned(tps)`, `on_revoked(tps)` and `on_lost(tps)` are coroutines run on the loop; the group waits
+    for them (a revocation's commit). `on_assigned` returns the partitions to hold back (their tables are still
+    being restored): they are assigned paused and fetch nothing until `release(tps)`."""
 
     def __init__(self, conf: dict, topics: list[str], *,
                  on_assigned: Callable[[list[TP]], Coroutine], on_revoked: Callable[[list[TP]], Coroutine],
@@ -178,6 +178,8 @@ class GroupConsumer:
         self._revocations = 0
         self._assignments = 0
         self.dropped_after_revocation = 0  # records a fetch window returned from before a revocation
+        self._held: set[TP] = set()  # assigned, paused until released (poll thread)
+        self._paused = False  # every partition paused for back-pressure (poll thread)
 
     def start(self, loop: asyncio.AbstractEventLoop, deliver: Callable[[list[Record]], None]) -> GroupConsumer:
         self._loop, self._deliver = loop, deliver
@@ -203,6 +205,7 @@ class GroupConsumer:
         self.consumer = None  # an answer reaching the old one now (or later) is not acted on
         self._close_within(old, CLOSE_TIMEOUT_S, "group-consumer-close")
         self._commands.clear()  # seeks were for partitions the old consumer no longer has
+        self._held = set()
         self.consumer = self._subscribe()
         return self.consumer
 
@@ -239,8 +242,27 @@ class GroupConsumer:
                 self.stall_watch.sought(tp, offset, time.monotonic())
         self._commands.append(run)
 
+    def release(self, tps: list[TP]) -> None:
+        """Partitions held back at their assignment fetch from now on (on the poll thread). Called while that
+        assignment stands (its revocation waits for the restore that calls this): a release that reaches the poll
+        thread after a later assignment held the same partitions again is dropped."""
+        assignment = self._assignments
+
+        def run(c: Consumer) -> None:
+            if assignment != self._assignments:
+                return
+            released = [tp for tp in tps if tp in self._held]
+            self._held.difference_update(tps)
+            if self.stall_watch is not None:
+                self.stall_watch.added(released, self._committed, time.monotonic())
+            if not self._paused:
+                self._resume(c, [TopicPartition(tp.topic, tp.partition) for tp in released])
+        self._commands.append(run)
+
     def _resume(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         # at once, not at librdkafka's next wake-up; seeks only where needed (modpipe/services/fetching.py)
+        if self._held:
+            tps = [tp for tp in tps if TP(tp.topic, tp.partition) not in self._held]
         resume_now(consumer, tps, self._next, self._sought)
 
     def _report_lag(self, consumer: Consumer) -> None:
@@ -257,10 +279,10 @@ class GroupConsumer:
                 at = max(low, 0)
             metrics.CONSUMER_LAG.labels(tp.topic, str(tp.partition)).set(max(0, high - at))
 
-    def _call_on_loop(self, coro_fn, partitions) -> None:
+    def _call_on_loop(self, coro_fn, partitions):
         tps = [TP(p.topic, p.partition) for p in partitions]
         future = asyncio.run_coroutine_threadsafe(coro_fn(tps), self._loop)
-        future.result(REBALANCE_CALLBACK_TIMEOUT_S)
+        return future.result(REBALANCE_CALLBACK_TIMEOUT_S)
 
     def _assign_cb(self, consumer, partitions) -> None:
         # A resume seeks only partitions that delivered a record (or were sought) since this assignment: a
@@ -279,11 +301,15 @@ class GroupConsumer:
             return  # the worker is stopping: it takes no partitions on (librdkafka may still rejoin)
         self._committed = self._committed_offsets(consumer, partitions)  # raises when they cannot be read
         self._group_metadata = consumer.consumer_group_metadata()
-        self._call_on_loop(self.on_assigned, partitions)
-        if self.stall_watch is not None:  # from now: a restore inside the callback is not a stall
+        held = set(self._call_on_loop(self.on_assigned, partitions) or ())
+        if held:  # assigned paused, before any fetch: their tables are restored meanwhile, off this callback
+            consumer.assign(partitions)
+            consumer.pause([TopicPartition(tp.topic, tp.partition) for tp in held])
+        self._held = held
+        if self.stall_watch is not None:  # held partitions are watched once released
             self._watch_generation += 1
-            self.stall_watch.assigned([TP(p.topic, p.partition) for p in partitions], self._committed,
-                                      time.monotonic())
+            self.stall_watch.assigned([TP(p.topic, p.partition) for p in partitions
+                                       if TP(p.topic, p.partition) not in held], self._committed, time.monotonic())
 
     def _committed_offsets(self, consumer, partitions) -> dict[TP, int]:
         """The group's committed offsets at an assignment, with their metadata (`committed_at_assignment`: the
@@ -329,6 +355,7 @@ class GroupConsumer:
             return
         self._revocations += 1
         self._call_on_loop(self.on_revoked, partitions)
+        self._held = set()
         self._unassigned_since = time.monotonic()
         if self.stall_watch is not None:
             self._watch_generation += 1
@@ -339,6 +366,7 @@ class GroupConsumer:
             return
         self._revocations += 1
         self._call_on_loop(self.on_lost, partitions)
+        self._held = set()
         self._unassigned_since = time.monotonic()
         if self.stall_watch is not None:
             self._watch_generation += 1
@@ -365,6 +393,7 @@ class GroupConsumer:
                     if self.rejoin_after_s:
                         consumer = self._rejoin(consumer, waited)
                         empty, paused = 0, False
+                        self._paused = False
                     else:  # joining should take seconds
                         _log.warning("no assignment from the group yet", extra={"seconds": round(waited)})
                         self._unassigned_since = time.monotonic()
@@ -380,7 +409,7 @@ class GroupConsumer:
                         consumer.pause(assignment)
                     else:
                         self._resume(consumer, assignment)
-                    paused = busy
+                    paused = self._paused = busy
                 # a short wait lets the fetcher bring what the partitions have (they were just resumed); the
                 # window ends once each partition has answered
                 revocations, assignments = self._revocations, self._assignments
@@ -393,7 +422,8 @@ class GroupConsumer:
                 else:
                     assignment = consumer.assignment()
                     messages = fetch_window(consumer, self.batch_size, FETCH_WAIT_S,
-                                            expect=[(tp.topic, tp.partition) for tp in assignment])
+                                            expect=[(tp.topic, tp.partition) for tp in assignment
+                                                    if TP(tp.topic, tp.partition) not in self._held])
                 if self._revocations != revocations:
                     messages = self._without_revoked(consumer, messages, self._assignments != assignments)
                 records = []

@@ -31,6 +31,13 @@ class FetchWatch:
         self._moved_at = {tp: now for tp in tps}
         self.kicked = set()
 
+    def added(self, tps: Iterable[Hashable], committed: dict, now: float) -> None:
+        """Partitions held back at the assignment were released: watched from now, like the others."""
+        for tp in tps:
+            if committed.get(tp, -1) >= 0:
+                self.reached[tp] = committed[tp]
+            self._moved_at[tp] = now
+
     def revoked(self) -> None:
         self.reached, self._moved_at, self.kicked = {}, {}, set()
 

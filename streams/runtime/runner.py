@@ -9,7 +9,10 @@ epoch and commits them; they belong to the next epoch (streams/checkpointing/che
 Hand-over: when the group takes partitions away, the revocation waits here until the rounds in flight are
 complete and a checkpoint has committed them; records fetched but not started are dropped (their new owner
 reads them from the committed offset), and the tables of the partitions are forgotten. When partitions are
-given, their tables are restored from the changelogs before any of their records is handled. A worker that
+given, the assignment callback only reads their committed offsets and starts the restore: each partition number
+whose tables are restored from the changelogs is held back (every input topic's partition of that number,
+assigned paused) and released as soon as its tables are in (the numbers are restored side by side), while the
+others are worked on; so the group waits for no restore, and a revocation meanwhile calls the restore off. A worker that
 loses its partitions without a revocation (its session expired) stops without committing.
 """
 
@@ -17,7 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import functools
+import threading
+import time
 
 from modpipe.features import events as fe
 from modpipe.streams import metrics
@@ -36,7 +42,8 @@ _log = log.get(__name__)
 
 ROUND_MAX = 128  # records handled per round at most (a stage record is a bundle of many items)
 MAX_QUEUED_BATCHES = 8  # fetched batches waiting for their rounds before fetching pauses
-AWAITING_TEXT_RETRY_S = 1.0  # the text model is still out: read the awaiting posts again after this
+AWAITING_TEXT_RETRY_S = 1.0
+RESTORE_THREADS = 16  # partition numbers restored at once, each on its own thread with its own changelog reader  # the text model is still out: read the awaiting posts again after this
 
 
 class Runner:
@@ -86,6 +93,8 @@ class Runner:
         self._owned: set[TP] = set()  # input partitions assigned and restored (modpipe_assigned_partitions)
         self._last_committed: dict[TP, int] = {}  # per owned partition, its offset as last committed (-1001: none)
         self.committing_on_revoke = True  # False once the worker stops without committing (a crash)
+        self._restoring: asyncio.Task | None = None  # the assignment's restore (`_restore`), until it is done
+        self._restore_off = threading.Event()  # calls that restore off (read on the restore's thread)
 
     # -- the consumer's side
     def start(self) -> Runner:
@@ -282,6 +291,7 @@ class Runner:
     # -- rebalances (run on the loop; the consumer's thread waits for them)
     async def on_revoked(self, tps: list[TP]) -> None:
         _log.info("partitions revoked", extra={"partitions": len(tps)})
+        await self._call_restore_off()
         self._own(removed=tps)  # at once: the next assignment may restore for a while before it counts
         self._generation += 1  # the awaiting-text task drops what it holds of the old assignment
         self._batches.clear()  # fetched, not started: their next owner reads them again
@@ -304,39 +314,93 @@ class Runner:
             self._rewound.pop(tp, None)
             self._last_committed.pop(tp, None)
 
-    async def on_assigned(self, tps: list[TP]) -> None:
+    async def on_assigned(self, tps: list[TP]) -> list[TP]:
+        """Starts the restore of the stage partitions' tables and returns the partitions held back meanwhile:
+        every assigned partition whose number is a stage partition's (the consumer assigns them paused)."""
         by_stage: dict[str, list[int]] = {}
         for tp in tps:
             stage = self.stage_of_topic.get(tp.topic)
             if stage is not None:
                 by_stage.setdefault(stage, []).append(tp.partition)
-        loop = asyncio.get_running_loop()
         # with range assignment every stage gets the same partition numbers: one restore for all tables
         numbers = sorted({p for partitions in by_stage.values() for p in partitions})
         if any(sorted(p) != numbers for p in by_stage.values()):
             _log.warning("stage partitions are not co-assigned", extra={"stages": by_stage})
         stage_tables = [t for stage in by_stage for t in self.tables_of_stage[stage]]
         committed = self.consumer.committed_at_assignment()
-        assigned = set(tps)
-        self._last_committed.update({tp: offset for tp, (offset, _) in committed.items() if tp in assigned})
         ends = self._committed_ends(by_stage, committed)
+        held = [tp for tp in tps if tp.partition in numbers]
+        free = [tp for tp in tps if tp.partition not in numbers]
+        self._last_committed.update({tp: committed[tp][0] for tp in free if tp in committed})
+        self.wiring.assigned(free)
+        self._own(added=free)
         _log.info("partitions assigned; restoring tables", extra={"partitions": len(tps), "stage_partitions": numbers,
-                                                                 "committed_ends": len(ends)})
-        reached: dict[tuple[str, int], int] = {}
-        await loop.run_in_executor(None, functools.partial(
-            tables.restore, stage_tables, numbers, self.settings, self.bootstrap, ends=ends, reached=reached))
-        name_of = {t.changelog: t.name for t in stage_tables}
-        for (changelog, partition), end in reached.items():
-            self.wiring.changelog_ends.restored(name_of[changelog], partition, end)
-        self.wiring.assigned(tps)
-        self.wiring.decide_restored(by_stage.get(fe.STAGE_OF[fe.POST], ()))
-        self._own(added=tps)
+                                                                 "committed_ends": len(ends), "held": len(held)})
+        self._restore_off = threading.Event()
+        self._restoring = asyncio.get_running_loop().create_task(
+            self._restore(tps, held, by_stage, numbers, stage_tables, ends, committed, self._restore_off),
+            name="restore")
+        self._restoring.add_done_callback(self._task_done)
+        return held
+
+    async def _restore(self, tps: list[TP], held: list[TP], by_stage: dict[str, list[int]], numbers: list[int],
+                       stage_tables: list, ends: dict, committed: dict, off: threading.Event) -> None:
+        """Each partition number's tables restored on a thread of its own (one number waiting for a transaction
+        held open below its committed end holds back no other), installed on the loop as each is read, and its
+        partitions released."""
+        started = time.monotonic()
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(len(numbers), RESTORE_THREADS)),
+                                                     thread_name_prefix="restore")
+        try:
+            await asyncio.gather(*(self._restore_number(p, pool, held, by_stage, ends, committed, off)
+                                   for p in numbers))
+        finally:
+            pool.shutdown(wait=False)
+        if off.is_set():
+            return
         by_topic: dict[str, list[int]] = {}
         for tp in tps:
             by_topic.setdefault(tp.topic, []).append(tp.partition)
         _log.info("partitions assigned", extra={"partitions": len(tps),
                                                 "stage_partitions": {s: sorted(p) for s, p in by_stage.items()},
-                                                "topic_partitions": {t: sorted(p) for t, p in by_topic.items()}})
+                                                "topic_partitions": {t: sorted(p) for t, p in by_topic.items()},
+                                                "restore_seconds": round(time.monotonic() - started, 2)})
+
+    async def _restore_number(self, p: int, pool, held: list[TP], by_stage: dict[str, list[int]], ends: dict,
+                              committed: dict, off: threading.Event) -> None:
+        tables_of_p = [t for stage, partitions in by_stage.items() if p in partitions
+                       for t in self.tables_of_stage[stage]]
+        reached: dict[tuple[str, int], int] = {}
+        try:
+            await asyncio.get_running_loop().run_in_executor(pool, functools.partial(
+                tables.restore, tables_of_p, [p], self.settings, self.bootstrap, ends=ends, reached=reached,
+                install=False, cancelled=off.is_set))
+        except tables.RestoreCancelled:
+            return
+        if off.is_set():  # called off after the read: nothing installed
+            for t in tables_of_p:
+                t.restore_abandon(p)
+            return
+        for t in tables_of_p:
+            t.restore_end(p)
+        name_of = {t.changelog: t.name for t in tables_of_p}
+        for (changelog, partition), end in reached.items():
+            self.wiring.changelog_ends.restored(name_of[changelog], partition, end)
+        released = [tp for tp in held if tp.partition == p]
+        self._last_committed.update({tp: committed[tp][0] for tp in released if tp in committed})
+        self.wiring.owned = self.wiring.owned | {tp for tp in released if tp.topic in self.stage_of_topic}
+        self.wiring.observe_tables()
+        if p in by_stage.get(fe.STAGE_OF[fe.POST], ()):
+            self.wiring.decide_restored([p])
+        self._own(added=released)
+        self.consumer.release(released)
+
+    async def _call_restore_off(self) -> None:
+        """A restore still under way stops (its partitions are being taken away) before anything else goes."""
+        task, self._restoring = self._restoring, None
+        self._restore_off.set()
+        if task is not None and not task.done():
+            await asyncio.gather(task, return_exceptions=True)
 
     def _committed_ends(self, by_stage: dict[str, list[int]],
                         committed: dict[TP, tuple[int, str | None]]) -> dict[tuple[str, int], int]:
@@ -363,6 +427,7 @@ class Runner:
         return ends
 
     async def on_lost(self, tps: list[TP]) -> None:
+        await self._call_restore_off()
         self._own(removed=tps)
         self.committing_on_revoke = False
         self.wiring.crash(RuntimeError(f"{len(tps)} partitions lost (the group moved on without this worker)"))
@@ -386,6 +451,7 @@ class Runner:
         return ok
 
     async def _cancel_tasks(self) -> None:
+        await self._call_restore_off()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -202,6 +202,9 @@ class RocksTable:
         # a checkpoint's writes until its transaction commits: partition -> key -> (state, at ms) or None
         self._staged: dict[int, dict[bytes, tuple[bytes, int] | None]] = {}
         self._last: dict[int, tuple[int, bytes, bytes | None]] = {}  # partition -> its last delivered record
+        # a restore's partitions until `restore_end` installs them: it may read on another thread while the loop
+        # works on `partitions`, which it must not change meanwhile (expiry and the gauges iterate them)
+        self._opening: dict[int, PartitionStore] = {}
         self._restoring: dict[int, dict[bytes, tuple[bytes, int] | None]] = {}
         self._restored_to: dict[int, tuple[int, int]] = {}
 
@@ -304,14 +307,16 @@ class RocksTable:
     def restore_begin(self, partition: int) -> tuple[int, int] | None:
         """Open the partition's store; returns where its changelog is to be checked and read from: (offset of
         the last record the store holds, that record's check), or None: from the start."""
-        store = self.store(partition)
+        store = self.partitions.get(partition) or self._opening.get(partition) or \
+            PartitionStore(self.root / str(partition), self.resources)
+        self._opening[partition] = store
         self._restoring[partition] = {}
         self._restored_to.pop(partition, None)
         return None if store.offset is None else (store.offset, store.meta["check"])
 
     def restore_reset(self, partition: int) -> None:
         """The store is not a prefix of the changelog: empty it (the restore reads the changelog from the start)."""
-        self.partitions[partition].wipe()
+        self._opening[partition].wipe()
         self._restoring[partition] = {}
         self._restored_to.pop(partition, None)
 
@@ -321,18 +326,30 @@ class RocksTable:
         rows[key] = None if value is None else (value, at_ms)
         self._restored_to[partition] = (offset, record_check(key, value))
         if len(rows) >= RESTORE_CHUNK:
-            self._restore_flush(partition)
+            self.restore_flush(partition)
 
-    def _restore_flush(self, partition: int) -> None:
+    def restore_flush(self, partition: int) -> None:
+        """Write what was read and not written yet (the partition is read to its end, or a chunk is full)."""
         rows = self._restoring[partition]
         if rows:
             offset, check = self._restored_to[partition]
-            self.partitions[partition].write(rows, offset, check)
+            self._opening[partition].write(rows, offset, check)
             self._restoring[partition] = {}
 
     def restore_end(self, partition: int) -> None:
-        self._restore_flush(partition)
+        """Install the restored store (on the thread that uses the table)."""
+        self.restore_flush(partition)
         self._restoring.pop(partition, None)
+        self.partitions[partition] = self._opening.pop(partition)
+
+    def restore_abandon(self, partition: int) -> None:
+        """A restore called off: its store is closed, not installed (what it wrote is a prefix of the changelog,
+        checked like any store at the next restore)."""
+        self._restoring.pop(partition, None)
+        self._restored_to.pop(partition, None)
+        store = self._opening.pop(partition, None)
+        if store is not None and self.partitions.get(partition) is not store:
+            store.close()
 
 
 def make_tables(app_id: str, root: Path, cache_bytes: int, retention_ms: dict[str, int] | None = None,

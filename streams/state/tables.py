@@ -32,6 +32,7 @@ from __future__ import annotations
 import collections
 import time
 import zlib
+from collections.abc import Callable
 
 import orjson
 from confluent_kafka import (
@@ -50,6 +51,10 @@ from modpipe.services.offsets import watermarks
 from modpipe.settings import Settings
 
 _log = log.get(__name__)
+class RestoreCancelled(Exception):
+    """The restore was called off (its partitions were revoked while it read): nothing of it was installed."""
+
+
 RESTORE_PROGRESS_S = 15.0  # a restore still reading after this long says where it stands, and again after each
 
 
@@ -83,6 +88,7 @@ class Table:
         self.clock = clock
         self.partitions: dict[int, collections.OrderedDict[str, tuple[bytes, int]]] = {}
         self.size_bytes = 0  # encoded states held, all partitions
+        self._restoring: dict[int, collections.OrderedDict[str, tuple[bytes, int]]] = {}
 
     def get(self, key: str, partition: int) -> dict | None:
         row = self.partitions.get(partition, {}).get(key)
@@ -151,9 +157,10 @@ class Table:
     def close(self) -> None:
         pass
 
-    # -- restore: the whole changelog into a fresh partition, which replaces the old one at the end
+    # -- restore: the whole changelog into a fresh partition, which replaces the old one at the end. Every step but
+    # `restore_end` touches only the partition being restored, so a restore may read on another thread while the
+    # loop works on the installed partitions; `restore_end` installs it (on the thread that uses the table).
     def restore_begin(self, partition: int) -> None:
-        self._restoring = getattr(self, "_restoring", {})
         self._restoring[partition] = collections.OrderedDict()
         return None  # from the changelog's start
 
@@ -164,8 +171,15 @@ class Table:
         if value is not None:
             rows[k] = (value, at_ms)
 
+    def restore_flush(self, partition: int) -> None:
+        """The partition read to its end (nothing to write ahead: memory is installed whole)."""
+
     def restore_end(self, partition: int) -> None:
         self.replace(partition, self._restoring.pop(partition))
+
+    def restore_abandon(self, partition: int) -> None:
+        """A restore called off: what it read is dropped, nothing installed."""
+        self._restoring.pop(partition, None)
 
     def decoded(self) -> dict[int, dict[str, dict]]:
         """Every partition's states as dicts (tests, debugging)."""
@@ -199,7 +213,8 @@ def record_check(key: bytes, value: bytes | None) -> int:
 
 def restore(tables: list, partitions: list[int], settings: Settings, bootstrap: str,
             timeout_s: float = 600.0, ends: dict[tuple[str, int], int] | None = None,
-            reached: dict[tuple[str, int], int] | None = None) -> int:
+            reached: dict[tuple[str, int], int] | None = None, install: bool = True,
+            cancelled: Callable[[], bool] | None = None) -> int:
     """Bring the given partitions of `tables` level with what their changelogs hold (committed records only):
     an in-memory table reads its changelog from the start; a RocksDB table (streams/state/rocksdb.py) only what
     its store does not hold yet, once the record at the store's offset proved to be the one the store
@@ -210,10 +225,26 @@ def restore(tables: list, partitions: list[int], settings: Settings, bootstrap: 
     applied (no commit of offsets has taken them in yet), and a committed record below it that the broker does
     not hand out yet (a transaction still open below it, or its own markers not written yet) is waited for. A
     partition without one (its offsets were committed without ends, or never) is read to the end a read_committed
-    client is told when the restore starts: its last stable offset. `reached` gets the end each was read to."""
+    client is told when the restore starts: its last stable offset. `reached` gets the end each was read to.
+
+    `install=False`: the partitions are read (and a RocksDB store written) but not installed: the caller calls
+    each table's `restore_end(partition)` on the thread that uses the tables (the runner restores off its event
+    loop while other partitions are worked on). `cancelled()` true stops the read with RestoreCancelled, nothing
+    installed."""
     if not tables or not partitions:
         return 0
+    try:
+        return _restore(tables, partitions, settings, bootstrap, timeout_s, ends, reached, install, cancelled)
+    except BaseException:  # failed or called off: nothing half read stays behind
+        for t in tables:
+            for p in partitions:
+                t.restore_abandon(p)
+        raise
+
+
+def _restore(tables, partitions, settings, bootstrap, timeout_s, ends, reached, install, cancelled) -> int:
     started = time.monotonic()
+    deadline = started + timeout_s
     by_topic = {t.changelog: t for t in tables}
     # Each changelog partition is read from the start, or, behind a store, from the offset of the store's last
     # record: that record must come first (then the tail follows), else the store is not a prefix of the
@@ -236,7 +267,6 @@ def restore(tables: list, partitions: list[int], settings: Settings, bootstrap: 
     conf = {**settings.kafka_client_config(), "bootstrap.servers": bootstrap, "group.id": f"{settings.app_id}-restore",
             "enable.auto.commit": False, "isolation.level": "read_committed", "enable.partition.eof": True,
             "auto.offset.reset": "earliest", "fetch.wait.max.ms": 10}
-    deadline = started + timeout_s
     records = 0
     wrong: set[tuple[str, int]] = set()  # stores that are not a prefix of their changelog
 
@@ -256,7 +286,7 @@ def restore(tables: list, partitions: list[int], settings: Settings, bootstrap: 
         table.restore_apply(m.partition(), m.key(), m.value(), at_ms, m.offset())
         records += 1
         return False
-    read_to = _read(conf, starts, apply, deadline, fixed)
+    read_to = _read(conf, starts, apply, deadline, fixed, cancelled)
     # read to the end without finding the store's last record (aborted, at or beyond the committed end)
     wrong |= set(checking)
     if wrong:
@@ -266,9 +296,11 @@ def restore(tables: list, partitions: list[int], settings: Settings, bootstrap: 
                 "committed_end": fixed.get(tp)})
             by_topic[tp[0]].restore_reset(tp[1])
         checking.clear()
-        read_to.update(_read(conf, {tp: OFFSET_BEGINNING for tp in wrong}, apply, deadline, fixed))
+        read_to.update(_read(conf, {tp: OFFSET_BEGINNING for tp in wrong}, apply, deadline, fixed, cancelled))
     for topic, p in starts:
-        by_topic[topic].restore_end(p)
+        by_topic[topic].restore_flush(p)
+        if install:
+            by_topic[topic].restore_end(p)
     if reached is not None:
         reached.update(read_to)
     metrics.RESTORED_RECORDS.inc(records)
@@ -281,7 +313,8 @@ def restore(tables: list, partitions: list[int], settings: Settings, bootstrap: 
 
 
 def _read(conf: dict, starts: dict[tuple[str, int], int], on_message, deadline: float,
-          fixed: dict[tuple[str, int], int] | None = None) -> dict[tuple[str, int], int]:
+          fixed: dict[tuple[str, int], int] | None = None,
+          cancelled: Callable[[], bool] | None = None) -> dict[tuple[str, int], int]:
     """Read each changelog partition from its start to its end, committed records only; `on_message(m)`
     returns True when it wants no more of the record's partition. `fixed`: the partitions' committed ends (see
     `restore`); the others are read to the end asked when the read starts. Returns the end each was read to."""
@@ -312,6 +345,8 @@ def _read(conf: dict, starts: dict[tuple[str, int], int], on_message, deadline: 
             if ends[tp] <= 0 or 0 <= starts[tp] >= ends[tp]:
                 left.discard(tp)
         while left:
+            if cancelled is not None and cancelled():
+                raise RestoreCancelled(f"restore called off with {len(left)} changelog partitions left")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"changelogs not read to their end in time: {sorted(left)[:4]}")
             if time.monotonic() >= report_at:  # a restore that does not end must be visible, not silent

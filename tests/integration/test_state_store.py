@@ -83,9 +83,11 @@ def test_a_store_ahead_of_the_committed_changelog_is_restored_from_the_start(boo
     assert table.partitions[0].offset == 1 and table.keys() == 2
 
 
-def open_transaction(bootstrap: str, topic: str, rows: dict[str, int]) -> Producer:
-    """Changelog records in a transaction left open (a worker frozen or cut off mid-checkpoint: a zombie)."""
-    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"z-{uuid.uuid4().hex[:8]}"})
+def open_transaction(bootstrap: str, topic: str, rows: dict[str, int], timeout_ms: int = 60_000) -> Producer:
+    """Changelog records in a transaction left open (a worker frozen or cut off mid-checkpoint: a zombie), until
+    the caller ends it or `timeout_ms` passes."""
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"z-{uuid.uuid4().hex[:8]}",
+                         "transaction.timeout.ms": timeout_ms})
     producer.init_transactions(30)
     producer.begin_transaction()
     for key, n in rows.items():
@@ -282,3 +284,34 @@ def store_ends(settings: Settings, worker: str) -> dict[tuple[str, int], int]:
             out[(name, p)] = 0 if offset is None else offset + 1
         table.close()
     return out
+
+
+def test_a_partition_whose_restore_waits_holds_back_only_itself(local_stack, pipeline_settings, model_build):
+    """Tables are restored off the rebalance callback, a partition number at a time: while the restore of user
+    partition 0 waits for a zombie's transaction left open below its committed end, the worker decides the posts
+    whose every hop avoids partition 0 (restored inside the callback, none was decided until the zombie's
+    transaction ended), counts only the partitions whose tables are in, and once the zombie is gone decides the
+    rest, each post once."""
+    stack = local_stack(workers=0)
+    settings = stack.settings
+    changelog = tables_module.changelog_topic(settings.app_id, "user")
+    zombie = open_transaction(stack.bootstrap, changelog, {"ghost": 9}, timeout_ms=300_000)
+    checkpoint(stack.bootstrap, changelog, stack.topics.stages["user"], settings.app_id, {"held-user": 1}, offset=0)
+    consumer = end_consumer(settings, stack.bootstrap, [stack.topics.decisions])
+    try:
+        stack.start_worker(0)
+        wanted = len(stack.topics.inputs()) * settings.partitions
+        wait_for(lambda: stack.assigned_partitions() > 0, 120, "the partitions without a restore to wait for")
+        posts = set(produce_posts(settings, 80, "held", model_build.heldout()))
+        got = collect_decisions(consumer, posts, 30)
+        assigned = stack.assigned_partitions()
+        assert got, "no post decided while one partition's restore waited"
+        assert len(got) < len(posts), "every post decided: none of them touched partition 0"
+        assert assigned <= wanted - len(stack.topics.inputs()), "partition 0 counted before its tables were in"
+        zombie.abort_transaction(30)
+        rest = collect_decisions(consumer, posts - got.keys(), 120)
+        assert got.keys() | rest.keys() == posts
+        assert all(len(v) == 1 for v in [*got.values(), *rest.values()])
+        wait_for(lambda: stack.assigned_partitions() == wanted, 60, "every partition counted")
+    finally:
+        consumer.close()

@@ -132,6 +132,9 @@ class FakeConsumer:
     def consumer_group_metadata(self):
         return "group-metadata"
 
+    def assign(self, tps):
+        self.calls.append(("assign", tuple((tp.topic, tp.partition) for tp in tps)))
+
     def close(self):
         self.calls.append(("close",))
 
@@ -211,6 +214,80 @@ def test_records_and_rebalances_reach_the_loop(fake_consumer):
     assert records[0].tp == TP("posts", 0) and records[0].message is records[0]
     assert ("seek", "posts", 0, 3, "group-consumer") in fake.calls  # done on the poll thread
     assert fake.calls[-1] == ("close",) and gc.failure is None
+
+
+def test_partitions_held_at_their_assignment_are_assigned_paused_and_fetch_only_once_released(fake_consumer):
+    """Their tables are restored off the callback: they are assigned paused inside it (before librdkafka
+    fetches), no pause cycle or back-pressure resume wakes them, and `release` resumes them."""
+    def touched(calls, tp) -> list[str]:
+        return [c[0] for c in calls if c[0] in ("pause", "resume") and any(
+            (x.topic, x.partition) == tp for x in c[1])]
+
+    async def scenario():
+        async def on_assigned(tps):
+            return [tp for tp in tps if tp.partition == 1]
+
+        gc = GroupConsumer({}, ["posts", "features.user"], on_assigned=on_assigned, on_revoked=None, on_lost=None)
+        gc.start(asyncio.get_running_loop(), lambda records: None)
+        fake = fake_consumer[0]
+
+        def assign(c):
+            c.assigned = [PartitionStub(t, p) for t in ("posts", "features.user") for p in (0, 1)]
+            c.on_assign(c, c.assigned)
+
+        fake.script.append(assign)
+        await until(lambda: sum(c[0] == "resume" and any(x.partition == 0 for x in c[1]) for c in fake.calls) >= 3)
+        before = list(fake.calls)
+        gc.release([TP("posts", 1), TP("features.user", 1)])
+        await until(lambda: touched(fake.calls[len(before):], ("posts", 1))[-1:] == ["resume"])
+        await asyncio.get_running_loop().run_in_executor(None, gc.close)
+        return fake, before
+
+    fake, before = asyncio.run(scenario())
+    assign_at = next(i for i, c in enumerate(before) if c[0] == "assign")
+    assert sorted(before[assign_at][1]) == [("features.user", 0), ("features.user", 1), ("posts", 0), ("posts", 1)]
+    assert before[assign_at + 1][0] == "pause" and \
+        sorted((x.topic, x.partition) for x in before[assign_at + 1][1]) == [("features.user", 1), ("posts", 1)]
+    for tp in (("posts", 1), ("features.user", 1)):
+        assert "resume" not in touched(before, tp)  # the pause cycles of the others never woke it
+    assert "resume" in touched(before, ("posts", 0))
+
+
+def test_a_release_from_an_assignment_since_revoked_does_not_wake_the_next_assignments_held_partitions(
+        fake_consumer):
+    """The restore of the revoked assignment released its partitions just before the revocation; the command
+    reaches the poll thread after the next assignment held the same partitions again (their restore just started)."""
+    async def scenario():
+        async def on_assigned(tps):
+            return [tp for tp in tps if tp.partition == 1]
+
+        async def on_revoked(tps):
+            pass
+
+        gc = GroupConsumer({}, ["posts"], on_assigned=on_assigned, on_revoked=on_revoked, on_lost=on_revoked)
+        gc.start(asyncio.get_running_loop(), lambda records: None)
+        fake = fake_consumer[0]
+
+        def assign(c):
+            c.assigned = [PartitionStub("posts", 0), PartitionStub("posts", 1)]
+            c.on_assign(c, c.assigned)
+
+        def release_revoke_assign(c):
+            gc.release([TP("posts", 1)])  # the old restore, done just as its partitions go
+            c.on_revoke(c, c.assigned)
+            assign(c)
+            c.calls.append(("reassigned",))
+
+        fake.script.extend([assign, release_revoke_assign])
+        await until(lambda: ("reassigned",) in fake.calls)
+        await until(lambda: sum(c[0] == "resume" and any(x.partition == 0 for x in c[1])
+                                for c in fake.calls[fake.calls.index(("reassigned",)):]) >= 3)
+        await asyncio.get_running_loop().run_in_executor(None, gc.close)
+        return fake
+
+    fake = asyncio.run(scenario())
+    after = fake.calls[fake.calls.index(("reassigned",)):]
+    assert not [c for c in after if c[0] == "resume" and any(x.partition == 1 for x in c[1])]
 
 
 def test_an_empty_fetch_pauses_the_assignment_for_a_moment(fake_consumer):

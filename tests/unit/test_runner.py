@@ -5,6 +5,7 @@ loops driven directly, and the rebalance callbacks."""
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -23,9 +24,17 @@ class FakeTable:
     def __init__(self, name: str = "t"):
         self.name, self.changelog = name, f"cl-{name}"
         self.dropped: list[int] = []
+        self.installed: list[int] = []  # partitions whose restore was installed
+        self.abandoned: list[int] = []
 
     def drop(self, partition):
         self.dropped.append(partition)
+
+    def restore_end(self, partition):
+        self.installed.append(partition)
+
+    def restore_abandon(self, partition):
+        self.abandoned.append(partition)
 
 
 class FakeBatcher:
@@ -51,6 +60,13 @@ class FakeWiring:
         self.revocations = 0
         self.open_epoch = 0
         self.changelog_ends = ChangelogEnds()
+        self.owned: set[TP] = set()  # stage partitions whose tables are in (local hops)
+
+    def assigned(self, tps):
+        self.owned = {tp for tp in tps if tp.topic == USER}
+
+    def observe_tables(self):
+        pass
 
     def crash(self, exc):
         self.crashes.append(exc)
@@ -76,12 +92,16 @@ class FakeSeeks:
         self.seeks: list[tuple[TP, int]] = []
         self.handed_bytes = 0
         self.committed: dict[TP, tuple[int, str | None]] = {}  # at the last assignment
+        self.released: list[list[TP]] = []  # partitions held back at the assignment, as they were released
 
     def committed_at_assignment(self):
         return dict(self.committed)
 
     def seek(self, tp, offset):
         self.seeks.append((tp, offset))
+
+    def release(self, tps):
+        self.released.append(sorted(tps))
 
 
 def make_runner(handlers=None, conf=None, env=None) -> Runner:
@@ -405,7 +425,8 @@ def test_a_revocation_after_a_crash_commits_nothing_and_lost_partitions_crash_th
 
 
 def test_the_assigned_partitions_gauge_drops_at_a_revocation_and_counts_only_restored_partitions(monkeypatch):
-    """A scrape during a rebalance's table restore must not show the partitions the revocation took away."""
+    """A scrape during a rebalance's table restore must not show the partitions the revocation took away, nor
+    those whose tables are still being restored."""
     def gauge() -> float:
         return metrics.ASSIGNED_PARTITIONS.labels(POSTS)._value.get()
 
@@ -414,25 +435,99 @@ def test_the_assigned_partitions_gauge_drops_at_a_revocation_and_counts_only_res
 
     async def scenario():
         r = make_runner()
-        r.wiring.assigned = lambda tps: None
 
         async def commit_all():
             return True
 
         r.checkpoint.commit_all = commit_all
         seen = []
-        await r.on_assigned([TP(POSTS, p) for p in range(4)])
+        await r.on_assigned([TP(t, p) for t in (POSTS, USER) for p in range(4)])
+        seen.append(gauge())  # all four held back until their tables are in
+        await r._restoring
         seen.append(gauge())
-        await r.on_revoked([TP(POSTS, p) for p in range(4)])
+        await r.on_revoked([TP(t, p) for t in (POSTS, USER) for p in range(4)])
         seen.append(gauge())
-        await r.on_assigned([TP(POSTS, 0), TP(POSTS, 1)])
+        await r.on_assigned([TP(t, p) for t in (POSTS, USER) for p in (0, 1)])
+        await r._restoring
         seen.append(gauge())
         await r.on_lost([TP(POSTS, 0), TP(POSTS, 1)])
         seen.append(gauge())
         return seen
 
-    assert asyncio.run(scenario()) == [4, 0, 2, 0]
-    assert during_restores == [0, 0]
+    assert asyncio.run(scenario()) == [0, 4, 0, 2, 0]
+    # a partition is counted only once its own restore has ended
+    assert len(during_restores) == 6 and max(during_restores[:4]) <= 3 and max(during_restores[4:]) <= 1
+
+
+def test_an_assignment_returns_at_once_holding_back_each_partition_number_until_its_tables_are_restored(
+        monkeypatch):
+    """The group waits for no restore: the assignment callback only starts it and says which partitions to hold
+    back (every input topic's partition whose number is a stage partition's); each number is released, and its
+    stage partitions taken for local hops, once its tables are installed, while the rest are worked on, and a
+    number whose restore waits holds back no other."""
+    import threading
+
+    gates = {p: threading.Event() for p in (1, 2)}
+
+    def restore(tables, partitions, settings, bootstrap, ends=None, reached=None, install=True, cancelled=None):
+        assert not install
+        assert gates[partitions[0]].wait(5)
+        return 0
+
+    monkeypatch.setattr(runner_module.tables, "restore", restore)
+
+    async def scenario():
+        r = make_runner()
+        held = await r.on_assigned([TP(POSTS, 1), TP(USER, 1), TP(POSTS, 2), TP(USER, 2), TP(POSTS, 3)])
+        assert sorted(held) == sorted([TP(POSTS, 1), TP(POSTS, 2), TP(USER, 1), TP(USER, 2)])
+        assert r._owned == {TP(POSTS, 3)} and r.wiring.owned == set()  # posts 3 has no tables: worked on at once
+        gates[2].set()  # partition 1's restore still waits (a transaction open below its committed end)
+        while not r.consumer.released:
+            await asyncio.sleep(0.01)
+        assert r.consumer.released == [sorted([TP(POSTS, 2), TP(USER, 2)])]
+        assert r.wiring.owned == {TP(USER, 2)} and r.wiring.pipe.tables["user"].installed == [2]
+        assert TP(USER, 1) not in r._owned
+        gates[1].set()
+        await r._restoring
+        assert r.consumer.released[1] == sorted([TP(POSTS, 1), TP(USER, 1)])
+        assert r.wiring.owned == {TP(USER, 1), TP(USER, 2)}
+        assert r.wiring.restored_posts == []  # the fake wiring has no post stage
+        return r
+
+    asyncio.run(scenario())
+
+
+def test_a_revocation_during_a_restore_calls_it_off_and_installs_nothing(monkeypatch):
+    from modpipe.streams.state.tables import RestoreCancelled
+
+    started = []
+
+    def restore(tables, partitions, settings, bootstrap, ends=None, reached=None, install=True, cancelled=None):
+        started.append(partitions[0])
+        while not cancelled():  # a changelog held by an open transaction: the read waits
+            time.sleep(0.01)
+        raise RestoreCancelled("called off")
+
+    monkeypatch.setattr(runner_module.tables, "restore", restore)
+
+    async def scenario():
+        r = make_runner()
+
+        async def commit_all():
+            return True
+
+        r.checkpoint.commit_all = commit_all
+        tps = [TP(POSTS, 0), TP(USER, 0), TP(POSTS, 1), TP(USER, 1)]
+        await r.on_assigned(tps)
+        while len(started) < 2:
+            await asyncio.sleep(0.01)
+        await asyncio.wait_for(r.on_revoked(tps), 5)
+        return r
+
+    r = asyncio.run(scenario())
+    user = r.wiring.pipe.tables["user"]
+    assert sorted(started) == [0, 1] and user.installed == [] and r.consumer.released == [] and r._owned == set()
+    assert r.wiring.crashes == [] and sorted(user.dropped) == [0, 1]
 
 
 def test_the_transaction_timeout_is_independent_of_triton():
@@ -458,7 +553,7 @@ def test_the_transaction_timeout_is_independent_of_triton():
 def test_an_assignment_restores_each_table_to_the_end_committed_with_its_stage_partition(monkeypatch):
     restores: list = []
 
-    def restore(tables, partitions, settings, bootstrap, ends=None, reached=None):
+    def restore(tables, partitions, settings, bootstrap, ends=None, reached=None, install=True, cancelled=None):
         restores.append((sorted(t.name for t in tables), partitions, dict(ends)))
         reached.update({(t.changelog, p): ends.get((t.changelog, p), 7) for t in tables for p in partitions})
         return 0
@@ -472,10 +567,11 @@ def test_an_assignment_restores_each_table_to_the_end_committed_with_its_stage_p
         r.consumer.committed = {TP(USER, 1): (40, encode({"user": 12})), TP(USER, 2): (5, None),
                                 TP(POSTS, 1): (3, None)}
         await r.on_assigned([TP(USER, 1), TP(USER, 2), TP(POSTS, 1)])
+        await r._restoring
         return r
 
     r = asyncio.run(scenario())
-    assert restores == [(["user"], [1, 2], {("cl-user", 1): 12})]
+    assert sorted(restores) == [(["user"], [1], {("cl-user", 1): 12}), (["user"], [2], {("cl-user", 1): 12})]
     assert r.wiring.changelog_ends.committed == {("user", 1): 12, ("user", 2): 7}
     # a checkpoint that wrote user partition 2's changelog without a round of it (a local hop, a tombstone) commits
     # that partition's offset unchanged, with the new end

@@ -58,6 +58,8 @@ def test_a_store_survives_its_table_and_keeps_its_count(tmp_path):
     t.close()
     again = table(tmp_path)
     assert again.restore_begin(3) == (11, record_check(encode_key("u0"), encode_value({"n": 100})))
+    assert again.keys() == 0  # a store being restored is installed only by restore_end
+    again.restore_end(3)
     assert again.keys() == 10 and again.get("u0", 3) == {"n": 100} and again.get("u5", 3) == {"n": 5}
 
 
@@ -176,3 +178,22 @@ def test_a_checkpoint_writes_only_the_stores_of_partitions_it_changed(tmp_path, 
     assert t.expired() == []  # nothing due: no partition is touched
     t.committed()
     assert writes == []
+
+
+def test_a_store_being_restored_is_out_of_the_table_until_installed_and_closed_when_called_off(
+        tmp_path, fake_consumer):  # noqa: F811
+    """A restore on another thread must not add to `partitions` while the loop iterates it (expiry, gauges):
+    the store is installed by `restore_end`; one called off is closed, and what it wrote is a prefix of the
+    changelog that the next restore checks and continues."""
+    t = table(tmp_path)
+    t.store(0)
+    fake_consumer.script = [[record(CL, 1, "u1", {"n": 1}, offset=0), eof(CL, 1)]]
+    assert restore([t], [1], Settings.from_env({}), "b", install=False) == 1
+    assert sorted(t.partitions) == [0]
+    t.restore_end(1)
+    assert t.decoded() == {0: {}, 1: {"u1": {"n": 1}}}
+    t.drop(1)
+    t.restore_begin(1)
+    t.restore_abandon(1)
+    assert sorted(t.partitions) == [0]
+    assert t.restore_begin(1) == (0, record_check(encode_key("u1"), encode_value({"n": 1})))  # reopened: not locked

@@ -371,3 +371,33 @@ def test_a_changelog_that_ends_below_its_committed_end_is_reported_as_lost(fake_
     with caplog.at_level("WARNING", logger="modpipe.streams.state.tables"), pytest.raises(TimeoutError):
         restore([user], [0], Settings.from_env({}), "b", timeout_s=0.2, ends={("c", 0): 4})
     assert any(r.levelname == "ERROR" and "committed states are gone" in r.getMessage() for r in caplog.records)
+
+
+def test_a_restore_without_install_leaves_the_table_as_it_was_until_restore_end(fake_consumer):
+    """The runner restores off its loop while other partitions are worked on: the table it reads into is not
+    changed (expiry and the gauges iterate its partitions) until `restore_end` installs the partition."""
+    user = Table("user", "c")
+    user.set("kept", {"n": 7}, 2)
+    fake_consumer.script = [[record("c", 1, "u1", {"n": 1}, offset=0), eof("c", 1)]]
+    assert restore([user], [1], Settings.from_env({}), "b", install=False) == 1
+    assert user.decoded() == {2: {"kept": {"n": 7}}}
+    user.restore_end(1)
+    assert user.decoded() == {1: {"u1": {"n": 1}}, 2: {"kept": {"n": 7}}}
+
+
+def test_a_restore_called_off_stops_reading_and_leaves_nothing_behind(fake_consumer):
+    user = Table("user", "c")
+    user.set("kept", {"n": 7}, 2)
+    fake_consumer.script = [[record("c", 1, "u1", {"n": 1}, offset=0)]]
+    fake_consumer.unseen = {("c", 1): 5}  # a committed end not handed out yet: the read would wait
+    calls = []
+
+    def cancelled() -> bool:
+        calls.append(1)
+        return len(calls) > 3
+
+    with pytest.raises(tables.RestoreCancelled):
+        restore([user], [1], Settings.from_env({}), "b", timeout_s=30, ends={("c", 1): 4}, install=False,
+                cancelled=cancelled)
+    assert user.decoded() == {2: {"kept": {"n": 7}}} and user._restoring == {}
+    assert fake_consumer.made[0].closed
