@@ -66,25 +66,29 @@ _log = log.get(__name__)
 
 # broker node faults by role (Apache Kafka): what `Injector` looks up to choose the node it kills
 NODE_FAULTS = ("leader", "txn-coordinator", "group-coordinator")
-FAULT_KINDS = ("worker", "triton", "broker", *NODE_FAULTS)
+FAULT_KINDS = ("worker", "triton", "broker", *NODE_FAULTS, "join")
+# decision gaps around a worker joining: the window each partition's decisions are looked at in
+JOIN_BEFORE_S, JOIN_AFTER_S = 5.0, 30.0
 
 
 @dataclasses.dataclass(frozen=True)
 class Fault:
     at_s: float  # seconds after the first post
     kind: str  # one of FAULT_KINDS
-    worker: int | None = None  # which worker, for kind == worker (and whose transactional id, txn-coordinator)
+    worker: int | None = None  # which worker, for kind == worker (and whose transactional id, txn-coordinator);
+    # for kind == join, the index of the worker that joins (one more than the workers so far)
 
 
 def fault_plan(duration_s: float, *, worker_kills: int, triton_kills: int, broker_restarts: int, workers: int,
                seed: int, start: float = 0.1, end: float = 0.8, leader_kills: int = 0,
-               txn_coordinator_kills: int = 0, group_coordinator_kills: int = 0) -> list[Fault]:
+               txn_coordinator_kills: int = 0, group_coordinator_kills: int = 0, worker_joins: int = 0) -> list[Fault]:
     """Kills at seeded times between `start` and `end` of the traffic's duration: the window is cut into one
     slot per fault and each fault falls somewhere in the middle of its slot, so that two faults are never on
-    top of each other (each restart is seen through) while the order of kinds is random."""
+    top of each other (each restart is seen through) while the order of kinds is random. A join starts one more
+    worker (a scale-out step): kills pick among the workers there from the start."""
     kinds = (["worker"] * worker_kills + ["triton"] * triton_kills + ["broker"] * broker_restarts
              + ["leader"] * leader_kills + ["txn-coordinator"] * txn_coordinator_kills
-             + ["group-coordinator"] * group_coordinator_kills)
+             + ["group-coordinator"] * group_coordinator_kills + ["join"] * worker_joins)
     if not kinds:
         return []
     if workers < 1:
@@ -92,9 +96,64 @@ def fault_plan(duration_s: float, *, worker_kills: int, triton_kills: int, broke
     rng = random.Random(seed)
     rng.shuffle(kinds)
     slot = (end - start) * duration_s / len(kinds)
-    return [Fault(round(start * duration_s + slot * (i + rng.uniform(0.25, 0.75)), 2), kind,
-                  rng.randrange(workers) if kind in ("worker", "txn-coordinator") else None)
-            for i, kind in enumerate(kinds)]
+    plan, joined = [], 0
+    for i, kind in enumerate(kinds):
+        at = round(start * duration_s + slot * (i + rng.uniform(0.25, 0.75)), 2)
+        if kind == "join":
+            plan.append(Fault(at, kind, workers + joined))
+            joined += 1
+        else:
+            plan.append(Fault(at, kind, rng.randrange(workers) if kind in ("worker", "txn-coordinator") else None))
+    return plan
+
+
+def assignments(log_lines: Iterable[str], topic: str) -> list[tuple[float, list[int]]]:
+    """(wall-clock seconds, the partitions of `topic`) of each `partitions assigned` line of a worker's log: when
+    its partitions' tables were all in."""
+    out = []
+    for line in log_lines:
+        if '"partitions assigned"' not in line:
+            continue
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            record = orjson.loads(line)
+            if record["msg"] == "partitions assigned":
+                out.append((_wall_s(record["ts"]), sorted(record["topic_partitions"].get(topic, []))))
+    return out
+
+
+def _wall_s(rfc3339: str) -> float:
+    import datetime
+
+    return datetime.datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
+
+
+def decision_gaps(decided: Iterable[tuple[int, float]], joined_at: float, partitions: int,
+                  owners_before: dict[int, str], owners_after: dict[int, str], before_s: float = JOIN_BEFORE_S,
+                  after_s: float = JOIN_AFTER_S) -> dict:
+    """How long each `posts` partition went without a decision around a worker joining at `joined_at`
+    (wall-clock s): per partition the longest gap between two decisions (by `decided_at`) of its posts, from
+    `before_s` before the join to `after_s` after it (the window's edges count as decisions: a partition that
+    stopped at the end of the window is not missed). A partition kept its worker when its owner before the join
+    (the last assignment) is its owner after it; the others moved. Seconds; p50 and max per group."""
+    lo, hi = joined_at - before_s, joined_at + after_s
+    times: dict[int, list[float]] = {p: [lo, hi] for p in range(partitions)}
+    for partition, at in decided:
+        if lo < at < hi:
+            times[partition].append(at)
+    gaps = {}
+    for p, ts in times.items():
+        ts.sort()
+        gaps[p] = round(max(b - a for a, b in zip(ts, ts[1:], strict=False)), 2)
+    kept = sorted(p for p in gaps if p in owners_before and owners_before.get(p) == owners_after.get(p))
+    moved = sorted(p for p in gaps if p not in kept)
+
+    def summary(ps: list[int]) -> dict:
+        values = sorted(gaps[p] for p in ps)
+        return {"partitions": len(ps), "p50_s": values[(len(values) - 1) // 2] if values else None,
+                "max_s": values[-1] if values else None}
+
+    return {"gap_s": {str(p): g for p, g in sorted(gaps.items())}, "kept": summary(kept), "moved": summary(moved),
+            "window_s": [before_s, after_s]}
 
 
 def count_decisions(records: Iterable[dict], sent: Iterable[str]) -> dict:
@@ -267,7 +326,8 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
               triton_kills: int = 2, broker_restarts: int = 1, seed: int = 0, scenario: str = "mixed",
               timeout_s: float = 600.0, quiet_s: float = 15.0, check_features: bool = True, progress: bool = True,
               keep_state: bool = False, broker_signal: str = "term", brokers: int | None = None,
-              leader_kills: int = 0, txn_coordinator_kills: int = 0, group_coordinator_kills: int = 0) -> dict:
+              leader_kills: int = 0, txn_coordinator_kills: int = 0, group_coordinator_kills: int = 0,
+              worker_joins: int = 0) -> dict:
     """Run the traffic and the faults on an isolated local stack; returns the report."""
     import shutil
 
@@ -307,7 +367,8 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
     duration_s = posts / rate
     plan = fault_plan(duration_s, worker_kills=worker_kills, triton_kills=triton_kills,
                       broker_restarts=broker_restarts, workers=workers, seed=seed, leader_kills=leader_kills,
-                      txn_coordinator_kills=txn_coordinator_kills, group_coordinator_kills=group_coordinator_kills)
+                      txn_coordinator_kills=txn_coordinator_kills, group_coordinator_kills=group_coordinator_kills,
+                      worker_joins=worker_joins)
     start_ms = int(time.time() * 1000)
 
     def events():
@@ -440,6 +501,9 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
             # can decide those; counted apart from what the pipeline lost.
             report["decisions"]["lost_by_broker"] = len(set(stats.sent_at) - in_topic)
             report["decisions"]["events_lost_by_broker"] = stats.events - len(held)
+            joins = [f for f in report["faults"] if f.get("kind") == "join"]
+            if joins:
+                report["joins"] = join_gaps(stack, joins, ours, held)
             report["timing"] = {"produce_s": round(produced_s, 1), "settled_s": round(settled_s, 1),
                                 "posts_per_s": round(stats.posts / produced_s, 1) if produced_s else None,
                                 "producer_undelivered": undelivered, "delivery_errors": stats.delivery_errors,
@@ -466,6 +530,36 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
             report["state_kept"] = str(state_root)
             _log.warning("chaos: state and logs kept", extra={"path": str(state_root)})
     return report
+
+
+def join_gaps(stack, joins: list[dict], decisions: list[dict], held: list[tuple[str, dict]]) -> list[dict]:
+    """`decision_gaps` around each join, the owners from the workers' logs."""
+    from modpipe.streams.moderation.bundles import partition_for
+
+    partitions = stack.settings.partitions
+    user_of = {p["post_id"]: p.get("user_id", "") for kind, p in held if kind == "post"}
+    decided = [(partition_for(user_of[d["post_id"]], partitions), _wall_s(d["decided_at"])) for d in decisions
+               if int(d.get("revision") or 1) == 1 and d["post_id"] in user_of and d.get("decided_at")]
+    logs = {w.name: assignments(w.process.log_path.read_text(errors="replace").splitlines(), stack.topics.posts)
+            for w in stack.workers}
+
+    def owners(lo: float, hi: float) -> dict[int, str]:
+        """Partition -> the worker of the latest assignment in [lo, hi) that holds it."""
+        latest: dict[int, tuple[float, str]] = {}
+        for name, events in logs.items():
+            for t, ps in events:
+                if lo <= t < hi:
+                    for p in ps:
+                        if p not in latest or t > latest[p][0]:
+                            latest[p] = (t, name)
+        return {p: name for p, (_, name) in latest.items()}
+
+    out = []
+    for join in joins:
+        at = join["wall_s"]
+        out.append({"target": join["target"], "at_s": join["at_s"],
+                    **decision_gaps(decided, at, partitions, owners(0.0, at), owners(at, at + JOIN_AFTER_S))})
+    return out
 
 
 def run_decisions(settings: Settings, bootstrap: str, topic: str, run_id: str, isolation: str) -> list[dict]:
@@ -523,6 +617,10 @@ class Injector:
         raise RuntimeError(f"{worker.name} has not logged a transactional id yet")
 
     def __call__(self, fault: Fault, now: float) -> dict:
+        if fault.kind == "join":  # a scale-out step: one more worker joins the group
+            worker = self.stack.start_worker(fault.worker)
+            _log.warning("chaos: a worker joins", extra={"target": worker.name, "at_s": round(now, 1)})
+            return {"at_s": round(now, 1), "kind": "join", "target": worker.name, "wall_s": round(time.time(), 3)}
         if fault.kind == "broker" and self.cluster is None and self.broker_signal == "term":
             return self._restart_broker(now)
         node_id = None
@@ -632,6 +730,11 @@ def format_text(report: dict) -> str:
         for ex in f["examples"]:
             lines.append(f"  {ex['table']}[{ex['key']}] {ex['fields']}: streaming {ex['streaming']} "
                          f"offline {ex['offline']}")
+    for j in report.get("joins", []):
+        lines.append(f"{j['target']} joined at {j['at_s']} s: longest stretch without a decision per partition, "
+                     f"kept its worker p50 {j['kept']['p50_s']} s, max {j['kept']['max_s']} s "
+                     f"({j['kept']['partitions']}); moved p50 {j['moved']['p50_s']} s, max {j['moved']['max_s']} s "
+                     f"({j['moved']['partitions']})")
     if report.get("stacks_dumped"):
         lines.append("not settled: stacks dumped into the logs of " + ", ".join(report["stacks_dumped"]))
     if report.get("held_back_by_open_transactions"):

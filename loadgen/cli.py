@@ -174,7 +174,9 @@ Simulated traffic (posts, reports, engagements, labels, bans) through a local st
 Kafka of --brokers nodes, or the embedded broker; Triton; --workers workers; own ports, topics and state
 directory) while workers, Triton and broker nodes (the leader of the posts partitions, a worker's transaction
 coordinator, the group coordinator, or any) are SIGKILLed at seeded times over the traffic; the supervisor of
-`modpipe up` restarts each.
+`modpipe up` restarts each. --worker-joins starts more workers meanwhile (a scale-out step): the report gives each
+posts partition's longest stretch without a decision around each join, for partitions that kept their worker
+and those that moved.
 Then, read back from the broker as a read_committed reader (the platform): posts sent / decided / lost,
 duplicate decisions (same post_id and revision) and those with another verdict, degraded decisions and their
 re-decisions, and whether every feature table (its changelog) equals modpipe.features.offline over the same events;
@@ -287,7 +289,7 @@ def _chaos(args) -> int:
                            timeout_s=args.timeout, check_features=not args.no_feature_check, progress=not args.json,
                            keep_state=args.keep_state, broker_signal=args.broker_signal, brokers=args.brokers,
                            leader_kills=args.leader_kills, txn_coordinator_kills=args.txn_coordinator_kills,
-                           group_coordinator_kills=args.group_coordinator_kills)
+                           group_coordinator_kills=args.group_coordinator_kills, worker_joins=args.worker_joins)
     except ValueError as exc:
         print(f"modpipe chaos: {exc}", file=sys.stderr)
         return 2
@@ -505,6 +507,9 @@ def register_clients(sub: argparse._SubParsersAction) -> None:
                    help="SIGKILLs of the transaction coordinator of a random worker's transactional id (default 0)")
     p.add_argument("--group-coordinator-kills", type=int, default=0,
                    help="SIGKILLs of the workers' consumer-group coordinator (default 0)")
+    p.add_argument("--worker-joins", type=int, default=0,
+                   help="workers started during the traffic, one more each (a scale-out step); the report gives "
+                        "each partition's longest stretch without a decision around each join (default 0)")
     p.add_argument("--broker-signal", choices=("term", "kill"), default="term",
                    help="embedded broker only: how it is stopped: term (a clean stop, as a rolling restart) or kill "
                         "(SIGKILL: it then loses up to ~1 s of acknowledged writes, counted apart as lost by the "

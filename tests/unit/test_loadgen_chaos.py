@@ -14,9 +14,11 @@ from modpipe.loadgen.chaos import (
     Fault,
     Injector,
     TrafficGate,
+    assignments,
     canonical,
     compare_tables,
     count_decisions,
+    decision_gaps,
     fault_plan,
     offline_tables,
 )
@@ -38,6 +40,35 @@ def test_fault_plan_has_each_fault_once_in_its_window_spaced_and_seeded():
     other = fault_plan(1000.0, worker_kills=5, triton_kills=2, broker_restarts=1, workers=3, seed=8)
     assert [(f.kind, f.at_s) for f in other] != [(f.kind, f.at_s) for f in plan]
     assert fault_plan(10.0, worker_kills=0, triton_kills=0, broker_restarts=0, workers=1, seed=0) == []
+
+
+def test_a_join_starts_one_more_worker_each_and_kills_pick_among_the_first_workers():
+    plan = fault_plan(100.0, worker_kills=6, triton_kills=0, broker_restarts=0, workers=2, seed=3, worker_joins=2)
+    joins = [f for f in plan if f.kind == "join"]
+    assert [f.worker for f in joins] == [2, 3]  # in time order, each one more than the workers so far
+    assert all(0 <= f.worker < 2 for f in plan if f.kind == "worker")
+
+
+def test_decision_gaps_are_the_longest_stretch_without_a_decision_around_a_join_by_whether_the_partition_moved():
+    joined = 1000.0
+    decided = [(0, joined - 4 + 0.5 * i) for i in range(80)]  # every half second all along
+    decided += [(1, joined - 4 + 0.5 * i) for i in range(8)] + [(1, joined + 3.0 + 0.5 * i) for i in range(60)]
+    decided += [(2, joined - 100), (2, joined + 100)]  # nothing in the window: the whole window is its gap
+    decided += [(3, joined - 1.0)]  # stopped for good before the join: from there to the window's end
+    gaps = decision_gaps(decided, joined, 4, owners_before={0: "w0", 1: "w0", 2: "w1", 3: "w1"},
+                         owners_after={0: "w0", 1: "w2", 2: "w1", 3: "w2"}, before_s=5, after_s=30)
+    assert gaps["gap_s"] == {"0": 1.0, "1": 3.5, "2": 35.0, "3": 31.0}
+    assert gaps["kept"] == {"partitions": 2, "p50_s": 1.0, "max_s": 35.0}
+    assert gaps["moved"] == {"partitions": 2, "p50_s": 3.5, "max_s": 31.0}
+
+
+def test_assignments_are_read_from_a_workers_log_lines():
+    lines = ['{"ts":"2026-12-07T05:00:01.500Z","level":"info","msg":"partitions assigned; restoring tables"}',
+             'not json: a stack dump line with "partitions assigned" in it',
+             '{"ts":"2026-12-07T05:00:02.250Z","level":"info","msg":"partitions assigned",'
+             '"topic_partitions":{"t.posts":[3,1],"t.reports":[1,3]}}']
+    [(at, partitions)] = assignments(lines, "t.posts")
+    assert partitions == [1, 3] and at % 60 == pytest.approx(2.25)
 
 
 def decision(pid, rev=1, verdict="allow", degraded=False):
