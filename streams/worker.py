@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import gc
+import logging
 import os
 import signal
 import socket
@@ -251,5 +252,11 @@ async def _serve(settings: Settings, name: str, bootstrap: str, pipe, scorer: Te
     await scorer.close()
     _log.info("worker stopped", extra={"failed": bool(crashed), "checkpoints": runner.checkpoint.commits})
     log.stop_dumping_tasks(loop)  # a USR1 after this still dumps stacks, and does not kill the exiting worker
+    if outbox.hung():
+        # the blocked request's thread would hold the exit for ever (asyncio and the interpreter join the
+        # executor's threads): leave without it; the restart's init_transactions fences what it left open
+        _log.error("a transaction request is still blocked in librdkafka: the worker exits without waiting for it")
+        logging.shutdown()
+        os._exit(1)
     return 1 if crashed else stopped_by.status()  # 143 after SIGTERM, 130 after SIGINT
 

@@ -64,11 +64,22 @@ from modpipe import log
 _log = log.get(__name__)
 
 WAITING_REPORT_S = 15.0  # a checkpoint that waits this long for its rounds' deliveries says what it waits for
+# Step 5's requests give up by themselves within COMMIT_TIMEOUT_S (streams/checkpointing/outbox.py); one that has
+# not returned COMMIT_HUNG_S later never will: librdkafka's send_offsets_to_transaction can wait for ever for a
+# group coordinator that was killed (confluentinc/librdkafka#5456, #5511: its own timeout is not checked), holding
+# a revocation, and with it the whole group, until some broker happens to change state. Seen in `modpipe chaos`.
+COMMIT_TIMEOUT_S = 60.0
+COMMIT_HUNG_S = 30.0
 EXPIRY_CHECK_S = 1.0  # how often a quiet worker looks for table keys past their retention
 
 
 class Frozen(RuntimeError):
     """The process was frozen long enough to have lost its group membership."""
+
+
+class CommitHung(RuntimeError):
+    """A transaction request did not return within its own timeout (COMMIT_HUNG_S): the worker stops, and exits even
+    though the request's thread is still blocked (streams/worker.py); its restart fences the transaction."""
 
 
 class Abandoned(RuntimeError):
@@ -291,9 +302,15 @@ class Checkpointer:
                 offsets = self.runner.take_offsets(epoch)
                 ends = self.runner.offset_metadata(offsets)
                 metadata = self.consumer.group_metadata()
-                await asyncio.get_running_loop().run_in_executor(                                      # 5
-                    None, functools.partial(self.outbox.commit, offsets, metadata, guard=self.check_not_frozen,
-                                            metadata=ends))
+                request = asyncio.get_running_loop().run_in_executor(                                  # 5
+                    None, functools.partial(self.outbox.commit, offsets, metadata, timeout=COMMIT_TIMEOUT_S,
+                                            guard=self.check_not_frozen, metadata=ends))
+                try:
+                    await asyncio.wait_for(asyncio.shield(request), COMMIT_TIMEOUT_S + COMMIT_HUNG_S)
+                except asyncio.TimeoutError:
+                    raise CommitHung(f"the transaction's commit has not returned in {COMMIT_TIMEOUT_S + COMMIT_HUNG_S:.0f}"
+                                     " s, past its own timeout (librdkafka: a group coordinator gone, "
+                                     "confluentinc/librdkafka#5456)") from None
             except BaseException:
                 self.dirty = True  # still uncommitted (the worker stops)
                 raise

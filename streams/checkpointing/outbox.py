@@ -122,6 +122,7 @@ class Outbox:
         # called on the event loop when the producer fails for good (a fatal librdkafka error: e.g. a broker
         # that lost acknowledged records breaks the idempotent sequence); the worker must restart
         self.on_fatal: Callable[[Exception], None] | None = None
+        self._closed_around_a_request = False  # the close gave up waiting for a transaction request (`hung`)
         # called on the event loop after each batch of delivery reports (persist changelog offsets)
         self.after_delivery: list[Callable[[], None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -345,8 +346,13 @@ class Outbox:
             self._thread.join(2)
         return left
 
+    def hung(self) -> bool:
+        """A transaction request is still blocked in librdkafka after the close gave up waiting for it."""
+        return self._closed_around_a_request and self._txn_lock.locked()
+
     def _abort_at_close(self, timeout: float) -> int:
         if not self._txn_lock.acquire(timeout=timeout):  # a commit still blocked in librdkafka
+            self._closed_around_a_request = True
             self.producer.purge(in_queue=True, in_flight=True)
             _log.error("transaction left open at close: a commit was still under way; its records are dropped")
             return len(self.producer)

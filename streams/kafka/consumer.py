@@ -73,7 +73,7 @@ LAG_EVERY_S = 5.0  # how often modpipe_consumer_lag_messages is brought up to da
 UNASSIGNED_WARN_S = 30.0  # with rejoining off, a consumer without an assignment says so this often
 CLOSE_TIMEOUT_S = 10.0  # a consumer left for a new one is closed on a thread of its own, waited on this long
 # Leaving the group at shutdown waits at most this long: librdkafka's close waits for the group's answers (a
-# JoinGroup the broker holds up to max.poll.interval.ms while another member restores) and has been seen to block
+# JoinGroup the broker holds up to max.poll.interval.ms while another member commits its revocation) and has been seen to block
 # for good. The group drops a member that stops anyway after its session timeout (10 s, streams/moderation/app.py),
 # so waiting longer than that gains nothing.
 LEAVE_TIMEOUT_S = 10.0
@@ -86,7 +86,7 @@ ENDS_TIMEOUT_S = 5.0
 # Committed offsets at an assignment: each ask waits up to COMMITTED_ASK_S (librdkafka asks again meanwhile while
 # the broker answers UNSTABLE_OFFSET_COMMIT); failures are asked again after COMMITTED_RETRY_S for up to
 # COMMITTED_WAIT_S, twice the default transaction.timeout.ms (120 s, MODPIPE_TRANSACTION_TIMEOUT_MS), which ends
-# any transaction holding them; the restore that follows still fits max.poll.interval.ms (900 s, streams/moderation/app.py).
+# any transaction holding them; within max.poll.interval.ms (900 s, streams/moderation/app.py).
 COMMITTED_ASK_S = 10.0
 COMMITTED_RETRY_S = 1.0
 COMMITTED_WAIT_S = 240.0

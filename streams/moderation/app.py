@@ -68,8 +68,9 @@ def consumer_config(settings: Settings, bootstrap: str, worker_name: str) -> dic
             # Rebalances are quick with a short session timeout; noida-db and Kafka accept >= 6 s.
             "session.timeout.ms": 10_000, "heartbeat.interval.ms": 2_000,
             "fetch.wait.max.ms": 100, "queued.max.messages.kbytes": 16_384,
-            # the assignment callback restores tables inside the poll call (up to 660 s, see
-            # streams/kafka/consumer.py); the group must not drop the worker meanwhile
+            # the rebalance callbacks run inside the poll call: an assignment's committed offsets are waited for up
+            # to 240 s, a revocation's commit up to 660 s (streams/kafka/consumer.py; tables are restored off the
+            # callback); the group must not drop the worker meanwhile
             "max.poll.interval.ms": 900_000}
     if settings.static_membership == "on":
         # A restarted worker with the same name takes its partitions back at once instead of waiting for its

@@ -309,7 +309,11 @@ def test_a_partition_whose_restore_waits_holds_back_only_itself(local_stack, pip
         assert len(got) < len(posts), "every post decided: none of them touched partition 0"
         assert assigned <= wanted - len(stack.topics.inputs()), "partition 0 counted before its tables were in"
         zombie.abort_transaction(30)
+        aborted_at = time.monotonic()
         rest = collect_decisions(consumer, posts - got.keys(), 120)
+        print(f"while partition 0's restore waited: {len(got)} of {len(posts)} posts decided, {assigned} of {wanted} "
+              f"partitions counted; the rest decided {time.monotonic() - aborted_at:.1f} s after the zombie's "
+              "transaction ended")
         assert got.keys() | rest.keys() == posts
         assert all(len(v) == 1 for v in [*got.values(), *rest.values()])
         wait_for(lambda: stack.assigned_partitions() == wanted, 60, "every partition counted")

@@ -367,6 +367,34 @@ def test_close_waits_for_a_commit_under_way_then_aborts(fake_outbox):
     assert ("commit_transaction",) not in fake_outbox.producer.calls
 
 
+def test_a_commit_blocked_for_good_leaves_the_outbox_hung_after_close(fake_outbox):
+    """librdkafka's send_offsets_to_transaction past its own timeout (confluentinc/librdkafka#5456): the close
+    purges instead of waiting, and says the request is still blocked, so the worker exits without joining it."""
+    entered, release = threading.Event(), threading.Event()
+
+    def blocked(offsets, metadata, timeout):
+        entered.set()
+        release.wait(10)
+
+    fake_outbox.producer.send_offsets_to_transaction = blocked
+    raised = []
+
+    def commit():
+        try:
+            fake_outbox.commit({("posts", 0): 3}, "m")
+        except DeliveryFailed as exc:  # it returns at last, into a worker that is stopping
+            raised.append(exc)
+
+    committer = threading.Thread(target=commit, daemon=True)
+    committer.start()
+    assert entered.wait(5) and not fake_outbox.hung()
+    fake_outbox.close(timeout=0.2)
+    assert fake_outbox.hung() and ("purge",) in fake_outbox.producer.calls
+    release.set()
+    committer.join(5)
+    assert not fake_outbox.hung() and len(raised) == 1
+
+
 def test_close_purges_what_it_cannot_abort(fake_outbox):
     def abort_fails(timeout):
         raise KafkaException(KafkaError(KafkaError._TRANSPORT))

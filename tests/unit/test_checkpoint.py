@@ -4,10 +4,12 @@ documented at the top of streams/checkpointing/checkpoint.py) against fake runne
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
-from modpipe.streams.checkpointing.checkpoint import Checkpointer, Epochs, FreezeWatch, Frozen
+from modpipe.streams.checkpointing import checkpoint as checkpoint_module
+from modpipe.streams.checkpointing.checkpoint import Checkpointer, CommitHung, Epochs, FreezeWatch, Frozen
 
 
 class Clock:
@@ -124,11 +126,14 @@ class FakeOutbox:
         self.steps, self.fail = steps, fail
         self.commits: list[tuple] = []
         self.metadata: list[dict] = []
+        self.hang: threading.Event | None = None  # set: the commit returns
 
-    def commit(self, offsets, group_metadata, guard=None, metadata=None):
+    def commit(self, offsets, group_metadata, timeout=60.0, guard=None, metadata=None):
         if guard is not None:
             guard()  # as the outbox does, right before its requests
         self.steps.append("outbox.commit")
+        if self.hang is not None:  # librdkafka blocked past its own timeout (confluentinc/librdkafka#5456)
+            self.hang.wait(30)
         if self.fail is not None:
             raise self.fail
         self.commits.append((offsets, group_metadata))
@@ -248,6 +253,29 @@ def test_a_failing_outbox_commit_crashes_the_wiring_and_holds_the_next_epoch_bac
     assert not ok and steps[-2:] == ["outbox.commit", "crash"] and "outbox.advance" not in steps
     assert cp.purger.offsets == []  # uncommitted offsets are never purged behind
     assert [str(e) for e in cp.wiring.crashes] == ["transaction coordinator gone"]
+    assert cp.commits == 0 and cp.dirty
+
+
+def test_a_commit_blocked_past_its_own_timeout_crashes_the_worker_instead_of_holding_it(monkeypatch):
+    """librdkafka's send_offsets_to_transaction can wait for ever for a group coordinator that is gone
+    (confluentinc/librdkafka#5456): inside a revocation that held the whole group (modpipe chaos)."""
+    monkeypatch.setattr(checkpoint_module, "COMMIT_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(checkpoint_module, "COMMIT_HUNG_S", 0.3)
+
+    async def scenario():
+        cp, steps = checkpointer()
+        cp.outbox.hang = threading.Event()
+        cp.processed()
+        started = time.monotonic()
+        try:
+            ok = await cp.commit()
+        finally:
+            cp.outbox.hang.set()
+        return cp, steps, ok, time.monotonic() - started
+
+    cp, steps, ok, took = asyncio.run(scenario())
+    assert not ok and steps[-2:] == ["outbox.commit", "crash"] and "outbox.advance" not in steps
+    assert isinstance(cp.wiring.crashes[0], CommitHung) and 0.5 <= took < 5
     assert cp.commits == 0 and cp.dirty
 
 
