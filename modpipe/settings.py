@@ -178,14 +178,13 @@ SETTINGS_SPEC: dict[str, Spec] = {
                                      "in a later one (streams/moderation/carried.py): no Kafka transaction is held "
                                      "open across a Triton wait. Shorter: more posts carried (two changelog records "
                                      "each) when Triton is slow.", float),
-    "transaction_timeout_ms": Spec("MODPIPE_TRANSACTION_TIMEOUT_MS", "120000",
+    "transaction_timeout_ms": Spec("MODPIPE_TRANSACTION_TIMEOUT_MS", "30000",
                                    "transaction.timeout.ms of the worker's producer: how long a transaction left "
                                    "open by a worker that died or froze (and was not restarted) holds every "
                                    "read_committed reader of its partitions before the broker aborts it. A "
                                    "checkpoint's transaction is open for MODPIPE_COMMIT_INTERVAL_MS, "
                                    "MODPIPE_CHECKPOINT_MODEL_WAIT_MS and its own requests; at least twice those "
-                                   "two, at most the broker's transaction.max.timeout.ms (900000 by default). 30000 "
-                                   "is not yet safe: docs/faults.md, Triton out.",
+                                   "two, at most the broker's transaction.max.timeout.ms (900000 by default).",
                                    float),
     "purge_interval_ms": Spec("MODPIPE_PURGE_INTERVAL_MS", "30000",
                               "How often a worker deletes the records of the internal topics (the stage topics and "

@@ -85,8 +85,8 @@ END_TIMEOUT_S = 0.5  # a committed offset asked for at most this long (a quiet p
 ENDS_TIMEOUT_S = 5.0
 # Committed offsets at an assignment: each ask waits up to COMMITTED_ASK_S (librdkafka asks again meanwhile while
 # the broker answers UNSTABLE_OFFSET_COMMIT); failures are asked again after COMMITTED_RETRY_S for up to
-# COMMITTED_WAIT_S, twice the default transaction.timeout.ms (120 s, MODPIPE_TRANSACTION_TIMEOUT_MS), which ends
-# any transaction holding them; within max.poll.interval.ms (900 s, streams/moderation/app.py).
+# COMMITTED_WAIT_S, twice a transaction.timeout.ms of 120 s (MODPIPE_TRANSACTION_TIMEOUT_MS: 30 s by default), which
+# ends any transaction holding them; within max.poll.interval.ms (900 s, streams/moderation/app.py).
 COMMITTED_ASK_S = 10.0
 COMMITTED_RETRY_S = 1.0
 COMMITTED_WAIT_S = 240.0
