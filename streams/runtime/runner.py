@@ -42,8 +42,8 @@ _log = log.get(__name__)
 
 ROUND_MAX = 128  # records handled per round at most (a stage record is a bundle of many items)
 MAX_QUEUED_BATCHES = 8  # fetched batches waiting for their rounds before fetching pauses
-AWAITING_TEXT_RETRY_S = 1.0
-RESTORE_THREADS = 16  # partition numbers restored at once, each on its own thread with its own changelog reader  # the text model is still out: read the awaiting posts again after this
+AWAITING_TEXT_RETRY_S = 1.0  # the text model is still out: read the awaiting posts again after this
+RESTORE_THREADS = 16  # partition numbers restored at once, each on its own thread with its own changelog reader
 
 
 class Runner:
@@ -322,11 +322,10 @@ class Runner:
             stage = self.stage_of_topic.get(tp.topic)
             if stage is not None:
                 by_stage.setdefault(stage, []).append(tp.partition)
-        # with range assignment every stage gets the same partition numbers: one restore for all tables
+        # with range assignment every stage gets the same partition numbers: each number's tables restore together
         numbers = sorted({p for partitions in by_stage.values() for p in partitions})
         if any(sorted(p) != numbers for p in by_stage.values()):
             _log.warning("stage partitions are not co-assigned", extra={"stages": by_stage})
-        stage_tables = [t for stage in by_stage for t in self.tables_of_stage[stage]]
         committed = self.consumer.committed_at_assignment()
         ends = self._committed_ends(by_stage, committed)
         held = [tp for tp in tps if tp.partition in numbers]
@@ -338,13 +337,13 @@ class Runner:
                                                                  "committed_ends": len(ends), "held": len(held)})
         self._restore_off = threading.Event()
         self._restoring = asyncio.get_running_loop().create_task(
-            self._restore(tps, held, by_stage, numbers, stage_tables, ends, committed, self._restore_off),
+            self._restore(tps, held, by_stage, numbers, ends, committed, self._restore_off),
             name="restore")
         self._restoring.add_done_callback(self._task_done)
         return held
 
     async def _restore(self, tps: list[TP], held: list[TP], by_stage: dict[str, list[int]], numbers: list[int],
-                       stage_tables: list, ends: dict, committed: dict, off: threading.Event) -> None:
+                       ends: dict, committed: dict, off: threading.Event) -> None:
         """Each partition number's tables restored on a thread of its own (one number waiting for a transaction
         held open below its committed end holds back no other), installed on the loop as each is read, and its
         partitions released."""
