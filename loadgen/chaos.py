@@ -5,6 +5,9 @@
 
 Workers, Triton and broker nodes are SIGKILLed at seeded times spread over the traffic (`fault_plan`); the
 stack's supervisor (`LocalStack.supervise`, what `modpipe up` runs) restarts each with its backoff.
+`--triton-outage S` keeps Triton down S seconds after each of its kills (an outage): the report gives, per
+outage, the decisions made without the text model meanwhile and how soon after Triton is ready again decisions
+with it resume (`outage_summary`).
 
 On Apache Kafka (the default broker; `--brokers 3` runs three KRaft nodes with replication 3 and
 min.insync.replicas 2) the broker faults are SIGKILLs of one node, chosen by what it does at that moment:
@@ -81,11 +84,14 @@ class Fault:
 
 def fault_plan(duration_s: float, *, worker_kills: int, triton_kills: int, broker_restarts: int, workers: int,
                seed: int, start: float = 0.1, end: float = 0.8, leader_kills: int = 0,
-               txn_coordinator_kills: int = 0, group_coordinator_kills: int = 0, worker_joins: int = 0) -> list[Fault]:
+               txn_coordinator_kills: int = 0, group_coordinator_kills: int = 0, worker_joins: int = 0,
+               triton_outage_s: float = 0.0) -> list[Fault]:
     """Kills at seeded times between `start` and `end` of the traffic's duration: the window is cut into one
     slot per fault and each fault falls somewhere in the middle of its slot, so that two faults are never on
     top of each other (each restart is seen through) while the order of kinds is random. A join starts one more
-    worker (a scale-out step): kills pick among the workers there from the start."""
+    worker (a scale-out step): kills pick among the workers there from the start. A Triton kill with an
+    outage of `triton_outage_s` comes early enough for the outage to end by `end` (not before `start`): decisions
+    resuming under traffic is what an outage is run for."""
     kinds = (["worker"] * worker_kills + ["triton"] * triton_kills + ["broker"] * broker_restarts
              + ["leader"] * leader_kills + ["txn-coordinator"] * txn_coordinator_kills
              + ["group-coordinator"] * group_coordinator_kills + ["join"] * worker_joins)
@@ -103,8 +109,10 @@ def fault_plan(duration_s: float, *, worker_kills: int, triton_kills: int, broke
             plan.append(Fault(at, kind, workers + joined))
             joined += 1
         else:
+            if kind == "triton" and triton_outage_s:
+                at = round(max(start * duration_s, min(at, end * duration_s - triton_outage_s)), 2)
             plan.append(Fault(at, kind, rng.randrange(workers) if kind in ("worker", "txn-coordinator") else None))
-    return plan
+    return sorted(plan, key=lambda f: f.at_s)
 
 
 def assignments(log_lines: Iterable[str], topic: str) -> list[tuple[float, list[int]]]:
@@ -154,6 +162,30 @@ def decision_gaps(decided: Iterable[tuple[int, float]], joined_at: float, partit
 
     return {"gap_s": {str(p): g for p, g in sorted(gaps.items())}, "kept": summary(kept), "moved": summary(moved),
             "window_s": [before_s, after_s]}
+
+
+def outage_summary(killed_wall_s: float, back_wall_s: float | None, decisions: Iterable[dict]) -> dict:
+    """One Triton outage, from Triton's kill to the moment it was ready again (wall-clock s; None: not back
+    before the run ended): the decisions made meanwhile without the text model (degraded) and with it (none
+    expected), and the seconds from its return to the first decision made with the text model
+    (`resumed_after_s`; None: none was)."""
+    end = back_wall_s if back_wall_s is not None else float("inf")
+    degraded = with_model = 0
+    first_after = None
+    for d in decisions:
+        if not d.get("decided_at"):
+            continue
+        at = _wall_s(d["decided_at"])
+        if killed_wall_s <= at < end:
+            if d.get("degraded"):
+                degraded += 1
+            else:
+                with_model += 1
+        elif at >= end and not d.get("degraded") and (first_after is None or at < first_after):
+            first_after = at
+    return {"down_s": round(end - killed_wall_s, 1) if back_wall_s is not None else None,
+            "decided_degraded_during": degraded, "decided_with_the_model_during": with_model,
+            "resumed_after_s": round(first_after - back_wall_s, 2) if first_after is not None and back_wall_s else None}
 
 
 def count_decisions(records: Iterable[dict], sent: Iterable[str]) -> dict:
@@ -327,7 +359,7 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
               timeout_s: float = 600.0, quiet_s: float = 15.0, check_features: bool = True, progress: bool = True,
               keep_state: bool = False, broker_signal: str = "term", brokers: int | None = None,
               leader_kills: int = 0, txn_coordinator_kills: int = 0, group_coordinator_kills: int = 0,
-              worker_joins: int = 0) -> dict:
+              worker_joins: int = 0, triton_outage_s: float = 0.0) -> dict:
     """Run the traffic and the faults on an isolated local stack; returns the report."""
     import shutil
 
@@ -368,7 +400,7 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
     plan = fault_plan(duration_s, worker_kills=worker_kills, triton_kills=triton_kills,
                       broker_restarts=broker_restarts, workers=workers, seed=seed, leader_kills=leader_kills,
                       txn_coordinator_kills=txn_coordinator_kills, group_coordinator_kills=group_coordinator_kills,
-                      worker_joins=worker_joins)
+                      worker_joins=worker_joins, triton_outage_s=triton_outage_s)
     start_ms = int(time.time() * 1000)
 
     def events():
@@ -378,7 +410,8 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
     report: dict = {"config": {"posts": posts, "rate": rate, "workers": workers, "scenario": scenario, "seed": seed,
                                "partitions": settings.partitions, "model": build.version,
                                "outage_policy": settings.text_model_outage_policy,
-                               "outage_s": settings.text_model_outage_s, "broker_signal": broker_signal,
+                               "outage_s": settings.text_model_outage_s, "triton_outage_s": triton_outage_s,
+                               "broker_signal": broker_signal,
                                "broker": settings.broker,
                                "brokers": settings.kafka_nodes if settings.broker == "kafka" else 1},
                     "plan": [dataclasses.asdict(f) for f in plan], "faults": []}
@@ -396,7 +429,7 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
             bar = progress_bar(total=posts, desc="chaos: posts", unit="post", enabled=progress)
             produce_error: list[str] = []
             paused = threading.Event()
-            inject = Injector(stack, producer, paused, broker_signal, seed=seed)
+            inject = Injector(stack, producer, paused, broker_signal, seed=seed, triton_outage_s=triton_outage_s)
             pending = list(plan)
             gate = TrafficGate(paused, pending, hold_at_most_s=timeout_s)
 
@@ -418,7 +451,8 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
                         report["faults"].append(inject(pending.pop(0), now))
                     for event in stack.supervise():
                         _log.info("chaos: %s", event)
-                        report["faults"].append({"at_s": round(time.monotonic() - t0, 1), "event": event})
+                        report["faults"].append({"at_s": round(time.monotonic() - t0, 1), "event": event,
+                                                 "wall_s": round(time.time(), 3)})
                     producing.join(0.25)
             finally:
                 bar.close()
@@ -436,7 +470,8 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
             try:
                 while time.monotonic() < deadline:
                     for event in stack.supervise():
-                        report["faults"].append({"at_s": round(time.monotonic() - t0, 1), "event": event})
+                        report["faults"].append({"at_s": round(time.monotonic() - t0, 1), "event": event,
+                                                 "wall_s": round(time.time(), 3)})
                     got = sum(1 for pid in collector.snapshot() if pid in stats.sent_at)
                     bar.update(got - done)
                     done = got
@@ -504,6 +539,8 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
             joins = [f for f in report["faults"] if f.get("kind") == "join"]
             if joins:
                 report["joins"] = join_gaps(stack, joins, ours, held)
+            if triton_outage_s:
+                report["outages"] = triton_outages(report["faults"], ours)
             report["timing"] = {"produce_s": round(produced_s, 1), "settled_s": round(settled_s, 1),
                                 "posts_per_s": round(stats.posts / produced_s, 1) if produced_s else None,
                                 "producer_undelivered": undelivered, "delivery_errors": stats.delivery_errors,
@@ -521,7 +558,8 @@ def run_chaos(settings: Settings, *, posts: int, rate: float, workers: int = 2, 
         d = report["decisions"]
         report["ok"] = (not report["produce_error"] and d["lost"] == 0 and d["degraded_not_redecided"] == 0
                         and d["duplicate_decisions"] == 0 and d["duplicates_with_another_verdict"] == 0
-                        and report.get("features", {"equal": True})["equal"])
+                        and report.get("features", {"equal": True})["equal"]
+                        and all(o["resumed_after_s"] is not None for o in report.get("outages", [])))
     finally:
         # A failed run keeps its logs: they are all there is to read about it afterwards.
         if report.get("ok") and not keep_state:
@@ -562,6 +600,18 @@ def join_gaps(stack, joins: list[dict], decisions: list[dict], held: list[tuple[
     return out
 
 
+def triton_outages(faults: list[dict], decisions: list[dict]) -> list[dict]:
+    """`outage_summary` of each Triton kill: from the kill to the supervisor's next `triton restarted`."""
+    out = []
+    for i, f in enumerate(faults):
+        if f.get("kind") != "triton" or not f.get("killed"):
+            continue
+        back = next((g for g in faults[i + 1:] if str(g.get("event", "")).startswith("triton restarted")), None)
+        out.append({"at_s": f["at_s"], "back_at_s": back and back["at_s"],
+                    **outage_summary(f["wall_s"], back and back["wall_s"], decisions)})
+    return out
+
+
 def run_decisions(settings: Settings, bootstrap: str, topic: str, run_id: str, isolation: str) -> list[dict]:
     """The decisions of this run's posts that a reader with `isolation` reads from the decisions topic."""
     records = (orjson.loads(m.value()) for m in read_all(settings, bootstrap, [topic], isolation))
@@ -586,8 +636,10 @@ class Injector:
     RESTART_WAIT_S = 60.0  # how long a kill waits for its target to be running again
     HEAL_WAIT_S = 120.0  # how long a node fault waits for every node to be back in sync
 
-    def __init__(self, stack, producer, paused: threading.Event, broker_signal: str = "term", seed: int = 0):
+    def __init__(self, stack, producer, paused: threading.Event, broker_signal: str = "term", seed: int = 0,
+                 triton_outage_s: float = 0.0):
         self.stack, self.producer, self.paused, self.broker_signal = stack, producer, paused, broker_signal
+        self.triton_outage_s = triton_outage_s
         self.rng = random.Random(f"nodes:{seed}")
 
     @property
@@ -647,9 +699,16 @@ class Injector:
         alive = proc is not None and proc.alive()
         if alive:
             proc.kill()
+            if fault.kind == "triton" and self.triton_outage_s:
+                # the supervisor sees its death as already noted, with its restart due after the outage
+                from modpipe.streams.local.stack import Restarts
+
+                policy = self.stack.restarts.setdefault("triton", Restarts(started_at=time.monotonic()))
+                policy.next_at = time.monotonic() + self.triton_outage_s
         _log.warning("chaos: SIGKILL", extra={"target": target, "at_s": round(now, 1), "was_alive": alive,
                                               "fault": fault.kind})
-        out = {"at_s": round(now, 1), "kind": fault.kind, "target": target, "killed": alive, "signal": "KILL"}
+        out = {"at_s": round(now, 1), "kind": fault.kind, "target": target, "killed": alive, "signal": "KILL",
+               "wall_s": round(time.time(), 3)}
         if node_id is not None:
             out["node"] = node_id
         if waited:
@@ -730,6 +789,9 @@ def format_text(report: dict) -> str:
         for ex in f["examples"]:
             lines.append(f"  {ex['table']}[{ex['key']}] {ex['fields']}: streaming {ex['streaming']} "
                          f"offline {ex['offline']}")
+    for o in report.get("outages", []):
+        lines.append(f"Triton down {o['down_s']} s from {o['at_s']} s: {o['decided_degraded_during']} decided without "
+                     f"the text model meanwhile; decisions with it resumed {o['resumed_after_s']} s after its return")
     for j in report.get("joins", []):
         lines.append(f"{j['target']} joined at {j['at_s']} s: longest stretch without a decision per partition, "
                      f"kept its worker p50 {j['kept']['p50_s']} s, max {j['kept']['max_s']} s "

@@ -174,7 +174,8 @@ Simulated traffic (posts, reports, engagements, labels, bans) through a local st
 Kafka of --brokers nodes, or the embedded broker; Triton; --workers workers; own ports, topics and state
 directory) while workers, Triton and broker nodes (the leader of the posts partitions, a worker's transaction
 coordinator, the group coordinator, or any) are SIGKILLed at seeded times over the traffic; the supervisor of
-`modpipe up` restarts each. --worker-joins starts more workers meanwhile (a scale-out step): the report gives each
+`modpipe up` restarts each (--triton-outage keeps Triton down a while first: the report says when decisions with
+the text model resumed). --worker-joins starts more workers meanwhile (a scale-out step): the report gives each
 posts partition's longest stretch without a decision around each join, for partitions that kept their worker
 and those that moved.
 Then, read back from the broker as a read_committed reader (the platform): posts sent / decided / lost,
@@ -182,7 +183,7 @@ duplicate decisions (same post_id and revision) and those with another verdict, 
 re-decisions, and whether every feature table (its changelog) equals modpipe.features.offline over the same events;
 and read_uncommitted, the decisions of aborted transactions an at-least-once reader would have seen on top.
 Exit 1 if a post was lost, a decision was seen twice or changed verdict, a degraded decision was not
-decided again, or a table differs. See loadgen/chaos.py.
+decided again, a table differs, or no decision with the text model followed an outage. See loadgen/chaos.py.
 """
 
 
@@ -289,7 +290,8 @@ def _chaos(args) -> int:
                            timeout_s=args.timeout, check_features=not args.no_feature_check, progress=not args.json,
                            keep_state=args.keep_state, broker_signal=args.broker_signal, brokers=args.brokers,
                            leader_kills=args.leader_kills, txn_coordinator_kills=args.txn_coordinator_kills,
-                           group_coordinator_kills=args.group_coordinator_kills, worker_joins=args.worker_joins)
+                           group_coordinator_kills=args.group_coordinator_kills, worker_joins=args.worker_joins,
+                           triton_outage_s=args.triton_outage)
     except ValueError as exc:
         print(f"modpipe chaos: {exc}", file=sys.stderr)
         return 2
@@ -510,6 +512,11 @@ def register_clients(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--worker-joins", type=int, default=0,
                    help="workers started during the traffic, one more each (a scale-out step); the report gives "
                         "each partition's longest stretch without a decision around each join (default 0)")
+    p.add_argument("--triton-outage", type=float, default=0.0, metavar="SECONDS",
+                   help="keep Triton down this long after each of its kills, then restart it (an outage; the "
+                        "kill comes early enough for it to end under traffic); the report gives per outage the "
+                        "posts decided without the text model meanwhile and how soon after its return decisions "
+                        "with it resume (default 0: restarted at once)")
     p.add_argument("--broker-signal", choices=("term", "kill"), default="term",
                    help="embedded broker only: how it is stopped: term (a clean stop, as a rolling restart) or kill "
                         "(SIGKILL: it then loses up to ~1 s of acknowledged writes, counted apart as lost by the "

@@ -178,10 +178,12 @@ SETTINGS_SPEC: dict[str, Spec] = {
                                      "in a later one (streams/moderation/carried.py): no Kafka transaction is held "
                                      "open across a Triton wait. Shorter: more posts carried (two changelog records "
                                      "each) when Triton is slow.", float),
-    "transaction_timeout_ms": Spec("MODPIPE_TRANSACTION_TIMEOUT_MS", "30000",
+    "transaction_timeout_ms": Spec("MODPIPE_TRANSACTION_TIMEOUT_MS", "20000",
                                    "transaction.timeout.ms of the worker's producer: how long a transaction left "
                                    "open by a worker that died or froze (and was not restarted) holds every "
-                                   "read_committed reader of its partitions before the broker aborts it. A "
+                                   "read_committed reader of its partitions before the broker aborts it (plus up "
+                                   "to the broker's transaction.abort.timed.out.transaction.cleanup.interval.ms, "
+                                   "10 s by default: at most 30 s in all with the defaults). A "
                                    "checkpoint's transaction is open for MODPIPE_COMMIT_INTERVAL_MS, "
                                    "MODPIPE_CHECKPOINT_MODEL_WAIT_MS and its own requests; at least twice those "
                                    "two, at most the broker's transaction.max.timeout.ms (900000 by default).",

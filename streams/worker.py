@@ -78,7 +78,8 @@ def transaction_timeout_s(settings: Settings) -> float:
     """transaction.timeout.ms of the worker's producer (MODPIPE_TRANSACTION_TIMEOUT_MS). A checkpoint's transaction
     never waits for Triton (posts still at Triton are carried as state, streams/moderation/carried.py), so it does
     not depend on the text model's settings: a dead worker's open transaction holds read_committed readers at most
-    this long (its restart fences it sooner, streams/checkpointing/incarnations.py). 30 s by default."""
+    this long, plus the broker's abort check (10 s by default), and its restart fences it sooner
+    (streams/checkpointing/incarnations.py). 20 s by default."""
     return settings.transaction_timeout_ms / 1000
 
 

@@ -21,6 +21,8 @@ from modpipe.loadgen.chaos import (
     decision_gaps,
     fault_plan,
     offline_tables,
+    outage_summary,
+    triton_outages,
 )
 from modpipe.simulation.simulator import simulate
 
@@ -47,6 +49,48 @@ def test_a_join_starts_one_more_worker_each_and_kills_pick_among_the_first_worke
     joins = [f for f in plan if f.kind == "join"]
     assert [f.worker for f in joins] == [2, 3]  # in time order, each one more than the workers so far
     assert all(0 <= f.worker < 2 for f in plan if f.kind == "worker")
+
+
+def test_a_triton_outage_is_planned_to_end_inside_the_traffic():
+    for seed in range(20):
+        plan = fault_plan(450.0, worker_kills=2, triton_kills=1, broker_restarts=0, workers=2, seed=seed,
+                          triton_outage_s=300.0)
+        [triton] = [f for f in plan if f.kind == "triton"]
+        assert 45 <= triton.at_s <= 0.8 * 450 - 300  # down from its kill to 80% of the traffic at the latest
+        assert [f.at_s for f in plan] == sorted(f.at_s for f in plan)
+    # without an outage the kill falls where its slot puts it (later than the outage allows for most seeds)
+    late = [f.at_s for seed in range(20) for f in fault_plan(450.0, worker_kills=2, triton_kills=1, broker_restarts=0,
+                                                             workers=2, seed=seed) if f.kind == "triton"]
+    assert max(late) > 60
+
+
+def _decision(at_wall: float, degraded: bool = False) -> dict:
+    import datetime
+
+    ts = datetime.datetime.fromtimestamp(at_wall, datetime.UTC).isoformat().replace("+00:00", "Z")
+    return {"post_id": f"p{at_wall}", "decided_at": ts, "degraded": degraded}
+
+
+def test_an_outage_summary_counts_what_was_decided_meanwhile_and_when_the_model_came_back():
+    killed, back = 1_000_000.0, 1_000_300.0
+    decisions = ([_decision(killed - 1)] + [_decision(killed + 30 + i, degraded=True) for i in range(50)]
+                 + [_decision(killed + 2)]  # a post Triton answered just before it died
+                 + [_decision(back + 0.5, degraded=True), _decision(back + 4.25), _decision(back + 9)])
+    summary = outage_summary(killed, back, decisions)
+    assert summary == {"down_s": 300.0, "decided_degraded_during": 50, "decided_with_the_model_during": 1,
+                       "resumed_after_s": 4.25}
+    assert outage_summary(killed, back, decisions[:52])["resumed_after_s"] is None  # never resumed
+    assert outage_summary(killed, None, decisions)["down_s"] is None  # not back before the run ended
+
+
+def test_outages_pair_each_triton_kill_with_the_supervisors_next_restart():
+    killed, back = 2_000_000.0, 2_000_100.0
+    faults = [{"at_s": 10.0, "kind": "worker", "killed": True, "wall_s": killed - 50},
+              {"at_s": 60.0, "kind": "triton", "killed": True, "wall_s": killed},
+              {"at_s": 61.0, "event": "worker-0 restarted (1 so far)", "wall_s": killed + 1},
+              {"at_s": 160.0, "event": "triton restarted (1 so far)", "wall_s": back}]
+    [o] = triton_outages(faults, [_decision(back + 2.0)])
+    assert (o["at_s"], o["back_at_s"], o["down_s"], o["resumed_after_s"]) == (60.0, 160.0, 100.0, 2.0)
 
 
 def test_decision_gaps_are_the_longest_stretch_without_a_decision_around_a_join_by_whether_the_partition_moved():
@@ -216,3 +260,27 @@ def test_a_node_fault_waits_until_the_node_killed_before_is_back_in_sync():
     started = time.monotonic()
     assert injector._wait_for_nodes(Fault(1.0, "txn-coordinator", 0)) == 2
     assert len(polls) == 3 and time.monotonic() - started < 5.0
+
+
+def test_a_triton_kill_with_an_outage_leaves_its_restart_to_the_supervisor_after_the_outage():
+    from modpipe.streams.local.stack import LocalStack
+
+    class Proc:
+        def __init__(self):
+            self.up = True
+
+        def alive(self):
+            return self.up
+
+        def kill(self):
+            self.up = False
+
+    proc, restarted = Proc(), []
+    stack = SimpleNamespace(triton=SimpleNamespace(process=proc), workers=[], broker=None, restarts={},
+                            components=lambda: {"triton": (proc.alive, lambda: restarted.append(time.monotonic()))})
+    out = Injector(stack, producer=None, paused=threading.Event(), triton_outage_s=300.0)(Fault(5.0, "triton"), 5.0)
+    assert out["killed"] and not proc.up
+    supervise = LocalStack.supervise.__get__(stack)
+    now = time.monotonic()
+    assert supervise(now + 299.0) == [] and not restarted  # down for the outage: no restart, no second death noted
+    assert supervise(now + 301.0) == ["triton restarted (1 so far)"] and len(restarted) == 1

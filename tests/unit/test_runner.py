@@ -539,7 +539,9 @@ def test_the_transaction_timeout_is_independent_of_triton():
     from modpipe.settings import SettingsError
 
     default = Settings.from_env({})
-    assert transaction_timeout_s(default) <= 30  # a dead worker holds read_committed readers at most this long
+    # a dead worker holds read_committed readers this long plus the broker's abort check (10 s by default):
+    # at most 30 s (tests/integration/test_killed_worker_hold.py measures it)
+    assert transaction_timeout_s(default) <= 20
     assert transaction_timeout_s(default) >= 2 * (default.commit_interval_ms + default.checkpoint_model_wait_ms) / 1000
     for env in ({"MODPIPE_TEXT_MODEL_OUTAGE_S": "5000"}, {"MODPIPE_TEXT_MODEL_OUTAGE_POLICY": "wait"},
                 {"MODPIPE_TRITON_TIMEOUT_S": "300"}):
