@@ -27,9 +27,8 @@ class FetchWatch:
 
     def assigned(self, tps: Iterable[Hashable], committed: dict, now: float) -> None:
         """A new assignment: each partition starts at its committed offset (when known) and counts as moving."""
-        self.reached = {tp: committed[tp] for tp in tps if committed.get(tp, -1) >= 0}
-        self._moved_at = {tp: now for tp in tps}
-        self.kicked = set()
+        self.revoked()
+        self.added(tps, committed, now)
 
     def added(self, tps: Iterable[Hashable], committed: dict, now: float) -> None:
         """Partitions held back at the assignment were released: watched from now, like the others."""

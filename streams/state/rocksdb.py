@@ -337,8 +337,8 @@ class RocksTable:
             self._restoring[partition] = {}
 
     def restore_end(self, partition: int) -> None:
-        """Install the restored store (on the thread that uses the table)."""
-        self.restore_flush(partition)
+        """Install the restored store (on the thread that uses the table; `tables.restore` flushed it already, on
+        the restoring thread)."""
         self._restoring.pop(partition, None)
         self.partitions[partition] = self._opening.pop(partition)
 

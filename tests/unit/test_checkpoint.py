@@ -491,3 +491,40 @@ def test_a_checkpoint_waiting_for_rounds_gives_up_when_the_worker_is_abandoned()
     assert ok is False and again is False
     assert "outbox.commit" not in steps and cp.outbox.commits == [] and cp.commits == 0
     assert cp.dirty  # still uncommitted: its input is processed again by the partitions' next owner
+
+
+def test_a_revocation_carries_posts_at_triton_at_once_and_a_checkpoint_waiting_for_them_stops_waiting():
+    """Under the classic protocol the whole group waits for the slowest revocation: a revocation's commit_all
+    carries what still waits for the text model at once instead of waiting up to model_wait_s for it, and a
+    regular checkpoint already waiting for Triton then stops waiting. A stop's commit_all still waits."""
+    async def scenario(carry_now: bool, under_way: bool):
+        cp, steps = checkpointer()
+        cp.model_wait_s = 5.0
+        at_triton = asyncio.Event()  # set: the post's decision is made (or it was carried)
+
+        async def idle(epoch=None):
+            steps.append("idle")
+            await at_triton.wait()
+
+        def carry(epoch):
+            steps.append("carry")
+            at_triton.set()  # carried: its round counts as complete
+
+        cp.wiring.idle, cp.wiring.carry = idle, carry
+        cp.processed()
+        if under_way:  # a regular checkpoint is already waiting for Triton (step 3)
+            regular = asyncio.ensure_future(cp.commit())
+            await asyncio.sleep(0.05)
+        started = time.monotonic()
+        ok = await asyncio.wait_for(cp.commit_all(carry_now=carry_now), 10)
+        took = time.monotonic() - started
+        if under_way:
+            assert await regular
+        return ok, took, steps, cp
+
+    for under_way in (False, True):
+        ok, took, steps, cp = asyncio.run(scenario(True, under_way))
+        assert ok and took < 1.0, (under_way, took)  # not the 5 s model wait
+        assert steps.count("carry") == 1 and cp.outbox.commits and not cp._hurry.is_set()
+    ok, took, steps, _ = asyncio.run(scenario(False, False))  # a stop
+    assert ok and took >= 4.9 and steps.count("carry") == 1
