@@ -463,6 +463,10 @@ class UrlState(_State):
         return s
 
 
+def _recent_order(entry: list) -> tuple:
+    return entry[2], entry[0]
+
+
 class DomainState(_State):
     """Keyed by registrable domain."""
     table = DOMAIN
@@ -471,7 +475,9 @@ class DomainState(_State):
         super().__init__(limits)
         self.posts = DedupCounter(limits.dedup_ids)
         self.reports = DedupCounter(limits.dedup_ids)
-        self.recent: list[list[str]] = []  # [post_id, host] of the newest `recent_posts` posts
+        # [post_id, host, ts] of the `recent_posts` newest posts by (created_at, post_id): which posts stay does not
+        # depend on the order they arrived in (a restore, a replay and features.offline keep the same ones)
+        self.recent: list[list] = []
         self.bans: list[list] = []  # [ts, key] of bans already applied: a redelivered ban is a no-op
 
     def apply_post(self, ctx: dict) -> Update:
@@ -479,7 +485,7 @@ class DomainState(_State):
         if counted is None:
             return Update(False, new=None)
         if counted and ctx.get("host"):
-            self.recent.append([ctx["post_id"], ctx["host"]])
+            bisect.insort(self.recent, [ctx["post_id"], ctx["host"], int(ctx.get("ts") or 0)], key=_recent_order)
             del self.recent[:-self.limits.recent_posts]
         return Update(counted, {"domain_post_count": self.posts.count, "domain_report_count": self.reports.count},
                       new=counted)
@@ -494,7 +500,7 @@ class DomainState(_State):
             return Update(False)
         self.bans.append(mark)
         del self.bans[:-self.limits.pending]
-        covered = [pid for pid, h in self.recent if h == host or h.endswith("." + host)]
+        covered = [pid for pid, h, *_ in self.recent if h == host or h.endswith("." + host)]
         return Update(True, followups=[(POST, pid, "ban", {"key": ctx["key"], "ts": ctx["ts"]}) for pid in covered])
 
     def to_dict(self) -> dict:
@@ -507,7 +513,9 @@ class DomainState(_State):
         if d:
             s.posts = DedupCounter.from_dict(d["posts"], limits.dedup_ids)
             s.reports = DedupCounter.from_dict(d["reports"], limits.dedup_ids)
-            s.recent, s.bans = list(d.get("recent", [])), list(d.get("bans", []))
+            # entries written without a ts ([post_id, host]) count as the oldest
+            s.recent = sorted(([*e, 0] if len(e) == 2 else list(e) for e in d.get("recent", [])), key=_recent_order)
+            s.bans = list(d.get("bans", []))
         return s
 
 
