@@ -241,7 +241,9 @@ class Runner:
                     chunk = records[i:i + ROUND_MAX]
                     handler(chunk)
                     self._done(chunk, self.wiring.open_epoch)  # the round's: nothing awaited since it started
-                self.checkpoint.processed()
+                    # due before the next chunk waits for room: a revocation meanwhile must commit (carry) this
+                    # round, not find nothing to commit and then drop its posts from the decision queue
+                    self.checkpoint.processed()
                 if self._generation != generation:
                     break
             await asyncio.sleep(0)  # let decisions and delivery reports in between fetched batches

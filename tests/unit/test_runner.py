@@ -155,6 +155,24 @@ def test_a_fetched_batch_of_posts_starts_no_round_while_the_decision_queue_is_fu
     assert calls == [list(range(ROUND_MAX)), list(range(ROUND_MAX, 2 * ROUND_MAX))]
 
 
+def test_a_round_started_before_the_batch_waits_for_room_is_due_for_a_checkpoint_meanwhile():
+    """A fetched batch of posts is many rounds; while the rest wait for room in the decision queue, the rounds
+    started are the open epoch's and a checkpoint is due for them. (Seen in a chaos run: Triton had been down,
+    the queue was full, and a revocation found nothing to commit, returned at once and dropped the first round's
+    posts from the queue: that round never completed, and the next checkpoint waited for it for good.)"""
+    async def scenario():
+        r = make_runner({POSTS: None, USER: None, AWAITING: None})
+        r.handlers[POSTS] = lambda rs: setattr(r.wiring.batcher, "full", True)
+        task = asyncio.get_running_loop().create_task(r._run())
+        r._deliver(records(POSTS, 0, range(2 * ROUND_MAX)))
+        await settle()
+        due = r.checkpoint.dirty  # the second round waits for room
+        task.cancel()
+        return due
+
+    assert asyncio.run(scenario()) is True
+
+
 def test_fetching_pauses_while_the_fetched_records_are_over_their_bytes_and_resumes_as_rounds_take_them():
     runner = make_runner(env={"MODPIPE_WORKER_MEMORY_MB": "256"})  # 2 %: ~5 MiB
     big = [Record(POSTS, 0, o, b"k", b"x" * 1_000_000) for o in range(3)]
