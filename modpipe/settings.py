@@ -177,8 +177,7 @@ SETTINGS_SPEC: dict[str, Spec] = {
                                      "waiting then is written as state into the checkpoint's transaction and decided "
                                      "in a later one (streams/moderation/carried.py): no Kafka transaction is held "
                                      "open across a Triton wait. Shorter: more posts carried (two changelog records "
-                                     "each) when Triton is slow. A revocation carries at once: the whole group "
-                                     "waits for it.", float),
+                                     "each) when Triton is slow.", float),
     "transaction_timeout_ms": Spec("MODPIPE_TRANSACTION_TIMEOUT_MS", "20000",
                                    "transaction.timeout.ms of the worker's producer: how long a transaction left "
                                    "open by a worker that died or froze (and was not restarted) holds every "

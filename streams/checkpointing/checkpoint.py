@@ -44,9 +44,7 @@ passed since the previous epoch closed; before that, as soon as the open epoch's
 quiet pipeline commits each post's decision at once; a busy one commits at most once per interval). A quiet
 worker also checkpoints when a table holds keys past its retention (streams/state/tables.py): step 2 writes their
 tombstones, and the transaction holds their stage partitions' offsets, unchanged, with the new changelog ends. At a revocation and at a stop rounds pause and every epoch
-is committed (`commit_all`). A revocation carries the posts still at Triton at once, without step 3's wait (a
-checkpoint already waiting stops waiting): under the classic protocol every member revokes everything, and the
-whole group waits for the slowest revocation, so a wait for Triton there stops every partition of every worker.
+is committed (`commit_all`).
 """
 
 from __future__ import annotations
@@ -196,7 +194,6 @@ class Checkpointer:
         # set when the worker stops after a failure: a checkpoint waiting for its rounds gives up (they will
         # not complete), so a revocation's commit_all returns and the consumer can leave the group
         self.abandoned = asyncio.Event()
-        self._hurry = asyncio.Event()  # set during a revocation: step 3 carries at once
         self.closed_at = float("-inf")  # loop time the previous epoch closed
         self.commits = 0
 
@@ -246,12 +243,9 @@ class Checkpointer:
         """The worker stops after a failure: nothing more is committed, and a checkpoint under way stops waiting."""
         self.abandoned.set()
 
-    async def commit_all(self, carry_now: bool = False) -> bool:
-        """Rounds paused, every epoch committed (at a revocation or a stop). Returns False when one failed.
-        `carry_now` (a revocation): posts still waiting for the text model are carried without step 3's wait."""
+    async def commit_all(self) -> bool:
+        """Rounds paused, every epoch committed (at a revocation or a stop). Returns False when one failed."""
         self.runner.pause_rounds()
-        if carry_now:
-            self._hurry.set()
         try:
             while self.dirty:
                 if self.abandoned.is_set():
@@ -260,25 +254,19 @@ class Checkpointer:
                     return False
             return await self.commit()  # waits for a checkpoint under way
         finally:
-            self._hurry.clear()
             self.runner.resume_rounds()
 
-    async def _idle(self, epoch: int, timeout: float | None = None, hurry: bool = False) -> bool:
-        """Step 3: until every round of `epoch` is complete (False: `timeout` passed first, or with `hurry` a
-        revocation wants it carried now), given up when the worker is abandoned meanwhile (its rounds are
-        dropped, never complete)."""
+    async def _idle(self, epoch: int, timeout: float | None = None) -> bool:
+        """Step 3: until every round of `epoch` is complete (False: `timeout` passed first), given up when the
+        worker is abandoned meanwhile (its rounds are dropped, never complete)."""
         if self.abandoned.is_set():
             raise Abandoned("the worker stops after a failure: nothing more is committed")
         rounds = asyncio.ensure_future(self.wiring.idle(epoch))
         stop = asyncio.ensure_future(self.abandoned.wait())
-        hurried = asyncio.ensure_future(self._hurry.wait()) if hurry else None
         try:
-            await asyncio.wait([f for f in (rounds, stop, hurried) if f is not None], timeout=timeout,
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((rounds, stop), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stop.cancel()
-            if hurried is not None:
-                hurried.cancel()
             if not rounds.done():
                 rounds.cancel()
         if stop.done() and not stop.cancelled():
@@ -305,7 +293,7 @@ class Checkpointer:
             self.closed_at = asyncio.get_running_loop().time()
             try:
                 self.wiring.flush_states(epoch)                              # 2
-                if not await self._idle(epoch, self.model_wait_s, hurry=True):  # 3
+                if not await self._idle(epoch, self.model_wait_s):           # 3
                     self.wiring.carry(epoch)  # what still waits for the text model becomes state
                     while not await self._idle(epoch, WAITING_REPORT_S):  # the records' deliveries only
                         _log.warning("checkpoint still waiting for its rounds", extra={

@@ -301,7 +301,7 @@ class Runner:
         self.fetched_bytes = 0
         self._awaiting.clear()
         if self.committing_on_revoke:
-            await self.checkpoint.commit_all(carry_now=True)
+            await self.checkpoint.commit_all()
         gone = {tp.partition for tp in tps if tp.topic in self.stage_of_topic}
         dropped = self.wiring.revoked(gone)  # their carried posts are the next owner's to decide
         if dropped:

@@ -380,7 +380,7 @@ def test_no_awaiting_record_of_a_revoked_partition_is_handled_after_the_revocati
         first_chunk_in_flight = asyncio.Event()
         r = make_runner({POSTS: None, USER: None, AWAITING: awaiting})
 
-        async def commit_all(carry_now=False):  # as the checkpoint does: rounds paused, the round in flight completes, offsets taken
+        async def commit_all():  # as the checkpoint does: rounds paused, the round in flight completes, offsets taken
             r.pause_rounds()
             first_chunk_in_flight.set()
             await settle()
@@ -408,7 +408,7 @@ def test_a_revocation_commits_then_forgets_the_partitions():
         r = make_runner()
         commits: list = []
 
-        async def commit_all(carry_now=False):
+        async def commit_all():
             commits.append(dict(r._offsets[0]))
             return True
 
@@ -429,7 +429,7 @@ def test_a_revocation_after_a_crash_commits_nothing_and_lost_partitions_crash_th
         r = make_runner()
         commits: list = []
 
-        async def commit_all(carry_now=False):
+        async def commit_all():
             commits.append(1)
             return True
 
@@ -454,7 +454,7 @@ def test_the_assigned_partitions_gauge_drops_at_a_revocation_and_counts_only_res
     async def scenario():
         r = make_runner()
 
-        async def commit_all(carry_now=False):
+        async def commit_all():
             return True
 
         r.checkpoint.commit_all = commit_all
@@ -531,7 +531,7 @@ def test_a_revocation_during_a_restore_calls_it_off_and_installs_nothing(monkeyp
     async def scenario():
         r = make_runner()
 
-        async def commit_all(carry_now=False):
+        async def commit_all():
             return True
 
         r.checkpoint.commit_all = commit_all
