@@ -8,7 +8,7 @@ On Apache Kafka (the default) the freeze guard is off (MODPIPE_FREEZE_GUARD): th
 the frozen member's session, and the woken zombie is stopped by Kafka's own fencing: librdkafka finds its
 session expired and drops the partitions ("partitions lost"), or the broker refuses its checkpoint's offsets
 as those of a member it no longer knows (KIP-447; tests/integration/test_generation_fencing.py shows that
-refusal alone). On the embedded broker (MODPIPE_BROKER=embedded) the guard is on: noida-db 0.2.3 never expires
+refusal alone), or, frozen past transaction.timeout.ms, its producer is fenced. On the embedded broker (MODPIPE_BROKER=embedded) the guard is on: noida-db 0.2.3 never expires
 the session of a member that stops heartbeating (measured: a consumer SIGSTOPped for 75 s with
 session.timeout.ms 10 s kept its partitions), so the test does what Kafka's group coordinator does when the
 session expires: it removes the frozen member from the group (a LeaveGroup request on its behalf, KIP-345's
@@ -57,7 +57,10 @@ BURST = 150  # posts sent at once just before the freeze
 # Frozen (checkpoint step 4, the guard), Runner.on_lost (librdkafka: session expired), and the broker's refusal
 # of a checkpoint's offsets (KIP-447)
 GUARD_REASON = "stood still"
-KAFKA_REASONS = ("partitions lost", "UNKNOWN_MEMBER_ID", "ILLEGAL_GENERATION", "FENCED_INSTANCE_ID")
+# ... and, a freeze (24 s) past transaction.timeout.ms (20 s), the broker's abort of the frozen transaction: it bumps
+# the producer's epoch, and the woken zombie's next transactional request is fenced (librdkafka: _FENCED)
+KAFKA_REASONS = ("partitions lost", "UNKNOWN_MEMBER_ID", "ILLEGAL_GENERATION", "FENCED_INSTANCE_ID", "_FENCED",
+                 "INVALID_PRODUCER_EPOCH")
 FREEZE_REASONS = (GUARD_REASON, *KAFKA_REASONS)
 MAX_RESTARTS = 2  # restarts after the zombie's own, by restart_stopped
 
