@@ -52,6 +52,11 @@ Scenarios (`SCENARIOS`):
   contact link (wa.me, t.me: an old, clean domain that says nothing), a throwaway domain used once, or a
   shortener. A third of the legitimate users have the same kinds of accounts, and a few of them share
   messaging links too: neither the profile, the journey nor the link's domain separates the lures.
+- `platform_lures`: `human_lures` on today's platforms: the texts are only those of the platform registers
+  (`modpipe.textmodel.platforms`: YouTube, Instagram and X scams, smishing of 2022 and, evaluated only, phishing
+  e-mail; ordinary tweets, review sentences, airline customers' tweets and the platforms' legitimate comments and
+  posts), ~12% lures posted once each by people on aged or brand-new ordinary-looking accounts, half with a link;
+  a third of the legitimate users have the same kinds of accounts, so ordinary posts come from new accounts too.
 - `business_commerce`: ~25% of posts from 30 businesses (aged, followed, some verified, an e-mail at their
   own shop domain) promoting through a scheduling tool (API posts from the tool's few shared addresses,
   every business's links to its own shop domain, reposted many times, with tracking parameters), beside ~5%
@@ -74,6 +79,7 @@ from modpipe.features.lists import BRAND_DOMAINS, SHORTENER_DOMAINS
 
 from modpipe import schema
 from modpipe.textmodel.attacks import variant
+from modpipe.textmodel.platforms import BY_REGISTER as PLATFORM_REGISTERS
 
 TRUTH_HEADER = "modpipe-truth"
 KIND_TOPICS = {"post": "posts", "report": "reports", "engagement": "engagements", "label": "labels",
@@ -116,6 +122,7 @@ class Scenario:
     lure_link_share: float = 0.0  # fraction of lures that carry a link (messaging app, throwaway domain, shortener)
     business_share: float = 0.0  # fraction of posts by businesses promoting through a scheduling tool
     businesses: int = 0  # how many businesses post
+    datasets: tuple[str, ...] = ()  # the texts are only those of these data sets (registers); () = every one
 
     def spam_share_at(self, t: float) -> float:
         if self.burst_every_s and (t % self.burst_every_s) >= self.burst_every_s - self.burst_len_s:
@@ -148,6 +155,11 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "human journeys, each with a link (messaging app, throwaway domain or shortener); a third of "
              "legitimate users have the same kinds of accounts", 0.0, 0, 0.0,
              lure_share=0.12, lure_accounts=("aged", "new"), ordinary_legit_share=1 / 3, lure_link_share=1.0),
+    Scenario("platform_lures", "~12% spam posted once each by people on ordinary-looking aged or brand-new "
+             "accounts, half with a link, its texts today's platforms' scams; legitimate posts are today's "
+             "ordinary posts, a third of them by the same kinds of accounts", 0.0, 0, 0.0,
+             lure_share=0.12, lure_accounts=("aged", "new"), ordinary_legit_share=1 / 3, lure_link_share=0.5,
+             datasets=tuple(sorted(PLATFORM_REGISTERS))),
     Scenario("business_commerce", "~25% of posts from 30 businesses promoting their shops through a scheduling "
              "tool (API posts from shared addresses, the same shop domain again and again); ~5% lures from "
              "ordinary-looking accounts, half with a link", 0.0, 0, 0.0,
@@ -191,6 +203,16 @@ SHOP_TLDS = ("com", "com", "com", "co", "shop", "store", "co.uk", "de")
 # Scheduling tools' addresses: many businesses post through the same few (a campaign's subnet looks alike).
 SCHEDULER_SUBNETS = ("54.{}.{}", "34.{}.{}", "104.{}.{}")
 _HOMOGLYPHS = {"o": "0", "l": "1", "i": "1", "e": "3", "a": "4", "s": "5", "m": "rn"}
+
+
+def can_run(scenario: str, texts: Iterable[dict]) -> bool:
+    """Whether `texts` hold what the scenario draws from: a scenario of named data sets (`platform_lures`) cannot
+    run on a text build without them (`model build --no-platforms`) or on traffic of other data sets only."""
+    wanted = SCENARIOS[scenario].datasets
+    if not wanted:
+        return True
+    spam, ham = split_texts(row for row in texts if row.get("dataset") in wanted)
+    return bool(ham) and (bool(spam) or not SCENARIOS[scenario].lure_share)
 
 
 def _is_spam_label(label) -> bool:
@@ -254,9 +276,12 @@ class Simulation:
         if scenario not in SCENARIOS:
             raise ValueError(f"unknown scenario {scenario!r}; choose from {sorted(SCENARIOS)}")
         self.scenario = SCENARIOS[scenario]
+        if self.scenario.datasets:
+            texts = [row for row in texts if row.get("dataset") in self.scenario.datasets]
         self.spam_texts, self.ham_texts = split_texts(texts)
         if not self.ham_texts:
-            raise ValueError("no ham texts: the simulation needs held-out texts with label ham/0")
+            among = f" of the data sets {list(self.scenario.datasets)}" if self.scenario.datasets else ""
+            raise ValueError(f"no ham texts{among}: the simulation needs held-out texts with label ham/0")
         needs_spam = (self.scenario.campaigns and self.scenario.stealth_share < 1) or self.scenario.lure_share
         if needs_spam and not self.spam_texts:
             raise ValueError("no spam texts: this scenario needs held-out texts with label spam/1")

@@ -9,7 +9,8 @@ model trained here sees the counts the worker will show it.
 
 Texts: the text model's held-out (test-split) texts are split by a hash of the text into a training
 half and an evaluation half, so `modpipe decision eval` scores traffic whose texts the decision model
-never saw. Text probabilities come from the served ONNX file run in process (the same file Triton
+never saw. Texts of registers whose licence allows evaluation only (phishing e-mail, airline tweets:
+`platforms.EVAL_ONLY`) are never in the training half: no model learns from them, the decision model included. Text probabilities come from the served ONNX file run in process (the same file Triton
 runs), cached per text-model version.
 """
 
@@ -27,6 +28,7 @@ from modpipe.decision.engine import shortcut
 from modpipe.features.offline import compute
 from modpipe.simulation.simulator import Event, Simulation
 from modpipe.textmodel.artifacts import ModelBuild
+from modpipe.textmodel.platforms import EVAL_ONLY
 
 _log = log.get(__name__)
 
@@ -43,8 +45,10 @@ def text_half(text: str) -> str:
 
 def heldout_half(rows: Iterable[dict], half: str) -> list[dict]:
     """The half's rows in the order of their texts' hashes, not the build's: two text builds that hold the same
-    held-out texts in another order give the same traffic, so their decision evaluations compare."""
-    rows = [r for r in rows if isinstance(r.get("text"), str) and text_half(r["text"]) == half]
+    held-out texts in another order give the same traffic, so their decision evaluations compare. The `train`
+    half holds no text of an evaluation-only register (EVAL_ONLY)."""
+    rows = [r for r in rows if isinstance(r.get("text"), str) and text_half(r["text"]) == half
+            and not (half == "train" and r.get("dataset") in EVAL_ONLY)]
     return sorted(rows, key=lambda r: text_digest(r["text"], 64))
 
 

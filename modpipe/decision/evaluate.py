@@ -11,7 +11,13 @@ campaign posts with spam text, `legit` = legitimate users; across them, `obfusca
 text was disguised (scenario `obfuscated_campaign`) and `legit_obfuscated` = legitimate posts rewritten so;
 `lure_<dataset>` = spam posted by people without a link (scenarios `human_lures`, `taken_over_lures`) and
 `lure_link_<dataset>` with one (`link_lures`, `business_commerce`), by the data set its text came from;
-`business` = legitimate posts of businesses promoting their shops (`business_commerce`).
+`business` = legitimate posts of businesses promoting their shops (`business_commerce`); `legit_<dataset>` =
+legitimate users' posts by the data set (register) their text came from.
+
+Registers (`register_targets`): per data set, pooled over every scenario, the spam posted as lures (with and
+without a link) that the engine catches and the legitimate posts it flags, beside the text model alone: the
+engine must catch at least as many as its text model and flag no more (beyond one seed's noise: 2 posts and 1%),
+on every register of today's platforms and the older corpora alike.
 
 Account segments (`account_segment`): what the decider sees of the poster, account age band x link or
 none x journey kind, read from the feature map itself, so the same table works on labelled production
@@ -40,12 +46,13 @@ from modpipe.decision.train import feedback_of
 from modpipe.decision.verdict import Decider, ThresholdDecider
 from modpipe.settings import Settings
 from modpipe.simulation.metrics import binary_metrics
+from modpipe.simulation.simulator import can_run
 from modpipe.textmodel.artifacts import ModelBuild
 
 EVAL_SCENARIOS = ("mixed", "campaign_burst", "stealth_campaign", "hijacked_accounts", "human_spammers",
-                  "obfuscated_campaign", "human_lures", "taken_over_lures", "link_lures", "business_commerce",
-                  "ham_only")
-LURE_SCENARIOS = ("human_lures", "taken_over_lures", "link_lures", "business_commerce")
+                  "obfuscated_campaign", "human_lures", "taken_over_lures", "link_lures", "platform_lures",
+                  "business_commerce", "ham_only")
+LURE_SCENARIOS = ("human_lures", "taken_over_lures", "link_lures", "platform_lures", "business_commerce")
 BUSINESS_FLAG_TARGET = 0.01  # businesses' legitimate posts flagged
 # A segment counts as worse than `before` beyond this many posts and this share of it (one seed's noise).
 BEFORE_SLACK_POSTS, BEFORE_SLACK_SHARE = 2, 0.01
@@ -108,6 +115,8 @@ def score(rows: list[dataset.Row], decider: Decider) -> dict:
         if r.truth.get("lure"):
             kind = "lure_link" if r.truth.get("lure_link") else "lure"
             groups.setdefault(f"{kind}_{r.truth.get('dataset') or 'unknown'}", []).append(i)
+        elif not r.spam and segment(r.truth) == "legit" and not r.truth.get("business"):
+            groups.setdefault(f"legit_{r.truth.get('dataset') or 'unknown'}", []).append(i)
     for seg, idx in groups.items():
         if idx:
             caught = sum(flagged[i] for i in idx)
@@ -148,7 +157,8 @@ def replay_scores(settings: Settings, build: ModelBuild, deciders: Mapping[str, 
     from modpipe.output import progress_bar
 
     texts = eval_texts(build, datasets)
-    runs = {s: dataset.simulate(texts, s, EVAL_SEED_OFFSET + seed, n_posts, rate) for s in scenarios}
+    runs = {s: dataset.simulate(texts, s, EVAL_SEED_OFFSET + seed, n_posts, rate) for s in scenarios
+            if can_run(s, texts)}  # a scenario of named data sets needs them in the traffic's texts
     probs = dataset.TextProbabilities(build, settings.cache_dir / "decision", progress=progress)
     probs.ensure(t for events in runs.values() for t in dataset.post_texts(events))
     per_scenario: dict = {}
@@ -189,8 +199,41 @@ def evaluate(settings: Settings, build: ModelBuild, engine: DecisionEngine, *, n
         "stealth_recall_engine_vs_text_only": {"engine": stealth["engine"], "text_only": stealth["text_only"],
                                                "met": (stealth["engine"] or 0) > (stealth["text_only"] or 0) + 0.2},
         **lure_targets(per_scenario),
+        "registers_engine_vs_text_only": register_targets(per_scenario),
     }
     return report
+
+
+def register_targets(per_scenario: dict, label: str = "engine") -> dict:
+    """Per register (the data set a post's text came from), pooled over the scenarios: lures caught (segments
+    lure_<register> and lure_link_<register>) and legitimate users' posts flagged (legit_<register>), by the text
+    model alone and by the engine. Met when on no register the engine catches fewer lures or flags more
+    legitimate posts than the text model alone, beyond one seed's noise (the slack `segments_vs_before` allows:
+    2 posts and 1%; the table gives the counts either way)."""
+    counts: dict[str, dict[str, dict[str, int]]] = {}
+    for entry in per_scenario.values():
+        for who in ("text_only", label):
+            for seg, c in entry[who]["segments"].items():
+                for prefix, kind in (("lure_link_", "spam"), ("lure_", "spam"), ("legit_", "legit")):
+                    if seg.startswith(prefix) and seg != "legit_obfuscated":
+                        reg = counts.setdefault(seg[len(prefix):], {})
+                        cell = reg.setdefault(kind, {"posts": 0, "text_only": 0, label: 0})
+                        if who == "text_only":
+                            cell["posts"] += c["posts"]
+                        cell[who] += c["flagged"]
+                        break
+    registers, below = {}, []
+    for reg in sorted(counts):
+        row = {}
+        for kind, c in sorted(counts[reg].items()):
+            row[kind] = {"posts": c["posts"], "text_only": _share(c["text_only"], c["posts"]),
+                         label: _share(c[label], c["posts"])}
+            delta = c["text_only"] - c[label] if kind == "spam" else c[label] - c["text_only"]
+            if delta > max(BEFORE_SLACK_POSTS, BEFORE_SLACK_SHARE * c["posts"]):
+                below.append(f"{reg} {kind}")
+        registers[reg] = row
+    return {"registers": registers, "engine_worse_than_text": below, "met": not below,
+            "slack": {"posts": BEFORE_SLACK_POSTS, "share": BEFORE_SLACK_SHARE}}
 
 
 def _share(num: int, den: int) -> float | None:
@@ -441,7 +484,24 @@ def segment_table(segments: dict[str, dict[str, dict]], title: str) -> str:
 
 def _targets_lines(targets: dict) -> str:
     return "\n".join(f"- {name}: {'met' if t.get('met') else 'NOT met'} "
-                     f"({', '.join(f'{k}={v}' for k, v in t.items() if k != 'met')})" for name, t in targets.items())
+                     f"({', '.join(f'{k}={v}' for k, v in t.items() if k not in ('met', 'registers'))})"
+                     for name, t in targets.items())
+
+
+def register_table(target: dict, label: str = "engine") -> str:
+    """`register_targets` as a table: per register, lures caught and legitimate posts flagged, text model alone ->
+    engine; `worse` marks a register where the engine is below its text model."""
+    f = _cell
+    worse = set(target["engine_worse_than_text"])
+    lines = ["per register (the data set a post's text came from), every scenario pooled: text model alone -> engine"
+             f" (worse: beyond {target['slack']['posts']} posts and {target['slack']['share']:.0%})",
+             f"{'register':<16}{'lures':>7}{'caught':>18}{'legit':>7}{'flagged':>18}"]
+    for reg, row in target["registers"].items():
+        spam, legit = row.get("spam", {}), row.get("legit", {})
+        mark = " worse" if {f"{reg} spam", f"{reg} legit"} & worse else ""
+        lines.append(f"{reg:<16}{spam.get('posts', 0):>7}{f(spam.get('text_only')) + ' -> ' + f(spam.get(label)):>18}"
+                     f"{legit.get('posts', 0):>7}{f(legit.get('text_only')) + ' -> ' + f(legit.get(label)):>18}{mark}")
+    return "\n".join(lines)
 
 
 def format_report(report: dict) -> str:
@@ -453,6 +513,8 @@ def format_report(report: dict) -> str:
         parts.append(segment_table(pooled_segments(lures), "link-less lures by people (" +
                                    ", ".join(s for s in LURE_SCENARIOS if s in report["scenarios"]) + "):"))
     parts.append(segment_table({x: report["overall"][x]["account_segments"] for x in labels}, "every scenario:"))
+    if "registers_engine_vs_text_only" in report["targets"]:
+        parts.append(register_table(report["targets"]["registers_engine_vs_text_only"]))
     parts.append("targets:\n" + _targets_lines(report["targets"]))
     if "before" in report:
         parts.append(f"targets of the earlier model {report['before']['decision_model']}:\n" +

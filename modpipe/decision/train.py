@@ -40,6 +40,7 @@ from modpipe.decision.store import decision_root
 from modpipe.decision.verdict import Decider, ThresholdDecider
 from modpipe.output import progress_bar
 from modpipe.settings import Settings
+from modpipe.simulation.simulator import SCENARIOS, can_run
 from modpipe.textmodel.artifacts import ModelBuild
 
 _log = log.get(__name__)
@@ -49,7 +50,7 @@ _log = log.get(__name__)
 class TrainConfig:
     scenarios: tuple[str, ...] = ("mixed", "campaign_burst", "stealth_campaign", "hijacked_accounts", "human_spammers",
                                   "obfuscated_campaign", "human_lures", "taken_over_lures", "link_lures",
-                                  "business_commerce", "ham_only")
+                                  "platform_lures", "business_commerce", "ham_only")
     rates: tuple[float, ...] = (20.0, 50.0, 100.0)
     posts_per_run: int = 1500
     train_fraction: float = 0.8
@@ -119,6 +120,10 @@ class _Fast:
 
 def simulated_runs(texts: list[dict], config: TrainConfig, seed: int):
     for scenario in config.scenarios:
+        if not can_run(scenario, texts):
+            _log.warning("scenario skipped: the text build holds none of its data sets",
+                         extra={"scenario": scenario, "datasets": list(SCENARIOS[scenario].datasets)})
+            continue
         for k, rate in enumerate(config.rates):
             run_seed = seed * 1000 + k
             yield f"{scenario}@{rate:g}/s#{run_seed}", dataset.simulate(texts, scenario, run_seed,

@@ -58,10 +58,14 @@ class Profile:
     build_budget_s: float  # whole build; the training cap shrinks so the build ends inside it
     post_train_reserve_s: float  # export + quantization + evaluations after training
     quality: str
+    # today's platform corpora (platforms.py) trained beside the old ones; `model build --no-platforms` builds
+    # without them (the recipe before them, for comparison)
+    platforms: bool = True
 
     def to_dict(self) -> dict:
         return {"name": self.name, "train": self.train.to_dict(), "build_budget_s": self.build_budget_s,
-                "post_train_reserve_s": self.post_train_reserve_s, "quality": self.quality}
+                "post_train_reserve_s": self.post_train_reserve_s, "quality": self.quality,
+                "platforms": self.platforms}
 
 
 # Far safety net of every CPU build: CI's whole run has 60 minutes on a 2-core machine, so a build that needs
@@ -77,17 +81,18 @@ SAFETY_CAP_S = 3 * 60 * 60
 HOSTILE = {"harden_text": True, "fold_leet": True, "augment_share": 0.3}
 
 PROFILES = {
-    # full: spam weighted 2x in the loss. Per epoch SMS (short: cheap steps) is seen 3x, SpamAssassin 2x
-    # (e-mail steps cost ~6x an SMS step at 128 tokens), the registers (corpora.py) once; 1.3 epochs. The
-    # tokenizer cuts punctuation runs (more of each e-mail in the window), the kept checkpoint is a moving
-    # average of the weights, lower layers learn slower. Chosen among four configurations by held-out errors
-    # (docs/text-model.md); head + tail windows (tail_tokens=64) were built twice and validation preferred head-only.
+    # full: spam weighted 2x in the loss. Per epoch SMS (short: cheap steps) is seen 3x, every other data set once:
+    # SpamAssassin's e-mails, cut at 128 tokens, are 46% of an epoch's tokens once and were 76% of the recipe's at
+    # 2x (a step costs its tokens: 0.26 s at 16, 2.2 s at 128 per batch of 32 on a 2-core EPYC), and a CI run on
+    # such a machine has 60 minutes for the build and the tests. One epoch (~950 steps, today's platforms
+    # included): the recipe before them picked its checkpoint at epoch 1.0 of 1.3. The tokenizer cuts punctuation
+    # runs (more of each e-mail in the window), the kept checkpoint is a moving average of the weights, lower
+    # layers learn slower. Head + tail windows (tail_tokens=64) were built twice and validation preferred head-only.
     # fp32 on every CPU (bf16=False): bf16 autocast where the CPU has it (AMX Xeons, ~2x faster) made another
-    # model there than on CPUs without it; now every x86-64 machine runs the same recipe to its last step
-    # (~1.1-2.3 s/step: ~14-28 min of training on 2 cores).
-    "full": Profile("full", TrainConfig(max_seq_len=128, epochs=1.3, batch_size=32, lr=1e-4, evals_per_epoch=3,
+    # model there than on CPUs without it; now every x86-64 machine runs the same recipe to its last step.
+    "full": Profile("full", TrainConfig(max_seq_len=128, epochs=1.0, batch_size=32, lr=1e-4, evals_per_epoch=3,
                                         patience=4, max_train_seconds=SAFETY_CAP_S, freeze_word_embeddings=True,
-                                        spam_weight=2.0, oversample={"sms": 3, "spamassassin": 2},
+                                        spam_weight=2.0, oversample={"sms": 3},
                                         collapse_punctuation=True, ema_decay=0.99, layer_lr_decay=0.8, bf16=False,
                                         **HOSTILE),
                     SAFETY_CAP_S + 10 * 60, 300, "production"),
@@ -99,9 +104,9 @@ PROFILES = {
                                       spam_weight=2.0, oversample={"sms": 3, "spamassassin": 2},
                                       collapse_punctuation=True, ema_decay=0.99, layer_lr_decay=0.8, **HOSTILE),
                    SAFETY_CAP_S + 10 * 60, 600, "production"),
-    # demo: a third of the data, seq 64, lowest 3 layers frozen (half the backward), 68 steps (~1-1.5 minutes of
-    # training on 2 cores). Like full, it ends on its step budget in fp32 on every CPU: it used to stop at a
-    # 75-second cap (67 steps on a 2-core AMD EPYC, all 90 on faster machines) in bf16 where the CPU has it.
+    # demo: a third of the data, seq 64, lowest 3 layers frozen (half the backward), 154 steps with the platforms
+    # (~2 minutes of training, ~6 for the whole build on a 2-core EPYC). Like full, it ends on its step budget in
+    # fp32 on every CPU.
     "demo": Profile("demo", TrainConfig(max_seq_len=64, epochs=0.75, batch_size=32, lr=2e-4, evals_per_epoch=2,
                                         patience=2, max_train_seconds=SAFETY_CAP_S, train_fraction=0.33,
                                         val_fraction=0.3, freeze_layers=3, bf16=False, **HOSTILE),
@@ -221,21 +226,27 @@ def with_extra(profile: Profile, repeat: int) -> Profile:
 
 def build(settings: Settings, profile_name: str = "full", base: Path | None = None, force: bool = False,
           reuse_any: bool = False, seed: int = 0, device: str = "auto", base_layers: int = 0,
-          extra: Path | None = None, extra_repeat: int = EXTRA_REPEAT, platforms: bool = False,
+          extra: Path | None = None, extra_repeat: int = EXTRA_REPEAT, platforms: bool | None = None,
           leave_out: tuple[str, ...] = ()) -> Path:
     """`extra`: a platform's labelled texts (JSONL text,label) added to the corpus as the data set "extra"
     (split, trained on and evaluated like the others); part of the build key. `platforms`: today's platform
-    corpora (platforms.py) join the corpus on their fixed sides, the non-commercial ones as test texts only;
+    corpora (platforms.py) join the corpus on their fixed sides, the non-commercial ones as test texts only
+    (None: the profile's choice, on in every profile; False builds without them);
     `leave_out`: platform registers trained without (scored on their test side); both part of the key."""
     t_start = time.monotonic()
     root = artifacts.models_root(settings)
     root.mkdir(parents=True, exist_ok=True)
-    if reuse_any and not force and extra is None and not platforms:
+    if reuse_any and not force and extra is None and platforms is None and not leave_out:
         current = root / "current"
         if is_complete(current):
             _say(f"reusing the existing full build {current.resolve()} (--reuse-any)")
             return current.resolve()
     profile = PROFILES[profile_name]
+    if platforms is not None and platforms != profile.platforms:
+        profile = dataclasses.replace(profile, platforms=platforms)
+    if leave_out and not profile.platforms:
+        raise BuildError("--leave-out names platform registers: it needs a build with the platforms")
+    platforms = profile.platforms
     device = resolve_device(device, profile_name)
 
     from modpipe.textmodel import convert, data

@@ -30,9 +30,9 @@ def register(subparsers) -> None:
         description="Build the text model into $MODPIPE_CACHE_DIR/models/<key>/ and point models/current "
                     "(full) or models/current-demo (demo) at it. A complete build with the same key is reused.")
     b.add_argument("--profile", choices=("full", "gpu", "demo"), default=None,
-                   help="full: the served CPU recipe, 1.3 epochs at 128 tokens (803 steps, ~16-34 min on 2 cores); gpu: 512 "
-                        "tokens, trained embeddings, 4 epochs (minutes on a GPU; models/current-gpu); demo: "
-                        "<= 3 min, demo quality (default: $MODPIPE_MODEL_PROFILE, else full)")
+                   help="full: the served CPU recipe, one epoch at 128 tokens (819 steps, ~15-25 min of training on 2 "
+                        "cores); gpu: 512 tokens, trained embeddings, 4 epochs (minutes on a GPU; models/current-gpu); "
+                        "demo: ~6 min, demo quality (default: $MODPIPE_MODEL_PROFILE, else full)")
     b.add_argument("--device", default="auto",
                    help="where training runs: auto (cuda if PyTorch sees a GPU, else cpu), cpu, cuda, cuda:N "
                         "(default auto; the device is part of the build key)")
@@ -52,13 +52,15 @@ def register(subparsers) -> None:
                         "labels so); split, trained on and evaluated as the data set 'extra'; part of the build key")
     b.add_argument("--extra-repeat", type=int, default=None, metavar="N",
                    help="times each extra text is seen per epoch (default 3)")
-    b.add_argument("--platforms", action="store_true",
+    b.add_argument("--platforms", action=argparse.BooleanOptionalAction, default=None,
                    help="train on today's platform corpora too (YouTube, Instagram, X, SMS 2022, tweets, reviews; "
-                        "modpipe/textmodel/platforms.py), each on its fixed split; the non-commercial ones (phishing "
-                        "e-mail, airline tweets) join the test split only; part of the build key")
+                        "modpipe/textmodel/platforms.py; read from MODPIPE_CORPORA_DIR or downloaded and checked), "
+                        "each on its fixed split; the non-commercial ones (phishing e-mail, airline tweets) join the "
+                        "test split only; part of the build key (default: on, in every profile; --no-platforms "
+                        "builds the recipe without them)")
     b.add_argument("--leave-out", action="append", default=[], metavar="REGISTER",
-                   help="with --platforms: train without this platform register (repeatable), scored on its test "
-                        "side: how the model meets a register nobody collected")
+                   help="train without this platform register (repeatable), scored on its test side: how the "
+                        "model meets a register nobody collected")
     b.set_defaults(func=_build)
 
     e = sub.add_parser("eval", help="test-split metrics of the served ONNX model beside the TF-IDF+SVM baseline",
@@ -102,8 +104,8 @@ def _build(args: argparse.Namespace) -> int:
     from modpipe.textmodel.platforms import BY_REGISTER, CorpusMissing
 
     unknown = [r for r in args.leave_out if r not in BY_REGISTER]
-    if args.leave_out and (not args.platforms or unknown):
-        print(f"modpipe model build: --leave-out needs --platforms and a register of {sorted(BY_REGISTER)}",
+    if args.leave_out and (args.platforms is False or unknown):
+        print(f"modpipe model build: --leave-out needs the platforms and a register of {sorted(BY_REGISTER)}",
               file=sys.stderr)
         return 2
     try:

@@ -156,6 +156,9 @@ CORPORA: tuple[Corpus, ...] = (
            "Amazon / Yelp / IMDb review sentences (Kotzias et al. 2015)"),
 )
 BY_REGISTER = {c.register: c for c in CORPORA}
+# registers whose licence allows evaluation only (non-commercial): never trained on, by the text model or by the
+# decision model that learns from traffic made of held-out texts
+EVAL_ONLY = frozenset(c.register for c in CORPORA if not c.trainable)
 SPAM_REGISTERS = ("youtube", "instagram", "x_posts", "sms_2022", "phishing_pot")
 HAM_REGISTERS = ("tweeteval", "airline", "reviews")
 

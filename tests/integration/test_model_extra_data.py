@@ -3,7 +3,7 @@
 The platform here is a marketplace: its sellers' listings shout like the spam of the public corpora ("FREE
 delivery! Buy now, limited stock!") but are its business, so its moderators label them ham; its spam is
 follower-selling and fake giveaways. The served full model, trained on the public corpora alone, calls
-nearly every listing spam. A demo build (minutes) with the platform's labels must, on the platform's
+half the listings spam. A demo build (minutes) with the platform's labels must, on the platform's
 held-out texts, let most listings through and still catch its spam, measured side by side.
 """
 
@@ -62,7 +62,8 @@ def _spam_probability(build_dir: Path, texts: list[str]) -> np.ndarray:
 def test_extra_data_teaches_the_platforms_labels(tmp_path, settings_env, model_build):
     extra = tmp_path / "platform-labels.jsonl"
     extra.write_text("".join(json.dumps(row) + "\n" for row in platform_texts(200)), encoding="utf-8")
-    proc = subprocess.run([sys.executable, "-m", "modpipe", "model", "build", "--profile", "demo",
+    # without today's platform corpora: the labels teach the same, and the demo build takes ~3.5 min instead of ~6
+    proc = subprocess.run([sys.executable, "-m", "modpipe", "model", "build", "--profile", "demo", "--no-platforms",
                            "--extra-data", str(extra)], env=settings_env, capture_output=True, text=True,
                           timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -90,6 +91,8 @@ def test_extra_data_teaches_the_platforms_labels(tmp_path, settings_env, model_b
     listings_flagged = {"public only": public_only[labels == 0].mean(), "with labels": with_labels[labels == 0].mean()}
     spam_caught = {"public only": public_only[labels == 1].mean(), "with labels": with_labels[labels == 1].mean()}
     detail = f"listings flagged {listings_flagged}, spam caught {spam_caught}, {len(platform)} held-out texts"
-    assert listings_flagged["public only"] >= 0.8, detail  # the premise: public corpora call listings spam
-    assert listings_flagged["with labels"] <= 0.3, detail
+    # the premise: a model of public corpora calls listings spam (the transformer of the served build trained with
+    # today's platforms flags half of them, the one before every one)
+    assert listings_flagged["public only"] >= 0.4, detail
+    assert listings_flagged["with labels"] <= min(0.3, listings_flagged["public only"] / 2), detail
     assert spam_caught["with labels"] >= 0.7, detail

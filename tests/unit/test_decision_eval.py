@@ -166,6 +166,33 @@ def test_a_deaf_engine_shows_in_the_segments_and_fails_the_lure_targets():
     assert "| new <2d | no link | human | 4 | 1.000 / 1.000 | 0 | - / - |  |" in table
 
 
+def test_registers_compare_the_engine_with_its_text_model_on_each_data_set():
+    """Per register, pooled over scenarios: lures caught and legitimate posts flagged by the text model alone and by
+    the engine. The deaf engine lets aged accounts' lures through: below its text model on the register whose
+    lures came from aged accounts, not on the other; flagging fewer legitimate posts is never 'worse'."""
+    from modpipe.decision.verdict import ThresholdDecider
+
+    rows = [_segment_row(i, True, 0.95, age=age, lure="aged" if age > 30 else "new",
+                         dataset_name="youtube" if age > 30 else "instagram") for i, age in enumerate([1, 1, 90, 90])]
+    rows += [_segment_row(10 + i, False, 0.6 if i < 2 else 0.1, age=90 if i < 2 else 1,
+                          dataset_name=("youtube", "instagram")[i % 2]) for i in range(20)]
+    scores = {"text_only": evaluate.score(rows, ThresholdDecider(0.5, 0.9)), "engine": evaluate.score(rows, Deaf())}
+    assert scores["engine"]["segments"]["legit_youtube"] == {"posts": 10, "flagged": 0, "flagged_share": 0.0}
+    target = evaluate.register_targets({"human_lures": scores, "mixed": scores})
+    assert target["registers"]["youtube"] == {"spam": {"posts": 4, "text_only": 1.0, "engine": 0.0},
+                                              "legit": {"posts": 20, "text_only": 0.1, "engine": 0.0}}
+    assert target["registers"]["instagram"]["spam"] == {"posts": 4, "text_only": 1.0, "engine": 1.0}
+    assert target["engine_worse_than_text"] == ["youtube spam"] and not target["met"]  # 4 lures: beyond 2 posts
+    table = evaluate.register_table(target)
+    assert table.splitlines()[2].startswith("instagram") and not table.splitlines()[2].endswith("worse")
+    assert table.splitlines()[3].startswith("youtube") and table.splitlines()[3].endswith("worse")
+    # one seed's noise is not "worse": 1 more of 1,117 legitimate reviews flagged; 12 more is
+    seg = lambda flagged: {"segments": {"legit_reviews": {"posts": 1117, "flagged": flagged}}}  # noqa: E731
+    assert evaluate.register_targets({"ham_only": {"text_only": seg(0), "engine": seg(1)}})["met"]
+    assert evaluate.register_targets({"ham_only": {"text_only": seg(0), "engine": seg(12)}})[
+        "engine_worse_than_text"] == ["reviews legit"]
+
+
 def test_eval_and_training_cover_the_lure_scenarios():
     assert set(evaluate.LURE_SCENARIOS) <= set(evaluate.EVAL_SCENARIOS)
     assert set(evaluate.LURE_SCENARIOS) <= set(train.TrainConfig().scenarios)
@@ -189,7 +216,8 @@ def test_eval_scores_an_earlier_model_beside_the_engine_in_one_run(tiny):
     assert evaluate.deaf_segments(evaluate.pooled_segments([lures])) == []
     assert lures["engine"]["segments"]["lure_sms"]["flagged"] >= lures["text_only"]["segments"]["lure_sms"]["flagged"]
     assert set(report["before"]["targets"]) == set(report["targets"]) - {"engine_f1_overall",
-                                                                         "stealth_recall_engine_vs_text_only"}
+                                                                         "stealth_recall_engine_vs_text_only",
+                                                                         "registers_engine_vs_text_only"}
     text = evaluate.format_report(report)
     assert "before F1" in text and "caught: text / before / engine" in text and "targets of the earlier model" in text
 
@@ -249,6 +277,19 @@ def test_heldout_halves_do_not_depend_on_the_build_order():
         assert forward == backward and 60 < len(forward) < 140
     assert not {r["text"] for r in dataset.heldout_half(rows, "train")} & {r["text"] for r in
                                                                            dataset.heldout_half(rows, "eval")}
+
+
+def test_evaluation_only_registers_never_reach_the_training_half():
+    """Phishing e-mail and airline tweets may be evaluated, not trained on (their licences are non-commercial):
+    the decision model's training traffic holds none of them, its evaluation traffic does."""
+    from modpipe.textmodel.platforms import EVAL_ONLY
+
+    assert EVAL_ONLY == {"phishing_pot", "airline"}
+    rows = [{"text": f"held-out text {i}", "label": i % 2, "dataset": ds}
+            for i in range(300) for ds in ("sms", "phishing_pot", "airline")]
+    train, held = dataset.heldout_half(rows, "train"), dataset.heldout_half(rows, "eval")
+    assert {r["dataset"] for r in train} == {"sms"} and len(train) > 100
+    assert {r["dataset"] for r in held} == {"sms", "phishing_pot", "airline"}
 
 
 def test_ablation_refuses_the_options_it_would_ignore(capsys):

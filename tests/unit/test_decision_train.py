@@ -92,3 +92,14 @@ def test_train_keeps_the_chosen_floor_in_the_model_and_the_engine_uses_it(tiny):
     assert [c["floor"] for c in meta["rounds"][-1]["text_floor"]["candidates"]] == \
         [None, *train.PROFILES["tiny"].text_floors]
     assert DecisionEngine.for_model(DecisionModel.load(path), 0.5, 0.9).text_floor == chosen
+
+
+def test_a_scenario_of_platform_registers_is_skipped_on_a_build_without_them():
+    """`platform_lures` draws only from today's platform registers: trained on a build that has them, skipped (and
+    said in the log) on one built with `--no-platforms`, where it has nothing to post."""
+    old = [{"text": f"old corpus text {i}", "label": i % 2, "dataset": "sms"} for i in range(60)]
+    new = [{"text": f"a platform's post {i}", "label": i % 2, "dataset": "x_posts"} for i in range(60)]
+    config = train.TrainConfig(scenarios=("platform_lures", "ham_only"), rates=(50.0,), posts_per_run=100)
+    assert [name.split("@")[0] for name, _ in train.simulated_runs(old, config, 0)] == ["ham_only"]
+    assert [name.split("@")[0] for name, _ in train.simulated_runs(old + new, config, 0)] == ["platform_lures",
+                                                                                              "ham_only"]

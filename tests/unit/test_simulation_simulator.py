@@ -346,6 +346,29 @@ def test_lure_scenarios_need_spam_texts_and_existing_scenarios_have_no_lures():
     assert not any(e.truth.get("lure") for e in posts_of(simulate(TEXTS, 1500, "mixed", seed=2)))
 
 
+def test_platform_lures_post_only_texts_of_todays_platforms_half_with_a_link():
+    from modpipe.simulation.simulator import can_run
+
+    from modpipe.textmodel.platforms import BY_REGISTER
+
+    assert set(SCENARIOS["platform_lures"].datasets) == set(BY_REGISTER)
+    platform = ([{"text": f"{t} (via a reel)", "label": 1, "dataset": "instagram"} for t in SPAM]
+                + [{"text": f"{t} lol", "label": 0, "dataset": "tweeteval"} for t in HAM])
+    events = simulate(TEXTS + platform, 3000, "platform_lures", seed=5)
+    posts = posts_of(events)
+    assert {e.truth["dataset"] for e in posts} == {"instagram", "tweeteval"}  # the older corpora's texts never
+    lures = [e for e in posts if e.truth["lure"]]
+    assert {e.truth["lure"] for e in lures} == {"aged", "new"} and 0.08 < len(lures) / len(posts) < 0.16
+    assert 0.35 < sum(e.payload["url"] is not None for e in lures) / len(lures) < 0.65
+    legit = [e for e in posts if not e.truth["is_spam"]]
+    assert sum(_age_days(e) <= 2 for e in legit) / len(legit) > 0.1  # ordinary posts from new accounts too
+    # a text build without the platforms (`model build --no-platforms`) cannot feed it: said, not half-run
+    assert can_run("platform_lures", TEXTS + platform) and not can_run("platform_lures", TEXTS)
+    assert can_run("human_lures", TEXTS)
+    with pytest.raises(ValueError, match="no ham texts of the data sets"):
+        simulate(TEXTS, 10, "platform_lures")
+
+
 def test_link_lures_carry_a_link_whose_domain_alone_says_little():
     posts = posts_of(simulate(TEXTS, 3000, "link_lures", seed=5))
     lures = [e for e in posts if e.truth["lure"]]

@@ -62,6 +62,25 @@ def test_gpu_profile_on_a_machine_without_gpu_needs_the_cpu_asked_for(monkeypatc
     assert B.resolve_device("auto", "full") == "cpu"
 
 
+def test_every_profile_trains_on_todays_platforms_and_the_flag_builds_without_them(tmp_path, monkeypatch):
+    """The platform corpora are part of every recipe (and its key); `--no-platforms` is another key, and
+    `--leave-out` without the platforms is refused before any work."""
+    assert all(p.platforms for p in B.PROFILES.values())
+    without = B.PROFILES["full"].to_dict() | {"platforms": False}
+    assert B.cache_key(**{**KEY_ARGS, "profile": without}) != B.cache_key(**KEY_ARGS)
+    settings = Settings.from_env({}, cache_dir=tmp_path / "cache")
+    with pytest.raises(B.BuildError, match="needs a build with the platforms"):
+        B.build(settings, "demo", platforms=False, leave_out=("youtube",))
+
+
+def test_the_full_recipe_sees_every_email_once_and_fits_the_ci_budget():
+    """SpamAssassin's e-mails at 128 tokens cost most of a step budget: the full recipe reads each once per epoch,
+    for one epoch (SMS, short and cheap, three times); CI's whole run has 60 minutes on a 2-core CPU."""
+    full = B.PROFILES["full"].train
+    assert full.epochs == 1.0 and full.oversample == {"sms": 3}
+    assert full.max_seq_len == 128 and full.batch_size == 32
+
+
 def _fake_inputs(tmp_path, monkeypatch):
     sms = tmp_path / "sms.csv"
     sms.write_text("ham\thello\nspam\twin now\n")
@@ -76,6 +95,13 @@ def _fake_inputs(tmp_path, monkeypatch):
     return {"sms": data.file_sha256(sms), "spamassassin": data.file_sha256(sa)}, base
 
 
+class _PresentCorpora:
+    """A locator whose every platform corpus is present (the key holds their pinned digest, not the files)."""
+
+    def files(self, corpus):
+        return {}
+
+
 def _fake_complete(path):
     path.mkdir(parents=True)
     for name in B.COMPLETE_FILES:
@@ -84,7 +110,11 @@ def _fake_complete(path):
 
 
 def test_complete_build_with_same_key_is_reused(tmp_path, monkeypatch, capsys):
+    from modpipe.textmodel import platforms
+
     hashes, base = _fake_inputs(tmp_path, monkeypatch)
+    monkeypatch.setattr(platforms, "locator", lambda settings: _PresentCorpora())
+    hashes["platforms"] = platforms.pinned_digest()
     settings = Settings.from_env({}, cache_dir=tmp_path / "cache")
     key = B.cache_key(sources=B.source_hash(), profile=B.PROFILES["demo"].to_dict(), seed=3, data=hashes,
                       base=convert.hash_dir(base))
@@ -101,6 +131,8 @@ def test_complete_build_with_same_key_is_reused(tmp_path, monkeypatch, capsys):
     assert "reusing cached build" in capsys.readouterr().out
     with pytest.raises(AssertionError, match="must not build"):  # another seed is another key
         B.build(settings, "demo", base=base, seed=4)
+    with pytest.raises(AssertionError, match="must not build"):  # so is the recipe without the platforms
+        B.build(settings, "demo", base=base, seed=3, platforms=False)
     extra = tmp_path / "labels.jsonl"
     extra.write_text('{"text": "win now", "label": "spam"}\n{"text": "hi", "label": "ham"}\n')
     with pytest.raises(AssertionError, match="must not build"):  # the platform's texts are another key
@@ -219,3 +251,16 @@ def test_robustness_before_compares_the_data_sets_tested_alike(monkeypatch, tmp_
     assert cli._eval_robustness(args("reordered"), Settings.from_env()) == 0 and reports == [sms]
     assert cli._eval_robustness(args("other"), Settings.from_env()) == 2 and len(reports) == 1
     assert data.shared_datasets(sms + extra, sms[::-1] + extra[:2]) == {"sms"}
+
+
+def test_robustness_attacks_only_the_data_sets_a_build_trains_on(monkeypatch):
+    """The registers held out whole for their licence (phishing e-mail, airline tweets) are not attacked: no build
+    learns them, and their 4,331 texts would double the report's cost."""
+    from modpipe.textmodel import robustness
+
+    test = [data.Example(f"text {i}", i % 2, ds) for i in range(4) for ds in ("sms", "phishing_pot", "airline")]
+    seen = []
+    monkeypatch.setattr(robustness, "model_report", lambda build, t, sets: seen.append(t) or {"worst_gap": 0.0})
+    monkeypatch.setattr(robustness, "baseline_report", lambda train, t, sets: {})
+    robustness.report(None, [], test)
+    assert [{e.dataset for e in t} for t in seen] == [{"sms"}]

@@ -363,5 +363,7 @@ def test_card_lists_every_platform_corpus_with_its_licence_and_rows():
 def test_build_refuses_leave_out_without_platforms(capsys):
     from modpipe.cli import main
 
-    assert main(["model", "build", "--leave-out", "youtube"]) == 2
-    assert "--leave-out needs --platforms" in capsys.readouterr().err
+    assert main(["model", "build", "--no-platforms", "--leave-out", "youtube"]) == 2
+    assert "--leave-out needs the platforms" in capsys.readouterr().err
+    assert main(["model", "build", "--leave-out", "myspace"]) == 2
+    assert "--leave-out needs the platforms and a register of" in capsys.readouterr().err
