@@ -175,7 +175,8 @@ def test_out_of_domain_writing_is_read_as_recorded_and_rarely_flagged(build, ood
     # the packages read now are the ones the build recorded as never trained on
     assert ood_report["packages"]["recorded_in_build"] == ood_report["packages"]["now"]
     assert ood_report["packages"]["changed"] == []
-    assert set(ood_report["in_domain_spam_recall"]) == {"sms", "spamassassin"}
+    spam_sets = {row["dataset"] for row in build.heldout() if row["label"] == "spam"}
+    assert set(ood_report["in_domain_spam_recall"]) == spam_sets >= {"sms", "spamassassin"}
     assert ood_report["targets"]["overall_fp"]["met"] == (ood_report["overall"]["model_fp"] <= ood.FP_TARGET)
     if build.served["profile"] == "full":
         assert ood_report["overall"]["model_fp"] <= OOD_FP_FLOOR, ood_report["overall"]
