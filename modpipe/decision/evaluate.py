@@ -111,12 +111,20 @@ def score(rows: list[dataset.Row], decider: Decider) -> dict:
     groups["obfuscated"] = [i for i, r in enumerate(rows) if r.truth.get("obfuscated") and r.spam]
     groups["legit_obfuscated"] = [i for i, r in enumerate(rows) if r.truth.get("obfuscated") and not r.spam]
     groups["business"] = [i for i, r in enumerate(rows) if r.truth.get("business") and not r.spam]
+    registers: dict[str, dict[str, dict[str, int]]] = {}  # counted apart: never parsed back out of segment names
     for i, r in enumerate(rows):
+        register = r.truth.get("dataset") or "unknown"
         if r.truth.get("lure"):
             kind = "lure_link" if r.truth.get("lure_link") else "lure"
-            groups.setdefault(f"{kind}_{r.truth.get('dataset') or 'unknown'}", []).append(i)
+            groups.setdefault(f"{kind}_{register}", []).append(i)
+            cell = registers.setdefault(register, {}).setdefault("spam", {"posts": 0, "flagged": 0})
         elif not r.spam and segment(r.truth) == "legit" and not r.truth.get("business"):
-            groups.setdefault(f"legit_{r.truth.get('dataset') or 'unknown'}", []).append(i)
+            groups.setdefault(f"legit_{register}", []).append(i)
+            cell = registers.setdefault(register, {}).setdefault("legit", {"posts": 0, "flagged": 0})
+        else:
+            continue
+        cell["posts"] += 1
+        cell["flagged"] += flagged[i]
     for seg, idx in groups.items():
         if idx:
             caught = sum(flagged[i] for i in idx)
@@ -130,6 +138,7 @@ def score(rows: list[dataset.Row], decider: Decider) -> dict:
         "shortcuts": dict(shortcuts),
         "shortcut_rate": round(sum(shortcuts.values()) / len(rows), 4) if rows else None,
         "segments": by_segment,
+        "registers": dict(sorted(registers.items())),
         "account_segments": _account_segments(rows, flagged),
     }
 
@@ -205,23 +214,20 @@ def evaluate(settings: Settings, build: ModelBuild, engine: DecisionEngine, *, n
 
 
 def register_targets(per_scenario: dict, label: str = "engine") -> dict:
-    """Per register (the data set a post's text came from), pooled over the scenarios: lures caught (segments
-    lure_<register> and lure_link_<register>) and legitimate users' posts flagged (legit_<register>), by the text
-    model alone and by the engine. Met when on no register the engine catches fewer lures or flags more
-    legitimate posts than the text model alone, beyond one seed's noise (the slack `segments_vs_before` allows:
-    2 posts and 1%; the table gives the counts either way)."""
+    """Per register (the data set a post's text came from), pooled over the scenarios: lures caught (with a link
+    or without) and legitimate users' posts flagged, by the text model alone and by the engine (`score`'s
+    "registers", counted by data set name, whatever that name is). Met when on no register the engine catches
+    fewer lures or flags more legitimate posts than the text model alone, beyond one seed's noise (the slack
+    `segments_vs_before` allows: 2 posts and 1%; the table gives the counts either way)."""
     counts: dict[str, dict[str, dict[str, int]]] = {}
     for entry in per_scenario.values():
         for who in ("text_only", label):
-            for seg, c in entry[who]["segments"].items():
-                for prefix, kind in (("lure_link_", "spam"), ("lure_", "spam"), ("legit_", "legit")):
-                    if seg.startswith(prefix) and seg != "legit_obfuscated":
-                        reg = counts.setdefault(seg[len(prefix):], {})
-                        cell = reg.setdefault(kind, {"posts": 0, "text_only": 0, label: 0})
-                        if who == "text_only":
-                            cell["posts"] += c["posts"]
-                        cell[who] += c["flagged"]
-                        break
+            for reg, kinds in entry[who]["registers"].items():
+                for kind, c in kinds.items():
+                    cell = counts.setdefault(reg, {}).setdefault(kind, {"posts": 0, "text_only": 0, label: 0})
+                    if who == "text_only":
+                        cell["posts"] += c["posts"]
+                    cell[who] += c["flagged"]
     registers, below = {}, []
     for reg in sorted(counts):
         row = {}

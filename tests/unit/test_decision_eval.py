@@ -187,10 +187,27 @@ def test_registers_compare_the_engine_with_its_text_model_on_each_data_set():
     assert table.splitlines()[2].startswith("instagram") and not table.splitlines()[2].endswith("worse")
     assert table.splitlines()[3].startswith("youtube") and table.splitlines()[3].endswith("worse")
     # one seed's noise is not "worse": 1 more of 1,117 legitimate reviews flagged; 12 more is
-    seg = lambda flagged: {"segments": {"legit_reviews": {"posts": 1117, "flagged": flagged}}}  # noqa: E731
+    seg = lambda flagged: {"registers": {"reviews": {"legit": {"posts": 1117, "flagged": flagged}}}}  # noqa: E731
     assert evaluate.register_targets({"ham_only": {"text_only": seg(0), "engine": seg(1)}})["met"]
     assert evaluate.register_targets({"ham_only": {"text_only": seg(0), "engine": seg(12)}})[
         "engine_worse_than_text"] == ["reviews legit"]
+
+
+def test_registers_are_counted_by_data_set_name_whatever_it_looks_like():
+    """A data set whose name reads like a segment prefix ("link_...", "obfuscated") is still its own register."""
+    from modpipe.decision.verdict import ThresholdDecider
+
+    rows = [_segment_row(0, True, 0.95, age=1, lure="new", dataset_name="link_posts"),
+            _segment_row(1, True, 0.95, age=1, lure="new", dataset_name="posts"),
+            _segment_row(2, False, 0.6, age=90, dataset_name="obfuscated"),
+            _segment_row(3, False, 0.1, age=90, dataset_name="obfuscated")]
+    scores = {"text_only": evaluate.score(rows, ThresholdDecider(0.5, 0.9)), "engine": evaluate.score(rows, Deaf())}
+    assert scores["text_only"]["registers"] == {"link_posts": {"spam": {"posts": 1, "flagged": 1}},
+                                                "obfuscated": {"legit": {"posts": 2, "flagged": 1}},
+                                                "posts": {"spam": {"posts": 1, "flagged": 1}}}
+    target = evaluate.register_targets({"human_lures": scores})
+    assert target["registers"]["link_posts"] == {"spam": {"posts": 1, "text_only": 1.0, "engine": 1.0}}
+    assert target["registers"]["obfuscated"] == {"legit": {"posts": 2, "text_only": 0.5, "engine": 0.0}}
 
 
 def test_eval_and_training_cover_the_lure_scenarios():
