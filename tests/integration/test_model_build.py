@@ -31,7 +31,7 @@ FLOOR_F1 = {"sms": 0.89, "spamassassin": 0.94}
 TESTED = {"sms", "spamassassin"} | {s.name for s in corpora.TRAINING_SOURCES if not s.validation_only}
 
 
-def tested(build) -> set[str]:
+def datasets_tested(build) -> set[str]:
     """The data sets a build's test split holds: TESTED and, in a build with today's platforms, every platform
     register (the evaluation-only ones whole)."""
     split = json.loads((build.path / "split.json").read_text())
@@ -94,7 +94,7 @@ def test_split_and_heldout_are_consistent(build):
     heldout = data.read_jsonl(build.path / "heldout.jsonl")
     assert data.split_hash(heldout) == split["sha256"]["test"]
     assert len(heldout) == split["sizes"]["test"]["total"]
-    assert {e.dataset for e in heldout} == tested(build)
+    assert {e.dataset for e in heldout} == datasets_tested(build)
     if build.served["profile"] == "full":  # the served recipe trains on today's platforms
         from modpipe.textmodel import platforms
 
@@ -115,7 +115,7 @@ def evaluated(build):
 
 def test_eval_reproduces_recorded_metrics(build, evaluated):
     recorded = json.loads((build.path / "metrics.json").read_text())["datasets"]
-    assert set(evaluated["datasets"]) == tested(build)
+    assert set(evaluated["datasets"]) == datasets_tested(build)
     for ds, entry in evaluated["datasets"].items():
         assert set(entry) == set(recorded[ds]) == {"model", "transformer", "baseline"}
         for system in entry:
